@@ -1,0 +1,39 @@
+# swerl — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export SWERL_CACHE_DIR ?= $(HOME)/.cache/swerl
+export DOCKER_HOST ?= unix:///run/swerl/docker.sock
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help setup demo test test-fast lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+setup:  ## install and build everything that is missing (idempotent, cached)
+	@deploy/dev/setup.sh all
+
+demo: setup  ## run the main job end to end on the embedded defaults (tiny model, local everything)
+	@$(PY) -m services.demo
+
+test: setup lint  ## set up, lint, and run the whole test suite
+	@$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast:  ## unit tests only (no services)
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+lint:  ## ruff lint + format check
+	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .
+
+format:  ## apply ruff fixes and formatting
+	@.venv/bin/ruff check --fix .
+	@.venv/bin/ruff format .
+
+bench: setup  ## run every benchmark (prints side-by-side ratios)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:  ## stop the private dockerd and remove build outputs (caches stay)
+	@deploy/dev/dockerd.sh stop || true
+	@rm -rf .pytest_cache .ruff_cache build

@@ -1,0 +1,331 @@
+"""The trajectory record: what the adapter records for every agent conversation.
+
+Layout (DESIGN.md "Trajectory record"):
+
+* a record has identifiers, a list of *segments* and, once finished, an :class:`Outcome`;
+* a segment is one token-consistent prefix chain: ``prompt_ids`` then, per turn, the
+  observation tokens appended since the previous turn (tool output, user text, template glue;
+  action mask 0) followed by the generated tokens (mask 1) with their behaviour logprobs and the
+  weight version that produced them;
+* a new segment starts when the rendered history stops extending the recorded tokens
+  (context condensation, a rewritten assistant turn); ``segment.reason`` says why.
+
+Token data is stored packed (see :mod:`services.protocol.packing`). Wire format of one turn
+(``Turn.to_bytes``): ``b"SWT1"``, a little-endian u32 header length, a compact JSON header, then
+the packed observation ids, output ids and output logprobs whose lengths the header gives.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from array import array
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from services.protocol.packing import float_array, int_array, pack, unpack
+
+TURN_MAGIC = b"SWT1"
+SEGMENT_MAGIC = b"SWS1"
+
+
+class ProtocolError(ValueError):
+    """A payload does not follow the trajectory wire format."""
+
+
+class OutcomeStatus(StrEnum):
+    COMPLETED = "completed"  # the agent finished; reward from the tests
+    TIMEOUT = "timeout"  # step or wall-time limit hit; reward from whatever patch exists
+    ERROR = "error"  # the agent failed (not the infrastructure); reward from any patch
+    ABORTED = "aborted"  # infrastructure failure: excluded from training, never a 0
+
+
+class SegmentReason(StrEnum):
+    INITIAL = "initial"
+    HISTORY_MISMATCH = "history_mismatch"  # request did not extend the previous messages
+    PREFIX_MISMATCH = "prefix_mismatch"  # rendering of old history is not a prefix of the new
+
+
+@dataclass
+class Turn:
+    """One assistant turn: observation tokens since the previous turn + generated tokens."""
+
+    observation_ids: array = field(default_factory=int_array)
+    output_ids: array = field(default_factory=int_array)
+    output_logprobs: array = field(default_factory=float_array)
+    weight_version: int = 0
+    finish_reason: str = "stop"
+    engine: str = ""
+    started_at: float = 0.0
+    latency_s: float = 0.0
+    queue_wait_s: float = 0.0  # time spent waiting at a closed weight-refresh gate
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.output_logprobs):
+            raise ProtocolError(
+                f"turn has {len(self.output_ids)} output ids but "
+                f"{len(self.output_logprobs)} logprobs"
+            )
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "v": self.weight_version,
+            "f": self.finish_reason,
+            "e": self.engine,
+            "t0": self.started_at,
+            "lat": self.latency_s,
+            "qw": self.queue_wait_s,
+            "pt": self.prompt_tokens,
+            "ct": self.cached_tokens,
+            "no": len(self.observation_ids),
+            "ng": len(self.output_ids),
+        }
+
+    def to_bytes(self) -> bytes:
+        head = json.dumps(self.header(), separators=(",", ":")).encode()
+        return b"".join(
+            (
+                TURN_MAGIC,
+                struct.pack("<I", len(head)),
+                head,
+                pack(self.observation_ids),
+                pack(self.output_ids),
+                pack(self.output_logprobs),
+            )
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Turn:
+        if len(data) < 8 or data[:4] != TURN_MAGIC:
+            raise ProtocolError("not a turn record (bad magic)")
+        (hlen,) = struct.unpack_from("<I", data, 4)
+        try:
+            head = json.loads(data[8 : 8 + hlen])
+            no, ng = int(head["no"]), int(head["ng"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"bad turn header: {exc}") from exc
+        off = 8 + hlen
+        if len(data) != off + 4 * (no + 2 * ng):
+            raise ProtocolError(
+                f"turn payload is {len(data) - off} bytes, header says {4 * (no + 2 * ng)}"
+            )
+        obs = unpack("i", data[off : off + 4 * no])
+        off += 4 * no
+        out = unpack("i", data[off : off + 4 * ng])
+        off += 4 * ng
+        lps = unpack("f", data[off : off + 4 * ng])
+        return cls(
+            observation_ids=obs,
+            output_ids=out,
+            output_logprobs=lps,
+            weight_version=int(head["v"]),
+            finish_reason=str(head["f"]),
+            engine=str(head.get("e", "")),
+            started_at=float(head.get("t0", 0.0)),
+            latency_s=float(head.get("lat", 0.0)),
+            queue_wait_s=float(head.get("qw", 0.0)),
+            prompt_tokens=int(head.get("pt", 0)),
+            cached_tokens=int(head.get("ct", 0)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "observation_ids": list(self.observation_ids),
+            "output_ids": list(self.output_ids),
+            "output_logprobs": list(self.output_logprobs),
+            "weight_version": self.weight_version,
+            "finish_reason": self.finish_reason,
+            "engine": self.engine,
+            "started_at": self.started_at,
+            "latency_s": self.latency_s,
+            "queue_wait_s": self.queue_wait_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+@dataclass
+class Segment:
+    prompt_ids: array = field(default_factory=int_array)
+    turns: list[Turn] = field(default_factory=list)
+    reason: SegmentReason = SegmentReason.INITIAL
+    started_at: float = field(default_factory=time.time)
+
+    def header_bytes(self) -> bytes:
+        """Segment opener: magic, reason, start time and the packed prompt ids."""
+        head = json.dumps(
+            {
+                "r": str(self.reason),
+                "t0": self.started_at,
+                "np": len(self.prompt_ids),
+            },
+            separators=(",", ":"),
+        ).encode()
+        return SEGMENT_MAGIC + struct.pack("<I", len(head)) + head + pack(self.prompt_ids)
+
+    @classmethod
+    def from_header_bytes(cls, data: bytes) -> Segment:
+        if len(data) < 8 or data[:4] != SEGMENT_MAGIC:
+            raise ProtocolError("not a segment record (bad magic)")
+        (hlen,) = struct.unpack_from("<I", data, 4)
+        try:
+            head = json.loads(data[8 : 8 + hlen])
+            n = int(head["np"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"bad segment header: {exc}") from exc
+        body = data[8 + hlen :]
+        if len(body) != 4 * n:
+            raise ProtocolError(f"segment prompt is {len(body)} bytes, header says {4 * n}")
+        return cls(
+            prompt_ids=unpack("i", body),
+            reason=SegmentReason(head["r"]),
+            started_at=float(head.get("t0", 0.0)),
+        )
+
+    def token_ids(self) -> list[int]:
+        """All tokens of the segment in order: prompt, then per turn observation + output."""
+        ids = list(self.prompt_ids)
+        for turn in self.turns:
+            ids.extend(turn.observation_ids)
+            ids.extend(turn.output_ids)
+        return ids
+
+    def flatten(self) -> dict[str, list]:
+        """Post-prompt sequence for training: tokens, action mask, behaviour logprobs, versions.
+
+        Observation tokens get mask 0, logprob 0.0 and version -1.
+        """
+        tokens: list[int] = []
+        mask: list[int] = []
+        logps: list[float] = []
+        versions: list[int] = []
+        for turn in self.turns:
+            n_obs = len(turn.observation_ids)
+            tokens.extend(turn.observation_ids)
+            mask.extend([0] * n_obs)
+            logps.extend([0.0] * n_obs)
+            versions.extend([-1] * n_obs)
+            n_out = len(turn.output_ids)
+            tokens.extend(turn.output_ids)
+            mask.extend([1] * n_out)
+            logps.extend(turn.output_logprobs)
+            versions.extend([turn.weight_version] * n_out)
+        return {
+            "tokens": tokens,
+            "action_mask": mask,
+            "logprobs": logps,
+            "versions": versions,
+        }
+
+
+class Outcome(BaseModel):
+    status: OutcomeStatus
+    reward: float | None = None  # None exactly when status is aborted
+    abort_reason: str | None = None
+    patch: str = ""
+    test_report: dict[str, Any] = Field(default_factory=dict)
+    n_turns: int = 0
+    n_tokens: int = 0
+    durations: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _reward_matches_status(self) -> Outcome:
+        if self.status is OutcomeStatus.ABORTED:
+            if self.reward is not None:
+                raise ValueError("an aborted trajectory carries no reward (it is never a 0)")
+            if not self.abort_reason:
+                raise ValueError("an aborted trajectory needs an abort_reason")
+        elif self.reward is None:
+            raise ValueError(f"a {self.status} trajectory needs a reward")
+        return self
+
+    @property
+    def trainable(self) -> bool:
+        return self.status is not OutcomeStatus.ABORTED
+
+
+class TrajectoryMeta(BaseModel):
+    """Identifiers of a trajectory; set when it is opened."""
+
+    trajectory_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    task_id: str = ""
+    batch_id: str = ""
+    group_id: str = ""
+    instance_id: str = ""
+    created_at: float = Field(default_factory=time.time)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class TrajectoryRecord:
+    meta: TrajectoryMeta
+    segments: list[Segment] = field(default_factory=list)
+    outcome: Outcome | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_turns(self) -> int:
+        return sum(len(s.turns) for s in self.segments)
+
+    @property
+    def n_generated_tokens(self) -> int:
+        return sum(len(t.output_ids) for s in self.segments for t in s.turns)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s.token_ids()) for s in self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON view (token lists expanded) for the HTTP API and debugging."""
+        return {
+            "meta": self.meta.model_dump(mode="json"),
+            "segments": [
+                {
+                    "reason": str(s.reason),
+                    "started_at": s.started_at,
+                    "prompt_ids": list(s.prompt_ids),
+                    "turns": [t.to_json() for t in s.turns],
+                }
+                for s in self.segments
+            ],
+            "outcome": self.outcome.model_dump(mode="json") if self.outcome else None,
+            "counters": dict(self.counters),
+        }
+
+    def to_entries(self) -> list[bytes]:
+        """The record as an ordered list of binary entries (segment headers, then its turns).
+
+        This is the form the adapter appends to Redis as turns complete, and the form
+        :meth:`from_entries` reads back.
+        """
+        entries: list[bytes] = []
+        for seg in self.segments:
+            entries.append(seg.header_bytes())
+            entries.extend(t.to_bytes() for t in seg.turns)
+        return entries
+
+    @classmethod
+    def from_entries(
+        cls,
+        meta: TrajectoryMeta,
+        entries: list[bytes],
+        outcome: Outcome | None = None,
+        counters: dict[str, int] | None = None,
+    ) -> TrajectoryRecord:
+        rec = cls(meta=meta, outcome=outcome, counters=dict(counters or {}))
+        for raw in entries:
+            if raw[:4] == SEGMENT_MAGIC:
+                rec.segments.append(Segment.from_header_bytes(raw))
+            elif raw[:4] == TURN_MAGIC:
+                if not rec.segments:
+                    raise ProtocolError("turn entry before any segment entry")
+                rec.segments[-1].turns.append(Turn.from_bytes(raw))
+            else:
+                raise ProtocolError("unknown record entry (bad magic)")
+        return rec

@@ -1,0 +1,36 @@
+"""Shared fixtures: a private real Redis server per test session (flushed per test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.support.redis import RedisServer, start_redis, stop_redis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    stop_redis(server)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """URL of the session's Redis, emptied before each test."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own (for tests that kill or restart it)."""
+    server = start_redis()
+    yield server
+    stop_redis(server)
