@@ -3,20 +3,36 @@
 A *sandbox* is an isolated root filesystem built from a task image, with the instance's
 repository at ``spec.workdir`` (``/testbed``, as in SWE-bench images). Everything the worker,
 the OpenHands runner and the reward evaluation do inside a sandbox goes through this interface,
-so both backends pass one contract test suite.
+so both backends pass one contract test suite (``tests/integration/sandboxes``).
+
+Filesystem policy (both backends): the root filesystem is read-only; ``spec.workdir`` (a private
+copy of the image's ``/testbed``), ``/tmp`` (also ``$HOME``) and :data:`CONTROL_DIR` are the
+only writable places; ``spec.ro_mounts`` add read-only host directories.
 
 Errors: anything that means *the infrastructure failed* (image missing, daemon down, sandbox
 could not be created) raises :class:`SandboxInfraError`; the worker turns it into an ``aborted``
 outcome, never a reward of 0. A command that runs and exits non-zero is *not* an error: it is an
-:class:`ExecResult` with that exit code.
+:class:`ExecResult` with that exit code. File helpers raise ``FileNotFoundError`` for a missing
+sandbox path and ``PermissionError`` for a write outside the writable places; a bad argument
+(an invalid id, a relative sandbox path) is a ``ValueError``.
 """
 
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+
+# A per-sandbox host directory is mounted here (read-write) in every sandbox: it holds the
+# relay script, the relay's unix sockets and the pid files of background processes.
+CONTROL_DIR = "/swerl/ctl"
+# $HOME inside sandboxes: the root filesystem is read-only, /tmp is writable.
+SANDBOX_HOME = "/tmp"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 class SandboxInfraError(RuntimeError):
@@ -32,11 +48,61 @@ class NetworkPolicy(StrEnum):
     LLM_RELAY_ONLY = "llm_relay_only"  # only the relay to the LLM adapter (agent rollouts)
 
 
+def validate_name(kind: str, value: str) -> str:
+    """Node names and sandbox ids become parts of container, netns, cgroup and dir names.
+
+    They are restricted to ``[a-z0-9-]`` (1-63 chars, not starting with ``-``) so that the
+    backends can join them with ``.`` and still parse ownership back unambiguously.
+    """
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use 1-63 characters of [a-z0-9-], not starting with '-'"
+        )
+    return value
+
+
+def validate_sandbox_path(path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"sandbox paths must be absolute, got {path!r}")
+    if "\x00" in path:
+        raise ValueError("sandbox path contains a NUL byte")
+    return path
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     cpus: float = 1.0
     memory_mb: int = 4096
     pids: int = 512
+
+    def __post_init__(self) -> None:
+        if not self.cpus > 0:
+            raise ValueError(f"SandboxLimits.cpus must be > 0, got {self.cpus}")
+        if self.memory_mb < 16:
+            raise ValueError(f"SandboxLimits.memory_mb must be >= 16, got {self.memory_mb}")
+        if self.pids < 8:
+            raise ValueError(f"SandboxLimits.pids must be >= 8, got {self.pids}")
+
+
+@dataclass(frozen=True)
+class LlmRelay:
+    """Where the in-sandbox relay forwards to: the LLM adapter as seen from the host.
+
+    Inside the sandbox the adapter is reachable at ``http://127.0.0.1:<sandbox_port>`` and
+    nothing else is reachable at all (see docs/sandboxes.md, "Relay").
+    """
+
+    target_host: str
+    target_port: int
+    sandbox_port: int = 18080
+
+    def __post_init__(self) -> None:
+        for name in ("target_port", "sandbox_port"):
+            port = getattr(self, name)
+            if not 0 < port < 65536:
+                raise ValueError(f"LlmRelay.{name} must be a TCP port, got {port}")
+        if not self.target_host:
+            raise ValueError("LlmRelay.target_host must not be empty")
 
 
 @dataclass(frozen=True)
@@ -51,6 +117,28 @@ class SandboxSpec:
     # Host directories bind-mounted read-only into the sandbox: {host_path: sandbox_path}.
     ro_mounts: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    # Required when network is LLM_RELAY_ONLY, forbidden otherwise.
+    llm_relay: LlmRelay | None = None
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ValueError("SandboxSpec.image must not be empty")
+        validate_name("node", self.node)
+        validate_name("sandbox_id", self.sandbox_id)
+        validate_sandbox_path(self.workdir)
+        if self.workdir in ("/", "/tmp", CONTROL_DIR) or self.workdir.startswith("/proc"):
+            raise ValueError(f"SandboxSpec.workdir cannot be {self.workdir!r}")
+        for host, inside in self.ro_mounts.items():
+            if not Path(host).is_absolute():
+                raise ValueError(f"ro_mounts host path must be absolute, got {host!r}")
+            validate_sandbox_path(inside)
+            if inside == "/":
+                raise ValueError("ro_mounts cannot mount over /")
+        network = NetworkPolicy(self.network)
+        if network is NetworkPolicy.LLM_RELAY_ONLY and self.llm_relay is None:
+            raise ValueError("network=llm_relay_only needs SandboxSpec.llm_relay")
+        if network is NetworkPolicy.NONE and self.llm_relay is not None:
+            raise ValueError("SandboxSpec.llm_relay is set but network is 'none'")
 
 
 @dataclass(frozen=True)
@@ -59,6 +147,21 @@ class ExecResult:
     output: str  # stdout and stderr interleaved
     timed_out: bool = False
     duration_s: float = 0.0
+
+
+class BackgroundProcess(abc.ABC):
+    """A long-running process started with :meth:`Sandbox.spawn` (e.g. the agent server)."""
+
+    @abc.abstractmethod
+    def is_running(self) -> bool: ...
+
+    @abc.abstractmethod
+    def exit_code(self) -> int | None:
+        """The exit status once it has ended, else ``None``."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Kill the process and its process group; idempotent."""
 
 
 class Sandbox(abc.ABC):
@@ -75,7 +178,41 @@ class Sandbox(abc.ABC):
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
     ) -> ExecResult:
-        """Run a command (a string runs under ``/bin/bash -lc``); never raises on non-zero exit."""
+        """Run a command; never raises on non-zero exit.
+
+        A string runs under ``/bin/bash -c`` (not a login shell: Debian's /etc/profile would
+        reset the image's ``PATH``); a list is executed directly. The environment is the image's
+        ``ENV`` + ``HOME=/tmp`` + ``spec.env`` + ``env``. On timeout the command's process group
+        is killed and ``timed_out`` is set. Processes a command leaves running in the background
+        do not outlive it portably (bwrap tears down the command's pid namespace; docker keeps
+        them): use :meth:`spawn` for long-running processes.
+        """
+
+    @abc.abstractmethod
+    def spawn(
+        self,
+        cmd: str | list[str],
+        *,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str = "/dev/null",
+    ) -> BackgroundProcess:
+        """Start a background process (output to ``log_path`` inside the sandbox)."""
+
+    @abc.abstractmethod
+    def expose(self, sandbox_port: int) -> Path:
+        """A host unix socket that connects to ``127.0.0.1:<sandbox_port>`` inside the sandbox.
+
+        How the host reaches a server running in a sandbox that has no network (the OpenHands
+        agent server); wrap it in :class:`sandbox_worker.relay.host_relay.RelayHub` to get a
+        loopback TCP port on the host.
+        """
+
+    @property
+    def llm_base_url(self) -> str | None:
+        """The adapter's URL as seen inside the sandbox (``None`` without the LLM relay)."""
+        relay = self.spec.llm_relay
+        return None if relay is None else f"http://127.0.0.1:{relay.sandbox_port}"
 
     @abc.abstractmethod
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
@@ -84,22 +221,26 @@ class Sandbox(abc.ABC):
     def read_file(self, path: str) -> bytes: ...
 
     @abc.abstractmethod
-    def copy_in(self, host_path: Path, sandbox_path: str) -> None: ...
+    def copy_in(self, host_path: Path, sandbox_path: str) -> None:
+        """Copy a host file or directory to exactly ``sandbox_path`` (parents are created)."""
 
     @abc.abstractmethod
-    def copy_out(self, sandbox_path: str, host_path: Path) -> None: ...
+    def copy_out(self, sandbox_path: str, host_path: Path) -> None:
+        """Copy a sandbox file or directory to exactly ``host_path`` (parents are created)."""
 
     def diff(self, base_commit: str, repo_dir: str | None = None) -> str:
         """The patch of the working tree (tracked + new files) against ``base_commit``."""
+        if not re.fullmatch(r"[0-9a-fA-F]{4,64}|[A-Za-z0-9._/-]{1,200}", base_commit):
+            raise ValueError(f"invalid base commit {base_commit!r}")
         repo = repo_dir or self.spec.workdir
-        res = self.exec(
-            f"git -c core.fileMode=false add -A >/dev/null && "
-            f"git -c core.fileMode=false diff --cached --no-color --binary {base_commit}",
-            workdir=repo,
-            timeout_s=120,
-        )
+        # stderr is dropped so that warnings never end up inside the patch; on failure the
+        # command is re-run with stderr to report why.
+        git = "git -c core.fileMode=false -c core.quotePath=false"
+        cmd = f"{git} add -A && {git} diff --cached --no-color --binary {base_commit}"
+        res = self.exec(f"{{ {cmd}; }} 2>/dev/null", workdir=repo, timeout_s=120)
         if res.exit_code != 0:
-            raise SandboxInfraError(f"git diff failed ({res.exit_code}): {res.output[-500:]}")
+            why = self.exec(f"{cmd} >/dev/null", workdir=repo, timeout_s=120)
+            raise SandboxInfraError(f"git diff failed ({res.exit_code}): {why.output[-500:]}")
         return res.output
 
     @abc.abstractmethod
@@ -126,3 +267,7 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def cleanup_node(self, node: str) -> int:
         """Remove every sandbox this node owns (left by a crashed run); return how many."""
+
+    @abc.abstractmethod
+    def list_sandboxes(self, node: str) -> list[str]:
+        """Ids of the sandboxes this node currently owns (for leak checks and monitoring)."""

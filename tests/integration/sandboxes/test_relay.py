@@ -1,0 +1,137 @@
+"""The relay pieces on their own (host side + the in-sandbox script run on the host)."""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_worker.backends._common import RELAY_SCRIPT
+from sandbox_worker.relay.host_relay import RelayError, RelayHub
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    """Reads until EOF, then sends everything back reversed and closes (tests half-close)."""
+
+    def handle(self) -> None:
+        data = bytearray()
+        while chunk := self.request.recv(65536):
+            data += chunk
+        self.request.sendall(bytes(reversed(data)))
+
+
+@pytest.fixture
+def echo_port() -> Iterator[int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def hub() -> Iterator[RelayHub]:
+    h = RelayHub()
+    yield h
+    h.close()
+
+
+def _roundtrip(sock: socket.socket, payload: bytes) -> bytes:
+    sock.settimeout(20)
+    sock.sendall(payload)
+    sock.shutdown(socket.SHUT_WR)
+    out = bytearray()
+    while chunk := sock.recv(65536):
+        out += chunk
+    return bytes(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_inner(args: list[str], ready: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, str(RELAY_SCRIPT), *args, "--ready-file", str(ready)])
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert proc.poll() is None, "inner relay exited"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return proc
+
+
+def test_inner_tcp_to_host_unix_to_tcp_target(tmp_path: Path, hub: RelayHub, echo_port: int):
+    sock_path = tmp_path / "llm.sock"
+    handle = hub.unix_to_tcp(sock_path, "127.0.0.1", echo_port)
+    port = _free_port()
+    inner = _start_inner(
+        ["tcp2unix", "--listen", f"127.0.0.1:{port}", "--connect", str(sock_path)],
+        tmp_path / "ready",
+    )
+    try:
+        payload = bytes(range(256)) * 4096  # 1 MiB
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            assert _roundtrip(s, payload) == bytes(reversed(payload))
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            assert _roundtrip(s, b"abc") == b"cba"
+    finally:
+        inner.terminate()
+        assert inner.wait(10) == 0
+        handle.close()
+    assert not sock_path.exists()
+
+
+def test_host_tcp_to_inner_unix_to_tcp(tmp_path: Path, hub: RelayHub, echo_port: int) -> None:
+    sock_path = tmp_path / "port.sock"
+    inner = _start_inner(
+        ["unix2tcp", "--listen", str(sock_path), "--connect", f"127.0.0.1:{echo_port}"],
+        tmp_path / "ready",
+    )
+    handle = hub.tcp_to_unix(sock_path)
+    try:
+        assert handle.port
+        with socket.create_connection(("127.0.0.1", handle.port)) as s:
+            assert _roundtrip(s, b"hello relay") == b"yaler olleh"
+    finally:
+        handle.close()
+        inner.terminate()
+        inner.wait(10)
+
+
+def test_unreachable_target_closes_the_client(tmp_path: Path, hub: RelayHub) -> None:
+    sock_path = tmp_path / "dead.sock"
+    handle = hub.unix_to_tcp(sock_path, "127.0.0.1", _free_port())
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(sock_path))
+            assert s.recv(10) == b""
+    finally:
+        handle.close()
+
+
+def test_relay_errors(tmp_path: Path, hub: RelayHub) -> None:
+    with pytest.raises(RelayError, match="too long"):
+        hub.unix_to_tcp(tmp_path / ("x" * 120), "127.0.0.1", 1)
+    with pytest.raises(RelayError, match="does not exist"):
+        hub.unix_to_tcp(tmp_path / "missing" / "s.sock", "127.0.0.1", 1)
+    res = subprocess.run(
+        [sys.executable, str(RELAY_SCRIPT), "tcp2unix", "--listen", "nohost", "--connect", "/x"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and "HOST:PORT" in res.stderr
+    closed = RelayHub()
+    closed.close()
+    with pytest.raises(RelayError, match="closed"):
+        closed.unix_to_tcp(tmp_path / "s.sock", "127.0.0.1", 1)
