@@ -19,6 +19,8 @@ step_system() {
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
   command -v prlimit >/dev/null || missing+=(util-linux)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v git >/dev/null || missing+=(git)
   if [ ${#missing[@]} -eq 0 ]; then log "system packages present"; return; fi
   log "installing system packages: ${missing[*]}"
   as_root apt-get update -q

@@ -1,0 +1,102 @@
+"""``python -m services.manager``: the rollout manager service (see ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from dataclasses import asdict
+
+from services.config import ConfigError, dump_config, load_config
+from services.manager.config import ManagerConfig
+from services.manager.service import ManagerService
+from services.queue.store import TaskQueue
+
+DESCRIPTION = """\
+Rollout manager of swerl: dispatches rollout tasks from Redis to the sandbox workers.
+
+The trainer (or the job API) submits batches through the Python API
+(services.manager.RolloutManager); this service moves their tasks onto per-node Redis streams,
+never giving a node more than its free slots + --prefetch, takes back the tasks of nodes whose
+heartbeat expired (XAUTOCLAIM after queue.claim_min_idle_s), and rides out Redis restarts.
+All state lives in Redis, so the service can be restarted at any time; run one per deployment.
+"""
+
+EPILOG = """\
+configuration (lowest precedence first): defaults < YAML file (--config or $SWERL_CONFIG,
+section "manager:") < environment (SWERL_MANAGER__PREFETCH=2, SWERL_MANAGER__QUEUE__PREFIX=x:)
+< flags. Workers must use the same queue.prefix.
+
+examples:
+  python -m services.manager --redis redis://head:6379/0
+  python -m services.manager --redis redis://127.0.0.1:6379/0 --prefetch 2 --log-level DEBUG
+  python -m services.manager --redis redis://127.0.0.1:6379/0 --status   # nodes and batches
+  python -m services.manager --print-config                              # effective config
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m services.manager",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--redis", metavar="URL", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (section 'manager')")
+    p.add_argument("--prefetch", type=int, help="tasks queued per node beyond its slots (1)")
+    p.add_argument("--prefix", help="Redis key prefix shared with the workers (swerl:)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--status", action="store_true", help="print nodes and batches as JSON, exit")
+    p.add_argument("--print-config", action="store_true", help="print the effective config, exit")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides: dict = {
+        "redis_url": args.redis,
+        "prefetch": args.prefetch,
+        "log_level": args.log_level,
+    }
+    if args.prefix is not None:
+        overrides["queue"] = {"prefix": args.prefix}
+    try:
+        cfg = load_config(ManagerConfig, section="manager", path=args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    logging.basicConfig(
+        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    queue = TaskQueue(cfg.redis_url, cfg.queue)
+    if args.status:
+        status = {
+            "nodes": [asdict(n) for n in queue.nodes()],
+            "pending": queue.pending_count(),
+            "batches": [queue.progress(b).model_dump(mode="json") for b in queue.batch_ids()],
+        }
+        print(json.dumps(status, indent=2))
+        return 0
+    logging.getLogger("swerl.manager").info("effective config:\n%s", dump_config(cfg))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger("swerl.manager").info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ManagerService(queue, cfg).run(stop)
+    queue.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
