@@ -1,0 +1,122 @@
+"""Load SWE-bench / SWE-Gym / SWE-smith style task instances from a local file.
+
+Formats, chosen by the file suffix: ``.jsonl`` (one instance per line, blank lines ignored),
+``.json`` (a list of instances) and ``.parquet`` (the Hugging Face dataset files; needs
+``pyarrow``). Every row is validated as a :class:`~services.protocol.instance.SWEInstance`; the
+first bad row stops loading with a :class:`DatasetError` naming the file, the line (JSONL) or
+row (parquet/JSON), the instance and every offending field, because a dataset with a broken row
+is almost always a dataset built wrongly, and training on the rest would hide it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from services.protocol.instance import SWEInstance
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing, unreadable or holds an invalid instance."""
+
+
+def load_instances(path: str | Path, only: Iterable[str] | None = None) -> list[SWEInstance]:
+    """Every instance in ``path``, in file order; with ``only``, just those ids (all must exist)."""
+    path = Path(path)
+    instances: list[SWEInstance] = []
+    seen: dict[str, str] = {}
+    for where, record in _records(path):
+        instance = _validate(path, where, record)
+        if instance.instance_id in seen:
+            raise DatasetError(
+                f"{path}:{where}: duplicate instance_id {instance.instance_id!r} "
+                f"(first at {seen[instance.instance_id]})"
+            )
+        seen[instance.instance_id] = where
+        instances.append(instance)
+    if not instances:
+        raise DatasetError(f"{path}: no instances in the file")
+    if only is not None:
+        wanted = list(dict.fromkeys(only))
+        missing = [iid for iid in wanted if iid not in seen]
+        if missing:
+            raise DatasetError(f"{path}: no instance with id {', '.join(map(repr, missing))}")
+        instances = [inst for inst in instances if inst.instance_id in set(wanted)]
+    return instances
+
+
+def _records(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(location, raw record)`` pairs; location is ``line N`` or ``row N`` (1-based)."""
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise DatasetError(f"{path}: unsupported dataset format (use one of {', '.join(SUFFIXES)})")
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such dataset file")
+    if suffix == ".parquet":
+        for index, row in enumerate(_parquet_rows(path), start=1):
+            yield f"row {index}", row
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read: {exc}") from exc
+    if suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(
+                f"{path}:line {exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+            ) from None
+        if not isinstance(rows, list):
+            raise DatasetError(f"{path}: a .json dataset must be a list of instances")
+        for index, row in enumerate(rows, start=1):
+            yield f"row {index}", row
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(
+                f"{path}:line {lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+            ) from None
+        yield f"line {lineno}", record
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq  # optional dependency, needed only for parquet
+    except ImportError:
+        raise DatasetError(
+            f"{path}: reading parquet files needs the 'pyarrow' package, which is not installed"
+        ) from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises its own error family for corrupt files
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from exc
+
+
+def _validate(path: Path, where: str, record: Any) -> SWEInstance:
+    if not isinstance(record, dict):
+        raise DatasetError(f"{path}:{where}: expected a JSON object, got {type(record).__name__}")
+    try:
+        return SWEInstance.model_validate(record)
+    except ValidationError as exc:
+        iid = record.get("instance_id")
+        who = f" (instance {iid!r})" if isinstance(iid, str) and iid else ""
+        problems = "; ".join(_describe(err) for err in exc.errors())
+        raise DatasetError(f"{path}:{where}{who}: {problems}") from None
+
+
+def _describe(error: Any) -> str:
+    field = ".".join(str(part) for part in error["loc"]) or "<record>"
+    if error["type"] == "missing":
+        return f"missing required field {field!r}"
+    return f"field {field!r}: {error['msg']}"

@@ -1,0 +1,103 @@
+"""One SWE-bench-style task instance, as stored in SWE-bench / SWE-Gym / SWE-smith datasets.
+
+The field names are SWE-bench's own (``instance_id``, ``repo``, ``base_commit``, ``patch``,
+``test_patch``, ``problem_statement``, ``hints_text``, ``created_at``, ``version``,
+``FAIL_TO_PASS``, ``PASS_TO_PASS``, ``environment_setup_commit``), so a dataset row validates
+as is. The variants differ in details this model absorbs:
+
+* ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` are JSON-encoded strings in SWE-bench's Hugging Face
+  rows and plain lists in SWE-Gym / SWE-smith / parquet files: both are accepted, and
+  :meth:`SWEInstance.to_swebench_dict` writes the JSON-string form back.
+* SWE-smith rows have no ``base_commit`` (the instance image's ``HEAD`` *is* the buggy base)
+  and no ``test_patch`` (the failing tests are already in the repository); both are optional,
+  and :attr:`SWEInstance.base_ref` says which revision to diff against.
+* Unknown extra columns (``image_name``, ``meta``...) are kept, not rejected.
+
+``test_cmd`` is swerl's extension: the command (before the test files) that runs the
+instance's tests; ``None`` means the evaluation's default pytest command.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# instance ids appear in sandbox names, image tags and Redis keys: keep them to a safe alphabet.
+INSTANCE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+\-]{0,199}$"
+REPO_PATTERN = r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$"
+# A commit hash or ref name; never whitespace or shell metacharacters.
+GIT_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/\-]{0,199}$"
+
+
+class SWEInstance(BaseModel):
+    """A task instance; validation errors name the offending field."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    instance_id: str = Field(pattern=INSTANCE_ID_PATTERN)
+    repo: str = Field(pattern=REPO_PATTERN)
+    base_commit: str | None = Field(default=None, pattern=GIT_REF_PATTERN)
+    patch: str = Field(min_length=1)  # the gold patch (non-test files only)
+    test_patch: str = ""
+    problem_statement: str
+    hints_text: str = ""
+    created_at: str = ""
+    version: str = ""
+    FAIL_TO_PASS: list[str] = Field(min_length=1)
+    PASS_TO_PASS: list[str]
+    environment_setup_commit: str | None = Field(default=None, pattern=GIT_REF_PATTERN)
+    test_cmd: str | None = Field(default=None, min_length=1)
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _decode_test_list(cls, value: Any) -> Any:
+        """Accept a JSON-encoded list (SWE-bench rows) as well as a list or tuple."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON-encoded list of test ids: {exc.msg}") from None
+        if isinstance(value, tuple):
+            value = list(value)
+        if isinstance(value, list):
+            for item in value:
+                if not isinstance(item, str) or not item.strip():
+                    raise ValueError(f"test ids must be non-empty strings, got {item!r}")
+        return value
+
+    @field_validator("patch", "test_patch")
+    @classmethod
+    def _looks_like_a_diff(cls, value: str) -> str:
+        if value and "\n+++ " not in value and not value.startswith("+++ "):
+            raise ValueError("is not a unified diff (no '+++ ' file header)")
+        return value
+
+    @field_validator("version", "created_at", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        """Datasets store versions as floats (``3.0``) and dates as timestamps; keep strings."""
+        if isinstance(value, datetime | date):
+            return value.isoformat()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        return "" if value is None else value
+
+    @field_validator("hints_text", "test_patch", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @property
+    def base_ref(self) -> str:
+        """The revision patches are taken against: ``base_commit``, else the image's ``HEAD``."""
+        return self.base_commit or "HEAD"
+
+    def to_swebench_dict(self) -> dict[str, Any]:
+        """The SWE-bench row form: test lists JSON-encoded, unset optional fields omitted."""
+        row = self.model_dump(exclude_none=True)
+        row["FAIL_TO_PASS"] = json.dumps(self.FAIL_TO_PASS)
+        row["PASS_TO_PASS"] = json.dumps(self.PASS_TO_PASS)
+        return row

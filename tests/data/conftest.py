@@ -1,0 +1,3 @@
+"""The mini task set's repositories are data, not swerl's tests: never collect them."""
+
+collect_ignore_glob = ["repos/*", "repo_history/*", "instances/*"]

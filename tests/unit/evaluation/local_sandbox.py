@@ -1,0 +1,152 @@
+"""``LocalDirBackend`` / ``LocalDirSandbox``: a *test double* of the sandbox interface.
+
+A "sandbox" is a fresh copy of a template git checkout in a host directory, and commands run
+there with the host's bash (no isolation at all). It lets the reward evaluation's logic (scripts,
+patch fallbacks, restoration of protected files, grading) run in unit tests without docker or
+bwrap; the real acceptance runs through the real backends (tests/integration/evaluation).
+
+Paths: the evaluation is configured with ``EvalConfig(workdir=<host dir>, scratch_dir=<host
+dir>)``, so the commands it builds address host paths directly; ``create`` copies the template
+named by ``spec.image`` into ``spec.workdir`` and ``destroy`` removes both directories.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from sandbox_worker.backends.base import (
+    BackgroundProcess,
+    ExecResult,
+    ImageNotFoundError,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+)
+
+
+class LocalDirSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, scratch: Path, backend: LocalDirBackend) -> None:
+        self.spec = spec
+        self.scratch = scratch
+        self._backend = backend
+        self.destroyed = False
+        self.commands: list[str] = []
+
+    def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        self.commands.append(cmd if isinstance(cmd, str) else " ".join(cmd))
+        run_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.scratch),
+            "LANG": "C.UTF-8",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.com",
+            **self.spec.env,
+            **(env or {}),
+        }
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir or self.spec.workdir,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            timed_out = True
+        return ExecResult(
+            exit_code=proc.returncode if not timed_out else -9,
+            output=out.decode("utf-8", "replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+
+    def spawn(self, cmd: str | list[str], **kwargs: object) -> BackgroundProcess:
+        raise NotImplementedError("LocalDirSandbox does not run background processes")
+
+    def expose(self, sandbox_port: int) -> Path:
+        raise NotImplementedError("LocalDirSandbox has no network namespace")
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(mode)
+
+    def read_file(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
+    def copy_in(self, host_path: Path, sandbox_path: str) -> None:
+        shutil.copytree(host_path, sandbox_path) if host_path.is_dir() else shutil.copy(
+            host_path, sandbox_path
+        )
+
+    def copy_out(self, sandbox_path: str, host_path: Path) -> None:
+        source = Path(sandbox_path)
+        shutil.copytree(source, host_path) if source.is_dir() else shutil.copy(source, host_path)
+
+    def destroy(self) -> None:
+        shutil.rmtree(self.spec.workdir, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.destroyed = True
+        self._backend.live.pop(self.spec.sandbox_id, None)
+
+
+class LocalDirBackend(SandboxBackend):
+    """Images are template checkouts: ``{image name: host directory}``."""
+
+    name = "localdir"
+
+    def __init__(self, templates: dict[str, Path], scratch_dir: Path) -> None:
+        self.templates = templates
+        self.scratch_dir = scratch_dir
+        self.live: dict[str, LocalDirSandbox] = {}
+        self.created: list[LocalDirSandbox] = []
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        template = self.templates.get(spec.image)
+        if template is None:
+            raise ImageNotFoundError(f"no template for image {spec.image!r}")
+        workdir = Path(spec.workdir)
+        if workdir.exists():
+            raise RuntimeError(f"{workdir} still exists: a previous sandbox was not destroyed")
+        shutil.copytree(template, workdir, symlinks=True)
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        sandbox = LocalDirSandbox(spec, self.scratch_dir, self)
+        self.live[spec.sandbox_id] = sandbox
+        self.created.append(sandbox)
+        return sandbox
+
+    def image_available(self, image: str) -> bool:
+        return image in self.templates
+
+    def cleanup_node(self, node: str) -> int:
+        doomed = [s for s in self.live.values() if s.spec.node == node]
+        for sandbox in doomed:
+            sandbox.destroy()
+        return len(doomed)
+
+    def list_sandboxes(self, node: str) -> list[str]:
+        return [sid for sid, s in self.live.items() if s.spec.node == node]

@@ -1,0 +1,121 @@
+"""The in-sandbox scripts, run with the host's bash in throwaway git repositories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandbox_worker.evaluation import grading
+from sandbox_worker.evaluation.script import EvalScriptSpec, eval_script, reset_script
+
+GIT_ENV = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
+TRICKY = "tests/we'ird $(touch pwned) name.py"
+
+
+def sh(cwd: Path, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", script], cwd=cwd, env=GIT_ENV, capture_output=True, text=True
+    )
+
+
+def git(cwd: Path, *args: str) -> str:
+    res = subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "tests").mkdir(parents=True)
+    (root / TRICKY).write_text("original\n")
+    (root / "a.py").write_text("x = 1\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "base")
+    return root
+
+
+def test_eval_script_restores_protected_files_and_quotes_everything(
+    repo: Path, tmp_path: Path
+) -> None:
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / TRICKY).write_text("tampered\n")
+    (repo / "tests" / "created.py").write_text("planted\n")
+    spec = EvalScriptSpec(
+        workdir=str(repo),
+        base_ref=base,
+        test_patch_path=None,
+        modified_files=[TRICKY],
+        new_files=["tests/created.py"],
+        test_command=f"cat {repo / 'tests'}/*.py; echo 'PASSED t.py::a'; exit 1",
+        test_timeout_s=30,
+    )
+    res = sh(repo, eval_script(spec))
+    assert not (repo / "pwned").exists() and not (tmp_path / "pwned").exists()
+    assert "original" in res.stdout and "tampered" not in res.stdout.split("Start Test")[1]
+    assert "planted" not in res.stdout.split("Start Test")[1]
+    assert (repo / TRICKY).read_text() == "original\n"  # reverted again after the run
+    status_map, valid = grading.get_logs_eval(res.stdout)
+    # The command exited 1 while reporting no failure: the log is not trusted.
+    assert grading.parse_test_exit_code(res.stdout) == 1 and not valid and status_map == {}
+
+
+def test_eval_script_times_out_the_tests(repo: Path) -> None:
+    spec = EvalScriptSpec(
+        workdir=str(repo),
+        base_ref="HEAD",
+        test_patch_path=None,
+        modified_files=[],
+        new_files=[],
+        test_command="sleep 30",
+        test_timeout_s=1,
+    )
+    res = sh(repo, eval_script(spec))
+    assert ">>>>> Tests Timed Out" in res.stdout
+    assert grading.parse_test_exit_code(res.stdout) == 124
+    assert grading.get_logs_eval(res.stdout) == ({}, False)
+
+
+def test_reset_keeps_a_setup_commit_on_top_of_the_base(repo: Path) -> None:
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "a.py").write_text("x = 2\n")
+    git(repo, "commit", "-q", "-am", "environment setup")
+    setup = git(repo, "rev-parse", "HEAD")
+    (repo / "a.py").write_text("dirty\n")
+    (repo / "untracked.py").write_text("junk\n")
+    res = sh(repo, reset_script(base))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == setup
+    assert (repo / "a.py").read_text() == "x = 2\n" and not (repo / "untracked.py").exists()
+
+
+def test_reset_checks_out_the_base_when_head_is_elsewhere(repo: Path) -> None:
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "--orphan", "other")
+    git(repo, "rm", "-rfq", ".")
+    (repo / "b.py").write_text("y\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "unrelated")
+    res = sh(repo, reset_script(base))
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == base
+    assert (repo / "a.py").exists() and not (repo / "b.py").exists()
+
+
+def test_reset_fails_for_an_unknown_base(repo: Path) -> None:
+    res = sh(repo, reset_script("f" * 40))
+    assert res.returncode == 3 and "is not in the repository" in res.stdout
+    res = sh(repo, reset_script("main; touch pwned"))
+    assert res.returncode == 3 and not (repo / "pwned").exists()
