@@ -1,5 +1,7 @@
 """Print the pinned requirements of pyproject.toml (plus the named extras), one per line.
 
+With ``--no-deps``: the packages of ``[tool.swerl] no-deps``, installed without dependencies.
+
 The set-up script installs dependencies only (the project runs from its checkout), so one
 cached environment serves every clone.
 """
@@ -12,7 +14,11 @@ from pathlib import Path
 
 
 def main(extras: list[str]) -> None:
-    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    data = tomllib.loads(Path("pyproject.toml").read_text())
+    if extras == ["--no-deps"]:
+        print("\n".join(data["tool"]["swerl"]["no-deps"]))
+        return
+    project = data["project"]
     reqs = list(project["dependencies"])
     for extra in extras:
         reqs.extend(project["optional-dependencies"][extra])

@@ -47,6 +47,7 @@ step_python() {
     "$py" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q -c constraints.txt -r <("$venv/bin/python" deploy/dev/requirements_from_pyproject.py dev)
+    "$venv/bin/pip" install -q --no-deps -r <("$venv/bin/python" deploy/dev/requirements_from_pyproject.py --no-deps)
     touch "$venv/.swerl-ok"
   else
     log "Python environment cached ($venv)"

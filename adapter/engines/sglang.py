@@ -1,0 +1,360 @@
+"""Async client for SGLang's native HTTP API -- the only way the adapter talks to engines.
+
+It speaks to a real SGLang server and to the reference engine alike (the same contract tests run
+against both, see ``tests/integration/engines``). Every answer is validated; anything that does
+not look like SGLang's wire format raises :class:`EngineProtocolError` rather than propagating
+half-parsed data into a trajectory record.
+
+Error model (what a caller can rely on):
+
+* :class:`EngineUnavailableError` -- the engine could not serve the call: connection refused,
+  timeout, broken connection, or a 5xx. ``tokens_produced`` says whether any output token may
+  have reached the client; a non-streaming call never returns partial tokens, so it is always
+  ``False`` here and the call can be retried on another engine.
+* :class:`EngineProtocolError` (a kind of unavailability) -- the engine answered with something
+  that is not the expected protocol.
+* :class:`EngineRequestError` -- the engine rejected the request (4xx): retrying it elsewhere
+  would fail the same way.
+
+A request aborted by the engine (``/abort_request``, ``/pause_generation`` in abort mode) is not
+an error: :meth:`SGLangClient.generate` returns it with ``finish_reason.type == "abort"``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+from pydantic import ValidationError
+
+from adapter.engines.protocol import (
+    FinishReason,
+    GenerateOutput,
+    ModelInfo,
+    PauseMode,
+    SamplingParams,
+    UpdateWeightsResult,
+)
+
+__all__ = [
+    "EngineError",
+    "EngineProtocolError",
+    "EngineRequestError",
+    "EngineUnavailableError",
+    "FinishReason",
+    "GenerateResult",
+    "ModelInfo",
+    "SGLangClient",
+    "SamplingParams",
+    "UpdateWeightsResult",
+]
+
+
+class EngineError(Exception):
+    """Base class of every error the client raises."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.message = message
+
+
+class EngineUnavailableError(EngineError):
+    """The engine cannot serve the call (down, timed out, 5xx)."""
+
+    def __init__(
+        self,
+        url: str,
+        message: str,
+        status: int | None = None,
+        tokens_produced: bool = False,
+    ) -> None:
+        super().__init__(url, message)
+        self.status = status
+        self.tokens_produced = tokens_produced
+
+
+class EngineProtocolError(EngineUnavailableError):
+    """The engine answered, but not in SGLang's wire format."""
+
+
+class EngineRequestError(EngineError):
+    """The engine rejected the request (4xx)."""
+
+    def __init__(self, url: str, message: str, status: int) -> None:
+        super().__init__(url, f"HTTP {status}: {message}")
+        self.status = status
+        self.detail = message
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """One finished generation, as recorded into a trajectory turn."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    latency_s: float
+    engine_latency_s: float | None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason.type == "abort"
+
+
+class SGLangClient:
+    """Async HTTP client of one SGLang (or reference) engine.
+
+    ``timeout`` bounds a whole call (generation included); connecting is bounded separately by
+    ``connect_timeout`` so a dead engine is detected quickly.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL must start with http:// or https://, got {base_url!r}")
+        if timeout <= 0 or connect_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        self.base_url = base_url.rstrip("/")
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(connect_timeout, timeout)),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+    # ------------------------------------------------------------------ transport
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        url = self.base_url + path
+        try:
+            response = await self._client.request(method, url, json=body)
+        except httpx.TimeoutException as exc:
+            raise EngineUnavailableError(url, f"timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(
+                url, f"connection failed ({type(exc).__name__}: {exc})"
+            ) from exc
+        if response.status_code >= 500:
+            raise EngineUnavailableError(
+                url, f"HTTP {response.status_code}: {_error_text(response)}", response.status_code
+            )
+        if response.status_code >= 400:
+            raise EngineRequestError(url, _error_text(response), response.status_code)
+        return response
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = await self._request(method, path, body)
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EngineProtocolError(
+                self.base_url + path, f"answer is not JSON: {response.text[:200]!r}"
+            ) from exc
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> GenerateResult:
+        """Generate from token ids; returns output ids with their behaviour logprobs."""
+        if not input_ids:
+            raise ValueError("input_ids must not be empty")
+        rid = rid or uuid.uuid4().hex
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling.to_wire(),
+            "return_logprob": return_logprob,
+            "rid": rid,
+            "stream": False,
+        }
+        started = time.perf_counter()
+        payload = await self._json("POST", "/generate", body)
+        latency = time.perf_counter() - started
+        return parse_generate_output(
+            payload, self.base_url + "/generate", rid, return_logprob, latency
+        )
+
+    # ------------------------------------------------------------------ control
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> UpdateWeightsResult:
+        """Load weights from ``model_path``; raises EngineRequestError if the engine refuses."""
+        body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        url = self.base_url + "/update_weights_from_disk"
+        try:
+            response = await self._client.post(url, json=body)
+        except httpx.TimeoutException as exc:
+            raise EngineUnavailableError(url, f"timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(url, f"connection failed ({exc})") from exc
+        if response.status_code >= 500:
+            raise EngineUnavailableError(
+                url, f"HTTP {response.status_code}: {_error_text(response)}", response.status_code
+            )
+        try:
+            result = UpdateWeightsResult.model_validate(response.json())
+        except (json.JSONDecodeError, ValidationError) as exc:
+            if response.status_code >= 400:
+                raise EngineRequestError(url, _error_text(response), response.status_code) from exc
+            raise EngineProtocolError(url, f"malformed answer: {response.text[:200]!r}") from exc
+        if not result.success or response.status_code >= 400:
+            raise EngineRequestError(url, result.message, response.status_code)
+        return result
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        if not rid and not abort_all:
+            raise ValueError("give a rid or abort_all=True")
+        await self._request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+
+    async def flush_cache(self) -> bool:
+        """True if flushed; False if the engine refused (requests running or waiting)."""
+        try:
+            await self._request("POST", "/flush_cache")
+        except EngineRequestError as exc:
+            if exc.status == 400:
+                return False
+            raise
+        return True
+
+    async def model_info(self) -> ModelInfo:
+        url = self.base_url + "/model_info"
+        payload = await self._json("GET", "/model_info")
+        try:
+            return ModelInfo.model_validate(payload)
+        except ValidationError as exc:
+            raise EngineProtocolError(url, f"malformed model_info: {exc}") from exc
+
+    async def get_weight_version(self) -> str | None:
+        """The engine's current weight version (from /model_info, as current SGLang reports it)."""
+        return (await self.model_info()).weight_version
+
+    async def health(self) -> bool:
+        """True if ``GET /health`` answers 200; never raises for an unreachable engine."""
+        try:
+            response = await self._client.get(self.base_url + "/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+
+def parse_generate_output(
+    payload: Any, url: str, rid: str | None, return_logprob: bool, latency_s: float
+) -> GenerateResult:
+    """Validate a non-streamed ``/generate`` answer and turn it into a :class:`GenerateResult`."""
+    if not isinstance(payload, dict):
+        raise EngineProtocolError(url, f"expected one JSON object, got {type(payload).__name__}")
+    try:
+        output = GenerateOutput.model_validate(payload)
+    except ValidationError as exc:
+        raise EngineProtocolError(url, f"malformed /generate answer: {exc}") from exc
+    meta = output.meta_info
+    if meta.finish_reason is None:
+        raise EngineProtocolError(url, "finished answer without finish_reason")
+    if rid is not None and meta.id != rid:
+        raise EngineProtocolError(url, f"answer is for request {meta.id!r}, not {rid!r}")
+    output_ids = list(output.output_ids)
+    logprobs: list[float] = []
+    if return_logprob:
+        entries = meta.output_token_logprobs
+        if entries is None:
+            raise EngineProtocolError(
+                url, "return_logprob was set but output_token_logprobs is missing"
+            )
+        ids: list[int] = []
+        for i, entry in enumerate(entries):
+            value, token = entry[0], entry[1]
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise EngineProtocolError(url, f"output_token_logprobs[{i}] has logprob {value!r}")
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise EngineProtocolError(url, f"output_token_logprobs[{i}] has token id {token!r}")
+            logprobs.append(float(value))
+            ids.append(token)
+        # The logprob entries name every generated token; some SGLang versions leave the
+        # matched stop token out of output_ids, never anything else.
+        if output_ids != ids and output_ids != ids[:-1]:
+            raise EngineProtocolError(
+                url,
+                f"output_ids ({len(output_ids)}) disagree with output_token_logprobs ({len(ids)})",
+            )
+        output_ids = ids
+    if meta.completion_tokens != len(output_ids) and meta.completion_tokens != len(output_ids) - 1:
+        raise EngineProtocolError(
+            url, f"completion_tokens={meta.completion_tokens} but {len(output_ids)} output ids"
+        )
+    return GenerateResult(
+        rid=meta.id,
+        text=output.text,
+        output_ids=output_ids,
+        output_logprobs=logprobs,
+        finish_reason=meta.finish_reason,
+        weight_version=meta.weight_version,
+        prompt_tokens=meta.prompt_tokens,
+        cached_tokens=meta.cached_tokens,
+        latency_s=latency_s,
+        engine_latency_s=meta.e2e_latency,
+    )
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The human-readable message of an error answer (SGLang or FastAPI shapes)."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if "message" in body:
+            return str(body["message"])
+        if "detail" in body:
+            return json.dumps(body["detail"])[:500]
+    return json.dumps(body)[:500]

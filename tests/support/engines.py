@@ -1,0 +1,207 @@
+"""Test helpers for engines: the tiny model on disk and a reference-engine subprocess.
+
+``tiny_model_path`` builds (once) the tiny model under ``$SWERL_CACHE_DIR`` if that is set, else
+under a pytest temporary directory. ``start_reference_server`` runs
+``python -m adapter.engines.reference_server`` on a free loopback port as a real subprocess and
+waits for ``/health``; use it as a context manager (or call ``stop()``).
+``reference_server_in_thread`` serves the same app from a thread of the test process: it starts in
+well under a second once torch is imported (a subprocess pays ~5-25 s of imports on a busy
+machine), so tests that need several differently configured engines use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from adapter.engines.tiny_model import ensure_tiny_model
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tiny_model_path(fallback_dir: Path, coder: bool = False, seed: int = 0) -> Path:
+    """The tiny model directory, built if missing (cached in $SWERL_CACHE_DIR when set)."""
+    name = "tiny-model" + ("-coder" if coder else "") + (f"-seed{seed}" if seed else "")
+    cache = os.environ.get("SWERL_CACHE_DIR")
+    root = Path(cache) if cache else fallback_dir
+    return ensure_tiny_model(root / name, coder=coder, seed=seed)
+
+
+@contextmanager
+def tiny_model_for_session(coder: bool = False, seed: int = 0) -> Iterator[Path]:
+    """The tiny model for a test session: cached in $SWERL_CACHE_DIR, else a private temp dir.
+
+    A private ``mkdtemp`` (not pytest's numbered base temp) because concurrent pytest sessions on
+    one machine prune each other's old base temp directories.
+    """
+    if os.environ.get("SWERL_CACHE_DIR"):
+        yield tiny_model_path(Path(os.environ["SWERL_CACHE_DIR"]), coder=coder, seed=seed)
+        return
+    root = Path(tempfile.mkdtemp(prefix="swerl-tiny-model-"))
+    try:
+        yield tiny_model_path(root, coder=coder, seed=seed)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class ReferenceServer:
+    """A running reference engine subprocess."""
+
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    owns_log_dir: bool = False
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """Stop the process; a log directory this helper created is removed with it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        if self.owns_log_dir:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
+
+
+def launch_reference_server(
+    model_dir: Path,
+    script: Path | None = None,
+    weight_version: str | None = None,
+    extra_args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> ReferenceServer:
+    """Start a reference engine and wait until ``GET /health`` answers 200."""
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "adapter.engines.reference_server",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    if script is not None:
+        args += ["--script", str(script)]
+    if weight_version is not None:
+        args += ["--weight-version", weight_version]
+    args += list(extra_args)
+    owns_log_dir = log_dir is None
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="swerl-engine-"))
+    log_path = log_dir / f"reference-server-{port}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 -- the child process owns it
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    server = ReferenceServer(
+        f"http://127.0.0.1:{port}", port, process, log_path, args, owns_log_dir
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            log = server.log()
+            server.stop()
+            raise RuntimeError(f"reference server exited with {process.returncode}:\n{log}")
+        try:
+            if httpx.get(server.url + "/health", timeout=1.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            log = server.log()
+            server.stop()
+            raise RuntimeError(f"reference server did not become healthy:\n{log}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def start_reference_server(
+    model_dir: Path,
+    script: Path | None = None,
+    weight_version: str | None = None,
+    extra_args: Sequence[str] = (),
+    log_dir: Path | None = None,
+) -> Iterator[ReferenceServer]:
+    server = launch_reference_server(model_dir, script, weight_version, extra_args, log_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class ThreadedReferenceServer:
+    """A reference engine served by uvicorn from a thread of this process."""
+
+    url: str
+    port: int
+    state: object  # adapter.engines.reference_server.ServerState
+
+
+@contextmanager
+def reference_server_in_thread(
+    model_dir: Path,
+    script: Path | None = None,
+    weight_version: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[ThreadedReferenceServer]:
+    """Serve a reference engine in-process (same CLI arguments as the subprocess)."""
+    import uvicorn
+
+    from adapter.engines.reference_server import build_state, create_app, parse_args
+
+    port = free_port()
+    argv = ["--model", str(model_dir), "--port", str(port), "--log-level", "warning"]
+    if script is not None:
+        argv += ["--script", str(script)]
+    if weight_version is not None:
+        argv += ["--weight-version", weight_version]
+    argv += list(extra_args)
+    args = parse_args(argv)
+    state = build_state(args)
+    config = uvicorn.Config(
+        create_app(state), host="127.0.0.1", port=port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"reference-server-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"in-process reference server on port {port} did not start")
+        time.sleep(0.02)
+    try:
+        yield ThreadedReferenceServer(f"http://127.0.0.1:{port}", port, state)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
