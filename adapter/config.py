@@ -1,0 +1,80 @@
+"""Settings of the adapter (section ``adapter`` of the swerl configuration).
+
+Loaded once at start-up with :func:`services.config.load_config`; command-line flags of
+``python -m adapter`` override the YAML file and ``SWERL_ADAPTER__*`` environment variables.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from services.config import StrictModel
+
+
+class ToolParserName(StrEnum):
+    AUTO = "auto"  # pick from the chat template (Qwen3-Coder XML if it renders `<function=`)
+    HERMES = "hermes"  # Hermes / Qwen JSON: <tool_call>{"name", "arguments"}</tool_call>
+    QWEN3_CODER = "qwen3_coder"  # <tool_call><function=NAME><parameter=K>V</parameter>...
+
+
+class AdapterConfig(StrictModel):
+    """Everything the adapter needs; see docs/adapter.md for what each key does."""
+
+    engines: list[str] = Field(
+        min_length=1, description="base URLs of the SGLang(-protocol) engines"
+    )
+    model: str = Field(min_length=1, description="model directory (tokenizer + chat template)")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0")
+    key_prefix: str = Field(default="swerl:", min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8100, ge=1, le=65535)
+    admin_token: str | None = Field(default=None, description="bearer token of /admin routes")
+    served_model_name: str | None = Field(
+        default=None, description="model id in /v1/models and responses (default: dir name)"
+    )
+    auto_open_trajectories: bool = Field(
+        default=True, description="a request to /t/{id}/v1 for an unknown id opens it"
+    )
+    context_length: int | None = Field(
+        default=None, ge=16, description="context window (default: the model's config)"
+    )
+    default_max_tokens: int = Field(default=1024, ge=1)
+    tool_parser: ToolParserName = ToolParserName.AUTO
+    end_of_turn: str | None = Field(
+        default=None, description="text closing an assistant turn (default: tokenizer eos)"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    engine_timeout_s: float = Field(default=900.0, gt=0)
+    engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    probe_interval_s: float = Field(default=2.0, gt=0)
+    refresh_drain_timeout_s: float = Field(
+        default=900.0, gt=0, description="longest wait for in-flight steps during a refresh"
+    )
+    initial_weight_version: int = Field(
+        default=0, ge=0, description="version of engines whose weight_version is not a number"
+    )
+    trajectory_idle_ttl_s: float = Field(
+        default=7200.0, gt=0, description="in-memory state of an idle trajectory is dropped"
+    )
+    log_level: str = "info"
+
+    @field_validator("engines")
+    @classmethod
+    def _check_engines(cls, value: list[str]) -> list[str]:
+        cleaned = [u.strip().rstrip("/") for u in value]
+        for url in cleaned:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("engine URLs must be distinct")
+        return cleaned
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix://: {value!r}")
+        return value

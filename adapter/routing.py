@@ -1,0 +1,180 @@
+"""Engine selection, stickiness, failure handling and health probing.
+
+* A trajectory sticks to the engine that served its first turn (its KV prefix cache is there).
+* A new trajectory (and every untracked call) goes to the least busy healthy engine: fewest
+  generate calls in flight, then fewest trajectories assigned.
+* An engine that fails a call (connection refused or reset, timeout, 5xx) is marked unhealthy
+  and taken out of rotation; a background task probes it (``/health`` + weight version) and puts
+  it back when it answers with the current weights, loading them first if a refresh happened
+  while it was away.
+* A call that failed before any token reached the client is retried on another healthy engine
+  (``engine_attempts`` engines at most); the trajectory then sticks to the engine that answered.
+  When no engine can serve it, :class:`NoEngineAvailableError` is raised (the app answers 503
+  and marks the trajectory as an infrastructure failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from adapter.engines.sglang import (
+    EngineRequestError,
+    EngineUnavailableError,
+    GenerateResult,
+    SamplingParams,
+    SGLangClient,
+)
+from adapter.errors import APIError
+from adapter.metrics import AdapterMetrics
+
+log = logging.getLogger("adapter.routing")
+
+
+class NoEngineAvailableError(Exception):
+    """Every engine that could serve the call failed or is out of rotation."""
+
+
+@dataclass
+class Engine:
+    url: str
+    client: SGLangClient
+    healthy: bool = True
+    inflight: int = 0
+    assigned: int = 0  # trajectories sticking to this engine
+    last_error: str = ""
+    failures: int = 0
+    unhealthy_since: float = 0.0
+    weight_version: str | None = None  # last version the engine reported
+
+    def load(self) -> tuple[int, int]:
+        return (self.inflight, self.assigned)
+
+
+@dataclass
+class Router:
+    engines: list[Engine]
+    metrics: AdapterMetrics
+    attempts: int = 3
+    sticky: dict[str, str] = field(default_factory=dict)  # trajectory id -> engine url
+
+    def __post_init__(self) -> None:
+        self._by_url = {e.url: e for e in self.engines}
+        for engine in self.engines:
+            self._publish(engine)
+
+    def _publish(self, engine: Engine) -> None:
+        self.metrics.engine_healthy.set(1.0 if engine.healthy else 0.0, engine=engine.url)
+        self.metrics.engine_inflight.set(float(engine.inflight), engine=engine.url)
+
+    def healthy(self) -> list[Engine]:
+        return [e for e in self.engines if e.healthy]
+
+    def engine(self, url: str) -> Engine:
+        return self._by_url[url]
+
+    def pick(
+        self, trajectory_id: str | None, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> Engine | None:
+        """The engine for the next call of ``trajectory_id`` (None: an untracked call)."""
+        if trajectory_id is not None:
+            url = self.sticky.get(trajectory_id)
+            if url is not None:
+                engine = self._by_url.get(url)
+                if engine is not None and engine.healthy and url not in exclude:
+                    return engine
+        candidates = [e for e in self.engines if e.healthy and e.url not in exclude]
+        if not candidates:
+            return None
+        return min(candidates, key=Engine.load)
+
+    def stick(self, trajectory_id: str, engine: Engine) -> None:
+        previous = self.sticky.get(trajectory_id)
+        if previous == engine.url:
+            return
+        if previous is not None and previous in self._by_url:
+            self._by_url[previous].assigned -= 1
+        self.sticky[trajectory_id] = engine.url
+        engine.assigned += 1
+
+    def forget(self, trajectory_id: str) -> None:
+        url = self.sticky.pop(trajectory_id, None)
+        if url is not None and url in self._by_url:
+            self._by_url[url].assigned -= 1
+
+    def mark_unhealthy(self, engine: Engine, reason: str) -> None:
+        if engine.healthy:
+            log.warning("engine %s marked unhealthy: %s", engine.url, reason)
+            engine.unhealthy_since = time.monotonic()
+        engine.healthy = False
+        engine.last_error = reason
+        engine.failures += 1
+        self.metrics.engine_failures.inc(engine=engine.url)
+        self._publish(engine)
+
+    def mark_healthy(self, engine: Engine) -> None:
+        if not engine.healthy:
+            log.info("engine %s back in rotation", engine.url)
+        engine.healthy = True
+        engine.last_error = ""
+        self._publish(engine)
+
+    async def generate(
+        self,
+        trajectory_id: str | None,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+    ) -> tuple[GenerateResult, Engine]:
+        """Generate on the trajectory's engine, retrying on others if it fails before tokens."""
+        tried: set[str] = set()
+        errors: list[str] = []
+        for attempt in range(self.attempts):
+            engine = self.pick(trajectory_id, exclude=tried)
+            if engine is None:
+                break
+            tried.add(engine.url)
+            if attempt:
+                self.metrics.retries.inc()
+            engine.inflight += 1
+            self._publish(engine)
+            started = time.perf_counter()
+            try:
+                result = await engine.client.generate(input_ids, sampling, rid=f"{rid}-{attempt}")
+            except EngineUnavailableError as exc:
+                self.mark_unhealthy(engine, str(exc))
+                errors.append(f"{engine.url}: {exc}")
+                continue
+            except EngineRequestError as exc:
+                # The engine rejected the request itself (4xx): retrying elsewhere cannot help.
+                raise APIError(400, f"engine rejected the request: {exc.detail}") from None
+            finally:
+                engine.inflight -= 1
+                self._publish(engine)
+            self.metrics.engine_latency.observe(time.perf_counter() - started, engine=engine.url)
+            if result.aborted:
+                # Aborted by the engine (not by us): nothing reached the client, try elsewhere.
+                errors.append(f"{engine.url}: generation aborted by the engine")
+                continue
+            if trajectory_id is not None:
+                self.stick(trajectory_id, engine)
+            return result, engine
+        detail = "; ".join(errors) if errors else "no healthy engine"
+        raise NoEngineAvailableError(detail)
+
+    async def probe_loop(
+        self,
+        interval_s: float,
+        readmit: Callable[[Engine], object],
+    ) -> None:
+        """Forever: probe unhealthy engines; ``readmit`` (async) decides and re-admits."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for engine in [e for e in self.engines if not e.healthy]:
+                try:
+                    await readmit(engine)  # type: ignore[misc]
+                except Exception as exc:  # a probe failure only keeps it out of rotation
+                    engine.last_error = f"probe: {exc}"

@@ -1,0 +1,479 @@
+"""The adapter's request handling: chat completions with recording, and trajectory lifecycle.
+
+One :class:`AdapterService` per process ties the parts together -- renderer, recorder, tool
+parser, store, router, refresh gate -- and keeps the in-memory state of open trajectories.
+HTTP concerns (routes, status codes, SSE framing) live in :mod:`adapter.app`.
+
+Per trajectory, requests are serialised by a lock (an agent makes one call at a time; a second
+concurrent call waits its turn rather than racing the record). A request changes the record only
+after the engine answered: a rejected or failed request leaves it as it was. Completed turns are
+written through to Redis at once; if Redis is unreachable they are kept in memory, counted in
+``swerl_adapter_store_errors_total``, and written with the next turn or at close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions
+from pydantic import ValidationError
+
+from adapter.config import AdapterConfig, ToolParserName
+from adapter.engines.sglang import SamplingParams, SGLangClient
+from adapter.errors import APIError
+from adapter.messages import template_messages
+from adapter.metrics import AdapterMetrics
+from adapter.openai_schema import (
+    ChatCompletionRequest,
+    ChatMessage,
+    assistant_message,
+    completion_id,
+    parse_chat_request,
+    tool_call_id,
+    usage,
+)
+from adapter.recorder import Recorder, SegmentState, TurnPlan, TurnResult
+from adapter.rendering import Renderer
+from adapter.routing import Engine, NoEngineAvailableError, Router
+from adapter.tool_parsers import ToolParser, get_parser
+from adapter.weights import RefreshGate, WeightCoordinator
+from services.protocol import Outcome, TrajectoryMeta
+from services.store import (
+    TrajectoryExistsError,
+    TrajectoryNotFoundError,
+    TrajectoryStore,
+)
+
+log = logging.getLogger("adapter.service")
+
+_STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+@dataclass
+class TrajectoryRuntime:
+    """In-memory state of one open trajectory."""
+
+    trajectory_id: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    state: SegmentState | None = None
+    n_segments: int = 0
+    pending_entries: list[bytes] = field(default_factory=list)
+    pending_counters: dict[str, int] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What the app needs to answer one chat completion."""
+
+    cid: str
+    model: str
+    message: dict[str, Any]
+    finish_reason: str
+    usage: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    headers: dict[str, str]
+
+
+class AdapterService:
+    def __init__(
+        self,
+        config: AdapterConfig,
+        renderer: Renderer,
+        store: TrajectoryStore,
+        clients: list[SGLangClient] | None = None,
+    ) -> None:
+        self.config = config
+        self.renderer = renderer
+        self.recorder = Recorder(renderer)
+        self.metrics = AdapterMetrics()
+        self.store = store
+        self.parser: ToolParser = get_parser(config.tool_parser, renderer.chat_template)
+        self.arguments_as_object = self.parser.name is ToolParserName.QWEN3_CODER
+        self.model_name = config.served_model_name or renderer.model_dir.name
+        clients = clients or [
+            SGLangClient(url, timeout=config.engine_timeout_s) for url in config.engines
+        ]
+        self.router = Router(
+            engines=[Engine(url=c.base_url, client=c) for c in clients],
+            metrics=self.metrics,
+            attempts=config.engine_attempts,
+        )
+        self.gate = RefreshGate()
+        self.weights = WeightCoordinator(
+            self.router,
+            self.gate,
+            self.metrics,
+            initial_version=config.initial_weight_version,
+            drain_timeout_s=config.refresh_drain_timeout_s,
+        )
+        self.trajectories: dict[str, TrajectoryRuntime] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.weights.discover()
+        self._tasks.append(
+            asyncio.create_task(
+                self.router.probe_loop(self.config.probe_interval_s, self.weights.readmit)
+            )
+        )
+        self._tasks.append(asyncio.create_task(self._evict_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for runtime in list(self.trajectories.values()):
+            try:
+                await self._flush(runtime)
+            except APIError:
+                log.error("trajectory %s: unwritten turns lost at shutdown", runtime.trajectory_id)
+        for engine in self.router.engines:
+            await engine.client.close()
+        await self.store.close_connection()
+
+    async def _evict_loop(self) -> None:
+        """Drop in-memory state of trajectories idle for longer than the TTL (never closed)."""
+        ttl = self.config.trajectory_idle_ttl_s
+        while True:
+            await asyncio.sleep(min(60.0, ttl))
+            cutoff = time.monotonic() - ttl
+            for tid, runtime in list(self.trajectories.items()):
+                if runtime.last_used < cutoff and not runtime.lock.locked():
+                    if runtime.pending_entries:
+                        try:
+                            await self._flush(runtime)
+                        except APIError:
+                            continue
+                    self.trajectories.pop(tid, None)
+                    self.router.forget(tid)
+            self.metrics.open_trajectories.set(float(len(self.trajectories)))
+
+    # -- trajectories --------------------------------------------------------------------------
+
+    @staticmethod
+    def validate_id(trajectory_id: str) -> None:
+        try:
+            TrajectoryMeta(trajectory_id=trajectory_id)
+        except ValidationError:
+            raise APIError(
+                400,
+                f"invalid trajectory id {trajectory_id!r}: 1-200 characters of "
+                "letters, digits and . _ : -",
+                param="trajectory_id",
+            ) from None
+
+    async def open_trajectory(self, meta: TrajectoryMeta) -> None:
+        try:
+            await self.store.open(meta)
+        except TrajectoryExistsError as exc:
+            raise APIError(409, str(exc), code="trajectory_exists") from None
+        except _STORE_ERRORS as exc:
+            raise APIError(
+                503, f"trajectory store unavailable: {exc}", code="store_unavailable"
+            ) from None
+        self.trajectories[meta.trajectory_id] = TrajectoryRuntime(meta.trajectory_id)
+        self.metrics.open_trajectories.set(float(len(self.trajectories)))
+
+    async def _runtime(self, trajectory_id: str) -> TrajectoryRuntime:
+        runtime = self.trajectories.get(trajectory_id)
+        if runtime is not None:
+            return runtime
+        self.validate_id(trajectory_id)
+        try:
+            status = await self.store.status(trajectory_id)
+            if status is None:
+                if not self.config.auto_open_trajectories:
+                    raise APIError(
+                        404,
+                        f"unknown trajectory {trajectory_id!r}: open it with POST /trajectories",
+                        code="trajectory_not_found",
+                    )
+                with contextlib.suppress(TrajectoryExistsError):  # opened concurrently
+                    await self.store.open(TrajectoryMeta(trajectory_id=trajectory_id))
+                n_segments = 0
+            elif status == "closed":
+                raise APIError(
+                    409, f"trajectory {trajectory_id!r} is closed", code="trajectory_closed"
+                )
+            else:
+                n_segments = (await self.store.counters(trajectory_id)).get("segments", 0)
+        except _STORE_ERRORS as exc:
+            raise APIError(
+                503, f"trajectory store unavailable: {exc}", code="store_unavailable"
+            ) from None
+        runtime = self.trajectories.get(trajectory_id)  # another request may have raced us
+        if runtime is None:
+            runtime = TrajectoryRuntime(trajectory_id, n_segments=n_segments)
+            self.trajectories[trajectory_id] = runtime
+            self.metrics.open_trajectories.set(float(len(self.trajectories)))
+        return runtime
+
+    async def _flush(self, runtime: TrajectoryRuntime) -> None:
+        if not runtime.pending_entries and not runtime.pending_counters:
+            return
+        entries, counters = runtime.pending_entries, runtime.pending_counters
+        try:
+            await self.store.append(runtime.trajectory_id, entries, counters)
+        except _STORE_ERRORS as exc:
+            self.metrics.store_errors.inc()
+            log.warning(
+                "trajectory %s: write-through failed (%d entries kept in memory): %s",
+                runtime.trajectory_id,
+                len(entries),
+                exc,
+            )
+            raise APIError(
+                503, f"trajectory store unavailable: {exc}", code="store_unavailable"
+            ) from None
+        runtime.pending_entries = []
+        runtime.pending_counters = {}
+
+    async def close_trajectory(self, trajectory_id: str, outcome: Outcome | None) -> dict[str, Any]:
+        self.validate_id(trajectory_id)
+        runtime = self.trajectories.get(trajectory_id)
+        try:
+            if runtime is not None:
+                async with runtime.lock:
+                    await self._flush(runtime)
+            status = await self.store.status(trajectory_id)
+            if status is None:
+                raise APIError(
+                    404, f"unknown trajectory {trajectory_id!r}", code="trajectory_not_found"
+                )
+            kept = await self.store.close(trajectory_id, outcome)
+            counters = await self.store.counters(trajectory_id)
+        except _STORE_ERRORS as exc:
+            raise APIError(
+                503, f"trajectory store unavailable: {exc}", code="store_unavailable"
+            ) from None
+        self.trajectories.pop(trajectory_id, None)
+        self.router.forget(trajectory_id)
+        self.metrics.open_trajectories.set(float(len(self.trajectories)))
+        return {
+            "trajectory_id": trajectory_id,
+            "status": "closed",
+            "outcome": kept.model_dump(mode="json") if kept else None,
+            "counters": counters,
+        }
+
+    async def get_trajectory(self, trajectory_id: str) -> tuple[dict[str, Any], list[bytes]]:
+        """The record as JSON (plus its status) and its raw binary entries."""
+        self.validate_id(trajectory_id)
+        runtime = self.trajectories.get(trajectory_id)
+        try:
+            if runtime is not None and runtime.pending_entries:
+                async with runtime.lock:
+                    await self._flush(runtime)
+            record = await self.store.load(trajectory_id)
+            status = await self.store.status(trajectory_id)
+            raw = await self.store.raw_entries(trajectory_id)
+        except TrajectoryNotFoundError:
+            raise APIError(
+                404, f"unknown trajectory {trajectory_id!r}", code="trajectory_not_found"
+            ) from None
+        except _STORE_ERRORS as exc:
+            raise APIError(
+                503, f"trajectory store unavailable: {exc}", code="store_unavailable"
+            ) from None
+        view = record.to_json()
+        view["status"] = status
+        view["n_turns"] = record.n_turns
+        view["n_tokens"] = record.n_tokens
+        return view, raw
+
+    # -- chat completions ----------------------------------------------------------------------
+
+    def _sampling(self, request: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
+        context = self.renderer.context_length
+        if prompt_len >= context:
+            raise APIError(
+                400,
+                f"the prompt is {prompt_len} tokens but the model's context window is "
+                f"{context} tokens; shorten the conversation",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        budget = context - prompt_len
+        wanted = request.requested_max_tokens() or self.config.default_max_tokens
+        params: dict[str, Any] = {"max_new_tokens": min(wanted, budget)}
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.top_p is not None:
+            params["top_p"] = request.top_p
+        if request.top_k is not None:
+            params["top_k"] = request.top_k
+        if request.stop:
+            params["stop"] = request.stop
+        return SamplingParams(**params)
+
+    def _answer(
+        self, request: ChatCompletionRequest, output_ids: list[int], finish: Any
+    ) -> tuple[dict[str, Any], str]:
+        text = self.renderer.decode(output_ids)
+        matched = getattr(finish, "matched", None)
+        if finish.type == "stop" and isinstance(matched, str):
+            cut = text.rfind(matched)
+            if cut >= 0:
+                text = text[:cut]  # OpenAI semantics: the stop string is not part of the content
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if request.parse_tools_enabled():
+            tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
+            parsed = self.parser.parse(text, tools)
+            content = parsed.content
+            calls = [
+                {
+                    "id": tool_call_id(),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_json()},
+                }
+                for c in parsed.tool_calls
+            ]
+        if calls:
+            reason = "tool_calls"
+        elif finish.type == "length":
+            reason = "length"
+        else:
+            reason = "stop"
+        if content is None and not calls:
+            content = ""
+        return assistant_message(content, calls), reason
+
+    async def chat(self, trajectory_id: str | None, body: Any) -> ChatOutcome:
+        request = parse_chat_request(body)
+        tmsgs = template_messages(request.messages, self.arguments_as_object)
+        tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+        if trajectory_id is None:
+            ids = self.renderer.encode(self.renderer.render(tmsgs, tools, True))
+            plan = TurnPlan(ids, [], ids, None, 0, [], tmsgs, tools)
+            return await self._generate_and_answer(request, None, plan)
+        runtime = await self._runtime(trajectory_id)
+        async with runtime.lock:
+            runtime.last_used = time.monotonic()
+            plan = self.recorder.plan(
+                runtime.state, request.messages, tmsgs, tools, runtime.n_segments
+            )
+            return await self._generate_and_answer(request, runtime, plan)
+
+    async def _generate_and_answer(
+        self,
+        request: ChatCompletionRequest,
+        runtime: TrajectoryRuntime | None,
+        plan: TurnPlan,
+    ) -> ChatOutcome:
+        sampling = self._sampling(request, len(plan.input_ids))
+        tid = runtime.trajectory_id if runtime else None
+        started_at = time.time()
+        rid = f"{tid or 'untracked'}-{uuid.uuid4().hex[:12]}"
+        try:
+            async with self.gate.slot() as waited:
+                if waited > 0.001:
+                    self.metrics.gate_wait.observe(waited)
+                result, engine = await self.router.generate(tid, plan.input_ids, sampling, rid)
+        except NoEngineAvailableError as exc:
+            message = f"no inference engine could serve the request: {exc}"
+            if runtime is not None:
+                try:
+                    await self._flush(runtime)
+                    await self.store.mark_infra_failure(runtime.trajectory_id, message[:500])
+                except (APIError, *_STORE_ERRORS):
+                    log.error("trajectory %s: could not record infra failure", tid)
+            raise APIError(503, message, code="engine_unavailable") from None
+        version = self.weights.version_of(result.weight_version)
+        message, reason = self._answer(request, result.output_ids, result.finish_reason)
+        if runtime is not None:
+            committed = self.recorder.commit(
+                runtime.state,
+                plan,
+                TurnResult(
+                    output_ids=result.output_ids,
+                    output_logprobs=result.output_logprobs,
+                    weight_version=version,
+                    finish_reason=result.finish_reason.type,
+                    engine=engine.url,
+                    started_at=started_at,
+                    latency_s=result.latency_s,
+                    queue_wait_s=waited,
+                    cached_tokens=result.cached_tokens,
+                ),
+                ChatMessage.model_validate(message),
+            )
+            runtime.state = committed.state
+            if plan.new_segment:
+                runtime.n_segments += 1
+                self.metrics.segments.inc(reason=str(plan.reason))
+            runtime.pending_entries.extend(committed.entries)
+            for name, delta in committed.counters.items():
+                runtime.pending_counters[name] = runtime.pending_counters.get(name, 0) + delta
+            with contextlib.suppress(APIError):  # kept in memory; retried next turn / at close
+                await self._flush(runtime)
+        self.metrics.prompt_tokens.inc(len(plan.input_ids))
+        self.metrics.generated_tokens.inc(len(result.output_ids))
+        self.metrics.observation_tokens.inc(len(plan.observation_ids))
+        headers = {
+            "x-swerl-weight-version": str(version),
+            "x-swerl-engine": engine.url,
+        }
+        if runtime is not None:
+            headers["x-swerl-segment"] = str(plan.segment_index)
+        return ChatOutcome(
+            cid=completion_id(),
+            model=request.model or self.model_name,
+            message=message,
+            finish_reason=reason,
+            usage=usage(len(plan.input_ids), len(result.output_ids), result.cached_tokens),
+            stream=request.stream,
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            headers=headers,
+        )
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        healthy = self.router.healthy()
+        return {
+            "status": "ok" if healthy else "degraded",
+            "engines": {e.url: e.healthy for e in self.router.engines},
+            "weight_version": self.weights.state.version,
+            "gate_open": self.gate.is_open,
+        }
+
+    async def versions(self) -> dict[str, Any]:
+        engines = []
+        for engine in self.router.engines:
+            try:
+                reported = await engine.client.get_weight_version()
+            except Exception as exc:  # a down engine is part of the answer, not an error
+                reported = None
+                engine.last_error = engine.last_error or str(exc)
+            engines.append(
+                {
+                    "url": engine.url,
+                    "healthy": engine.healthy,
+                    "weight_version": reported,
+                    "inflight": engine.inflight,
+                    "trajectories": engine.assigned,
+                    "last_error": engine.last_error or None,
+                }
+            )
+        state = self.weights.state
+        return {
+            "current_version": state.version,
+            "model_path": state.model_path,
+            "refreshes": state.refreshes,
+            "last_refresh": state.last_refresh or None,
+            "gate_open": self.gate.is_open,
+            "engines": engines,
+        }

@@ -1,0 +1,253 @@
+"""Agent-step weight refresh: a gate in front of ``/generate`` and the refresh procedure.
+
+Protocol of ``POST /admin/weights {model_path, version}`` (DESIGN.md, data flow step 7):
+
+1. close the gate: new generate calls wait at it (they are not failed, and nothing is aborted);
+2. drain: wait until every generate call already in flight has returned -- those are the current
+   agent steps of running trajectories, and they finish on the old weights;
+3. make every healthy engine ``update_weights_from_disk(model_path, weight_version=version)``,
+   concurrently, then verify each one reports that version;
+4. record the new version, reopen the gate; waiting calls proceed on the new weights.
+
+Engines that fail to load are taken out of rotation; the health prober loads the current
+weights into them before they serve again. If no engine loaded the weights, the version is left
+unchanged and the refresh reports failure. A turn records the weight version the engine reported
+for it, so every turn carries the version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapter.errors import APIError
+from adapter.metrics import AdapterMetrics
+from adapter.routing import Engine, Router
+
+log = logging.getLogger("adapter.weights")
+
+
+class RefreshGate:
+    """Admission gate for generate calls; closing it and draining in-flight calls."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.inflight = 0
+        self.waiting = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[float]:
+        """Hold a generate slot; yields the seconds spent waiting at a closed gate."""
+        started = time.perf_counter()
+        self.waiting += 1
+        try:
+            while not self._open.is_set():
+                await self._open.wait()
+        finally:
+            self.waiting -= 1
+        # No await between the check above and this increment: a closing refresh either saw
+        # this call in flight or will make it wait.
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            yield time.perf_counter() - started
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def reopen(self) -> None:
+        self._open.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+
+def parse_version(raw: str | None) -> int | None:
+    """An engine's ``weight_version`` string as swerl's integer version (None if not one)."""
+    if raw is None:
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return None
+
+
+@dataclass
+class WeightState:
+    version: int
+    model_path: str | None = None  # weights of `version`, once a refresh loaded them
+    refreshes: int = 0
+    last_refresh: dict[str, Any] = field(default_factory=dict)
+
+
+class WeightCoordinator:
+    """Runs refreshes and re-admits engines with the current weights."""
+
+    def __init__(
+        self,
+        router: Router,
+        gate: RefreshGate,
+        metrics: AdapterMetrics,
+        initial_version: int,
+        drain_timeout_s: float,
+    ) -> None:
+        self.router = router
+        self.gate = gate
+        self.metrics = metrics
+        self.state = WeightState(version=initial_version)
+        self.drain_timeout_s = drain_timeout_s
+        # One refresh or readmission at a time; `_refresh_pending` makes a second refresh fail
+        # fast (409) instead of queueing behind the first.
+        self._lock = asyncio.Lock()
+        self._refresh_pending = False
+        metrics.weight_version.set(float(initial_version))
+
+    @property
+    def refreshing(self) -> bool:
+        return self._refresh_pending
+
+    def version_of(self, engine_reported: str | None) -> int:
+        """Version to record for a turn: what the engine reported, else the current one."""
+        parsed = parse_version(engine_reported)
+        return self.state.version if parsed is None else parsed
+
+    async def discover(self) -> None:
+        """At start-up: adopt the engines' version (the highest numeric one reported)."""
+        versions: list[int] = []
+        for engine in self.router.engines:
+            try:
+                reported = await engine.client.get_weight_version()
+            except Exception as exc:
+                self.router.mark_unhealthy(engine, f"start-up probe: {exc}")
+                continue
+            engine.weight_version = reported
+            parsed = parse_version(reported)
+            if parsed is not None:
+                versions.append(parsed)
+        if versions:
+            self.state.version = max(versions)
+            if len(set(versions)) > 1:
+                log.warning("engines report different weight versions: %s", sorted(set(versions)))
+        self.metrics.weight_version.set(float(self.state.version))
+
+    async def _load(self, engine: Engine, model_path: str, version: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            await engine.client.update_weights_from_disk(model_path, weight_version=str(version))
+            reported = await engine.client.get_weight_version()
+        except Exception as exc:
+            return {"ok": False, "error": str(exc), "load_s": time.perf_counter() - started}
+        engine.weight_version = reported
+        ok = parse_version(reported) == version
+        out: dict[str, Any] = {
+            "ok": ok,
+            "version": reported,
+            "load_s": time.perf_counter() - started,
+        }
+        if not ok:
+            out["error"] = f"engine reports weight_version {reported!r} after loading {version}"
+        return out
+
+    async def refresh(self, model_path: str, version: int) -> dict[str, Any]:
+        if self._refresh_pending:
+            raise APIError(409, "a weight refresh is already in progress", code="refresh_busy")
+        self._refresh_pending = True
+        try:
+            async with self._lock:
+                return await self._refresh_locked(model_path, version)
+        finally:
+            self._refresh_pending = False
+
+    async def _refresh_locked(self, model_path: str, version: int) -> dict[str, Any]:
+        if version <= self.state.version:
+            raise APIError(
+                409,
+                f"version must increase: current is {self.state.version}, got {version}",
+                code="stale_version",
+            )
+        closed_at = time.perf_counter()
+        inflight_at_close = self.gate.inflight
+        self.gate.close()
+        try:
+            try:
+                await self.gate.drain(self.drain_timeout_s)
+            except TimeoutError:
+                raise APIError(
+                    504,
+                    f"{self.gate.inflight} generate calls still in flight after "
+                    f"{self.drain_timeout_s:.0f}s; refresh abandoned, weights unchanged",
+                ) from None
+            drained_at = time.perf_counter()
+            engines = self.router.healthy()
+            results = await asyncio.gather(*(self._load(e, model_path, version) for e in engines))
+            loaded_at = time.perf_counter()
+            report = {e.url: r for e, r in zip(engines, results, strict=True)}
+            for engine, result in zip(engines, results, strict=True):
+                if not result["ok"]:
+                    self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
+            if not any(r["ok"] for r in results):
+                raise APIError(
+                    502,
+                    f"no engine loaded {model_path} (version {version}): {report}",
+                    code="refresh_failed",
+                )
+            self.state.version = version
+            self.state.model_path = model_path
+            self.state.refreshes += 1
+        finally:
+            self.gate.reopen()
+        reopened_at = time.perf_counter()
+        summary = {
+            "version": version,
+            "model_path": model_path,
+            "gate_closed_s": reopened_at - closed_at,
+            "drain_s": drained_at - closed_at,
+            "load_s": loaded_at - drained_at,
+            "inflight_at_close": inflight_at_close,
+            "engines": report,
+        }
+        self.state.last_refresh = summary
+        self.metrics.weight_version.set(float(version))
+        self.metrics.gate_closed.observe(summary["gate_closed_s"])
+        self.metrics.refresh_load.observe(summary["load_s"])
+        log.info(
+            "weights v%d loaded: gate closed %.3fs (drain %.3fs, load %.3fs)",
+            version,
+            summary["gate_closed_s"],
+            summary["drain_s"],
+            summary["load_s"],
+        )
+        return summary
+
+    async def readmit(self, engine: Engine) -> None:
+        """Probe an unhealthy engine; put it back once it serves the current weights."""
+        if self._refresh_pending:
+            return
+        async with self._lock:
+            if not await engine.client.health():
+                return
+            reported = await engine.client.get_weight_version()
+            engine.weight_version = reported
+            current = self.state
+            if parse_version(reported) != current.version and current.model_path is not None:
+                result = await self._load(engine, current.model_path, current.version)
+                if not result["ok"]:
+                    engine.last_error = f"reload on readmission failed: {result.get('error')}"
+                    return
+            self.router.mark_healthy(engine)

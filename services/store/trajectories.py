@@ -1,0 +1,203 @@
+"""Trajectory records in Redis: written through by the adapter, read by every other service.
+
+Keys, all under one prefix (default ``swerl:``), for trajectory ``ID``:
+
+* ``{prefix}traj:{ID}:info`` -- hash: ``meta`` (TrajectoryMeta JSON), ``status`` (``open`` or
+  ``closed``), ``outcome`` (Outcome JSON, once known), ``closed_at``;
+* ``{prefix}traj:{ID}:entries`` -- list of binary record entries (a segment header, then that
+  segment's turns, ...; see :meth:`TrajectoryRecord.to_entries`), appended as turns complete;
+* ``{prefix}traj:{ID}:counters`` -- hash of integer counters (turns, segments,
+  history_mismatch, prefix_mismatch, generated/observation/prompt tokens, infra_failures, ...);
+* ``{prefix}traj:index`` -- sorted set of trajectory ids by creation time.
+
+Each append is one MULTI/EXEC transaction (entries and counters move together), so a reader never
+sees a turn without its counters. Token data stays binary (packed int32/float32) end to end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from services.protocol import Outcome, OutcomeStatus, TrajectoryMeta, TrajectoryRecord
+
+DEFAULT_PREFIX = "swerl:"
+
+
+class TrajectoryNotFoundError(KeyError):
+    """No trajectory with that id was ever opened."""
+
+
+class TrajectoryExistsError(ValueError):
+    """A trajectory with that id is already open or recorded."""
+
+
+@dataclass(frozen=True)
+class TrajectoryKeys:
+    prefix: str
+    trajectory_id: str
+
+    @property
+    def info(self) -> str:
+        return f"{self.prefix}traj:{self.trajectory_id}:info"
+
+    @property
+    def entries(self) -> str:
+        return f"{self.prefix}traj:{self.trajectory_id}:entries"
+
+    @property
+    def counters(self) -> str:
+        return f"{self.prefix}traj:{self.trajectory_id}:counters"
+
+    @staticmethod
+    def index(prefix: str) -> str:
+        return f"{prefix}traj:index"
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _counters(raw: dict[Any, Any]) -> dict[str, int]:
+    return {str(_text(k)): int(v) for k, v in raw.items()}
+
+
+def _build(
+    info: dict[Any, Any], entries: list[bytes], counters: dict[Any, Any]
+) -> TrajectoryRecord:
+    fields = {_text(k): v for k, v in info.items()}
+    meta = TrajectoryMeta.model_validate_json(fields["meta"])
+    raw_outcome = fields.get("outcome")
+    outcome = Outcome.model_validate_json(raw_outcome) if raw_outcome else None
+    return TrajectoryRecord.from_entries(meta, list(entries), outcome, _counters(counters))
+
+
+class TrajectoryStore:
+    """Async access to trajectory records (used by the adapter)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX) -> TrajectoryStore:
+        return cls(aioredis.Redis.from_url(url, decode_responses=False), prefix)
+
+    def keys(self, trajectory_id: str) -> TrajectoryKeys:
+        return TrajectoryKeys(self.prefix, trajectory_id)
+
+    async def close_connection(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    async def open(self, meta: TrajectoryMeta) -> None:
+        """Create the record; :class:`TrajectoryExistsError` if the id is already taken."""
+        keys = self.keys(meta.trajectory_id)
+        created = await self.client.hsetnx(keys.info, "meta", meta.model_dump_json())
+        if not created:
+            raise TrajectoryExistsError(f"trajectory {meta.trajectory_id!r} already exists")
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.info, "status", "open")
+            pipe.zadd(TrajectoryKeys.index(self.prefix), {meta.trajectory_id: meta.created_at})
+            await pipe.execute()
+
+    async def status(self, trajectory_id: str) -> str | None:
+        """``open``, ``closed``, or None for an unknown id."""
+        return _text(await self.client.hget(self.keys(trajectory_id).info, "status"))
+
+    async def append(
+        self, trajectory_id: str, entries: list[bytes], counters: dict[str, int]
+    ) -> None:
+        """Append binary entries and add to counters, atomically."""
+        keys = self.keys(trajectory_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            if entries:
+                pipe.rpush(keys.entries, *entries)
+            for name, delta in counters.items():
+                pipe.hincrby(keys.counters, name, delta)
+            await pipe.execute()
+
+    async def counters(self, trajectory_id: str) -> dict[str, int]:
+        return _counters(await self.client.hgetall(self.keys(trajectory_id).counters))
+
+    async def outcome(self, trajectory_id: str) -> Outcome | None:
+        raw = await self.client.hget(self.keys(trajectory_id).info, "outcome")
+        return Outcome.model_validate_json(raw) if raw else None
+
+    async def mark_infra_failure(self, trajectory_id: str, reason: str) -> None:
+        """Record an infrastructure failure: outcome ``aborted`` (excluded from training)."""
+        keys = self.keys(trajectory_id)
+        outcome = Outcome(status=OutcomeStatus.ABORTED, abort_reason=reason)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.info, "outcome", outcome.model_dump_json())
+            pipe.hincrby(keys.counters, "infra_failures", 1)
+            await pipe.execute()
+
+    async def close(self, trajectory_id: str, outcome: Outcome | None) -> Outcome | None:
+        """Mark closed and store ``outcome``, unless an infrastructure abort is already recorded
+        (an aborted trajectory stays aborted: it must never be scored). Returns the outcome kept.
+        """
+        keys = self.keys(trajectory_id)
+        current = await self.outcome(trajectory_id)
+        kept = current if current is not None and not current.trainable else outcome or current
+        mapping: dict[str, Any] = {"status": "closed", "closed_at": str(time.time())}
+        if kept is not None:
+            mapping["outcome"] = kept.model_dump_json()
+        await self.client.hset(keys.info, mapping=mapping)
+        return kept
+
+    async def raw_entries(self, trajectory_id: str) -> list[bytes]:
+        entries: list[bytes] = await self.client.lrange(self.keys(trajectory_id).entries, 0, -1)
+        return entries
+
+    async def load(self, trajectory_id: str) -> TrajectoryRecord:
+        keys = self.keys(trajectory_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.info)
+            pipe.lrange(keys.entries, 0, -1)
+            pipe.hgetall(keys.counters)
+            info, entries, counters = await pipe.execute()
+        if not info or b"meta" not in info:
+            raise TrajectoryNotFoundError(trajectory_id)
+        return _build(info, entries, counters)
+
+    async def memory_usage(self, trajectory_id: str) -> int:
+        """Bytes Redis uses for the record's keys (``MEMORY USAGE``, all samples)."""
+        keys = self.keys(trajectory_id)
+        total = 0
+        for key in (keys.info, keys.entries, keys.counters):
+            used = await self.client.memory_usage(key, samples=0)
+            total += int(used or 0)
+        return total
+
+
+def load_trajectory(
+    client: redis.Redis, trajectory_id: str, prefix: str = DEFAULT_PREFIX
+) -> TrajectoryRecord:
+    """Synchronous loader for other services (trainer, rollout manager).
+
+    ``client`` must be created with ``decode_responses=False`` (token data is binary).
+    """
+    keys = TrajectoryKeys(prefix, trajectory_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.hgetall(keys.info)
+    pipe.lrange(keys.entries, 0, -1)
+    pipe.hgetall(keys.counters)
+    info, entries, counters = pipe.execute()
+    if not info or b"meta" not in info:
+        raise TrajectoryNotFoundError(trajectory_id)
+    return _build(info, entries, counters)
+
+
+def list_trajectories(client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Ids of all recorded trajectories, oldest first."""
+    ids = client.zrange(TrajectoryKeys.index(prefix), 0, -1)
+    return [str(_text(i)) for i in ids]

@@ -1,0 +1,177 @@
+"""Agent-step weight refresh while trajectories are mid-conversation (2 engines, real weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import torch
+from transformers import AutoModelForCausalLM
+
+from services.protocol import Segment
+from services.store import load_trajectory
+from tests.integration.adapter.conftest import AdapterFactory, EnginePool, RunningAdapter
+
+N_TRAJECTORIES = 8
+N_TURNS = 4
+
+
+def logprobs_under(model_dir: Path, segment: Segment) -> list[torch.Tensor]:
+    """Per turn, the logprobs ``model_dir``'s weights assign to that turn's output tokens."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tokens = segment.token_ids()
+    with torch.no_grad():
+        logps = torch.log_softmax(model(torch.tensor([tokens])).logits[0], dim=-1)
+    out, pos = [], len(segment.prompt_ids)
+    for turn in segment.turns:
+        pos += len(turn.observation_ids)
+        ids = torch.tensor(list(turn.output_ids))
+        out.append(logps[pos - 1 : pos - 1 + len(ids)].gather(1, ids[:, None])[:, 0])
+        pos += len(ids)
+    return out
+
+
+def current_version(a: RunningAdapter) -> int:
+    version: int = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()[
+        "current_version"
+    ]
+    return version
+
+
+async def run_conversations(a: RunningAdapter, refresh: dict[str, Any]) -> list[list[int]]:
+    """8 agents, each N_TURNS calls; returns every HTTP status seen per trajectory.
+
+    Every agent finishes two turns before the refresh (so all are mid-conversation); their
+    third calls race with it (in flight when the gate closes, or arriving while it is closed);
+    their last call comes after it.
+    """
+    two_done = [0]
+    started = asyncio.Event()
+    refreshed = asyncio.Event()
+    statuses: list[list[int]] = [[] for _ in range(N_TRAJECTORIES)]
+
+    async def agent(i: int, client: httpx.AsyncClient) -> None:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {i}"}]
+        for turn in range(N_TURNS):
+            if turn == 2:
+                await started.wait()
+            if turn == N_TURNS - 1:
+                await refreshed.wait()
+            r = await client.post(
+                f"{a.t(f'refresh-{i}')}/chat/completions",
+                json={"messages": messages, "max_tokens": 6 + 3 * i, "temperature": 1.0},
+            )
+            statuses[i].append(r.status_code)
+            if r.status_code != 200:
+                return
+            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"o{turn}"}]
+            if turn == 1:
+                two_done[0] += 1
+                if two_done[0] == N_TRAJECTORIES:
+                    started.set()
+
+    async def trigger(client: httpx.AsyncClient) -> None:
+        await started.wait()
+        deadline = time.monotonic() + 30
+        while a.service.gate.inflight == 0:  # close the gate on running agent steps
+            assert time.monotonic() < deadline, "no agent step ever in flight"
+            await asyncio.sleep(0.001)
+        try:
+            r = await client.post(f"{a.url}/admin/weights", json=refresh["body"], headers=a.admin())
+            refresh["status"] = r.status_code
+            refresh["response"] = r.json()
+        finally:
+            refreshed.set()
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(trigger(client), *(agent(i, client) for i in range(N_TRAJECTORIES)))
+    return statuses
+
+
+def test_refresh_between_agent_steps(
+    adapter: AdapterFactory,
+    engines: EnginePool,
+    model_dir: Path,
+    model_dir_seed1: Path,
+    redis_url: str,
+) -> None:
+    with adapter([engines.a.url, engines.b.url]) as a:
+        v0 = current_version(a)
+        v1 = v0 + 1
+        refresh: dict[str, Any] = {"body": {"model_path": str(model_dir_seed1), "version": v1}}
+        try:
+            statuses = asyncio.run(run_conversations(a, refresh))
+            assert refresh["status"] == 200, refresh["response"]
+            assert statuses == [[200] * N_TURNS] * N_TRAJECTORIES  # nothing failed or aborted
+            summary = refresh["response"]
+            assert summary["version"] == v1
+            assert summary["inflight_at_close"] >= 1
+            assert summary["gate_closed_s"] >= summary["drain_s"] + summary["load_s"] > 0
+            assert set(summary["engines"]) == {engines.a.url, engines.b.url}
+            versions = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+            assert [e["weight_version"] for e in versions["engines"]] == [str(v1), str(v1)]
+            for engine in (engines.a, engines.b):
+                info = httpx.get(f"{engine.url}/model_info").json()
+                assert info["weight_version"] == str(v1)
+        finally:
+            restore = {"model_path": str(model_dir), "version": v1 + 1}
+            restored = a.http.post(f"{a.url}/admin/weights", json=restore, headers=a.admin())
+            assert restored.status_code == 200, restored.text
+
+    client = redis.Redis.from_url(redis_url)
+    waited_turns = 0
+    engines_used = set()
+    for i in range(N_TRAJECTORIES):
+        record = load_trajectory(client, f"refresh-{i}")
+        assert len(record.segments) == 1
+        segment = record.segments[0]
+        turns = segment.turns
+        versions = [t.weight_version for t in turns]
+        # Old version strictly before the refresh, new version after, for every agent.
+        assert versions == sorted(versions)
+        assert versions[:2] == [v0, v0] and versions[-1] == v1
+        assert all(t.finish_reason in ("stop", "length") for t in turns)
+        for turn in turns:
+            engines_used.add(turn.engine)
+            if turn.queue_wait_s > 0.001:  # arrived while the gate was closed: waited, then new
+                waited_turns += 1
+                assert turn.weight_version == v1
+        # The weights that produced each turn are the ones its version names.
+        old = logprobs_under(model_dir, segment)
+        new = logprobs_under(model_dir_seed1, segment)
+        for turn, lp_old, lp_new in zip(turns, old, new, strict=True):
+            recorded = torch.tensor(list(turn.output_logprobs))
+            expected = lp_old if turn.weight_version == v0 else lp_new
+            assert torch.max(torch.abs(recorded - expected)).item() < 1e-4
+    assert waited_turns >= 1  # some requests arrived during the refresh and waited
+    assert engines_used == {engines.a.url, engines.b.url}
+
+
+def test_engine_out_of_rotation_during_refresh_is_reloaded_before_readmission(
+    adapter: AdapterFactory, engines: EnginePool, model_dir: Path
+) -> None:
+    with adapter([engines.a.url, engines.b.url]) as a:
+        v = current_version(a) + 1
+        router = a.service.router
+        a.call(lambda: router.mark_unhealthy(router.engine(engines.b.url), "test: taken out"))
+        r = a.http.post(
+            f"{a.url}/admin/weights",
+            json={"model_path": str(model_dir), "version": v},
+            headers=a.admin(),
+        )
+        assert r.status_code == 200, r.text
+        assert set(r.json()["engines"]) == {engines.a.url}  # only engines in rotation load
+        deadline = time.monotonic() + 20
+        while not a.http.get(f"{a.url}/health").json()["engines"][engines.b.url]:
+            assert time.monotonic() < deadline, "engine b was not readmitted"
+            time.sleep(0.1)
+        # The prober loaded the current weights into b before putting it back.
+        assert httpx.get(f"{engines.b.url}/model_info").json()["weight_version"] == str(v)
+        response = a.chat(
+            "after-readmission", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+        )
+        assert response.headers["x-swerl-weight-version"] == str(v)
