@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import socket
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from sandbox_worker.openhands.config import OpenHandsConfig
 from services.config import StrictModel
 from services.queue.config import QueueConfig
 
@@ -39,6 +41,78 @@ class SimulatedRunnerConfig(StrictModel):
     probe: bool = False
 
 
+class SandboxLimitsConfig(StrictModel):
+    """CPU, memory and pids limits of one sandbox (``SandboxLimits`` in config form)."""
+
+    cpus: float = Field(1.0, gt=0.0, le=256.0)
+    memory_mb: int = Field(4096, ge=16)
+    pids: int = Field(512, ge=8)
+
+
+class BackendSettings(StrictModel):
+    """Host-side settings of the sandbox backend (``None``: the backend's own default).
+
+    ``state_root`` holds per-sandbox directories (unix sockets live there: keep the path
+    short); ``docker_host`` is the docker endpoint (default ``$DOCKER_HOST`` or the private dev
+    engine); ``rootfs_cache`` and ``cgroups`` only apply to bwrap.
+    """
+
+    state_root: str | None = Field(None, pattern=r"^/")
+    docker_host: str | None = Field(None, pattern=r"^(unix|tcp|ssh|npipe)://")
+    rootfs_cache: str | None = Field(None, pattern=r"^/")
+    cgroups: Literal["auto", "required", "off"] = "auto"
+
+
+class EvaluationSettings(StrictModel):
+    """The reward evaluation (``sandbox_worker.evaluation.EvalConfig``) as the worker runs it."""
+
+    test_timeout_s: int = Field(1800, ge=1)  # the SWE-bench harness's default
+    step_timeout_s: float = Field(120.0, gt=0.0)
+    harness_grace_s: float = Field(60.0, gt=0.0)
+    limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
+
+
+class TrajectoryRunnerConfig(StrictModel):
+    """The real trajectory runner (``--backend docker|bwrap``): adapter, tasks, sandboxes.
+
+    ``adapter_url`` is the LLM adapter as the *worker host* reaches it (scheme, host, port; no
+    path): the host side of the LLM relay connects there, and the runner opens and closes
+    trajectories there. ``instances`` lists SWE-bench-format files (JSONL/JSON/parquet) holding
+    every instance a task may name; empty means the mini task set ``tests/data/instances.jsonl``.
+    """
+
+    adapter_url: str = "http://127.0.0.1:8100"
+    instances: list[str] = Field(default_factory=list)
+    # Image naming (sandbox_worker.images.instance_image); None: $SWERL_IMAGE_NAMESPACE or swerl.
+    image_namespace: str | None = None
+    image_tag: str = Field("latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+    workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9._\-/]+$")
+    sandbox: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
+    backend: BackendSettings = Field(default_factory=BackendSettings)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    openhands: OpenHandsConfig = Field(default_factory=OpenHandsConfig)
+    relay_port: int = Field(18080, ge=1, le=65535)  # the adapter's port inside the sandbox
+    agent_server_startup_s: float = Field(300.0, gt=0.0)  # SDK imports: ~15 CPU-seconds
+    adapter_timeout_s: float = Field(30.0, gt=0.0)  # open / close calls
+    adapter_attempts: int = Field(3, ge=1, le=20)  # tries of each open / close call
+
+    @field_validator("adapter_url")
+    @classmethod
+    def _plain_http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"adapter_url must be http(s)://HOST:PORT, got {value!r}")
+        try:
+            parts.port  # noqa: B018 -- raises ValueError for a bad port
+        except ValueError as exc:
+            raise ValueError(f"adapter_url has an invalid port: {value!r}") from exc
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(
+                f"adapter_url must have no path (the runner appends /t/<id>/v1), got {value!r}"
+            )
+        return value.rstrip("/")
+
+
 class WorkerConfig(StrictModel):
     redis_url: str = Field("redis://127.0.0.1:6379/0", pattern=r"^(redis|rediss|unix)://")
     node: str = Field(default_factory=default_node_name, pattern=NODE_PATTERN)
@@ -58,6 +132,8 @@ class WorkerConfig(StrictModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     queue: QueueConfig = Field(default_factory=QueueConfig)
     simulated: SimulatedRunnerConfig = Field(default_factory=SimulatedRunnerConfig)
+    # The real runner (backends docker and bwrap); ignored by the simulated one.
+    rollout: TrajectoryRunnerConfig = Field(default_factory=TrajectoryRunnerConfig)
 
     @model_validator(mode="after")
     def _heartbeat_inside_ttl(self) -> WorkerConfig:

@@ -16,6 +16,7 @@ YAML scalars/lists (``true``, ``8``, ``[a, b]``), so types follow the model. The
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 ENV_PREFIX = "SWERL_"
+# Keys whose values are never logged: *_token, *_secret, *_password, api_key (not max_tokens).
+_SECRET_KEY = re.compile(r"(^|_)(token|secret|password|api_key)$")
 CONFIG_ENV = "SWERL_CONFIG"
 
 
@@ -142,12 +145,7 @@ def dump_config(cfg: BaseModel) -> str:
 
     def mask(node: Any) -> Any:
         if isinstance(node, dict):
-            return {
-                k: (
-                    "***" if any(s in k for s in ("token", "secret", "password")) and v else mask(v)
-                )
-                for k, v in node.items()
-            }
+            return {k: ("***" if _SECRET_KEY.search(k) and v else mask(v)) for k, v in node.items()}
         return node
 
     return yaml.safe_dump(mask(data), sort_keys=True)

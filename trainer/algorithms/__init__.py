@@ -1,0 +1,116 @@
+"""Li2SAO and its baselines as pure, vectorised torch functions (tensors in, tensors out).
+
+Batch layout: padded ``[N, T]`` tensors, one row per trajectory holding the post-prompt
+sequence; ``action_mask`` is 1 on model-generated tokens; ``group_ids`` ``[N]`` long (same
+prompt = same id); ``rewards`` ``[N]`` float; ``tokens`` hold ``-1`` past a trajectory's end.
+Every function accepts float32 and float64 on any device and raises ``ValueError`` naming the
+problem on bad input. See ``docs/algorithms.md`` for the equations and the choices made.
+"""
+
+from trainer.algorithms.advantages import (
+    AllReduce,
+    adaptive_lambda,
+    grpo_advantages,
+    masked_moments,
+    whiten,
+)
+from trainer.algorithms.critic import (
+    clipped_value_loss,
+    group_residual_targets,
+    terminal_ranking_loss,
+)
+from trainer.algorithms.divergence import divergence_mask, first_difference
+from trainer.algorithms.gae import (
+    discounted_returns,
+    gae_advantages_and_returns,
+    reverse_discounted_cumsum,
+    skip_observation_gae,
+)
+from trainer.algorithms.masks import ActionMask, last_action_index
+from trainer.algorithms.objectives import (
+    ALGORITHMS,
+    PHASES,
+    AlgorithmName,
+    Estimator,
+    ObjectiveBatch,
+    ObjectiveConfig,
+    ObjectiveResult,
+    Phase,
+    compute_objective,
+    dapo_objective,
+    grpo_objective,
+    gspo_objective,
+    li2sao_objective,
+    lisao_objective,
+)
+from trainer.algorithms.policy_losses import (
+    AGGREGATIONS,
+    Aggregation,
+    dis_policy_loss,
+    gspo_policy_loss,
+    ppo_clip_policy_loss,
+)
+from trainer.algorithms.positions import terminal_reward_tokens, terminal_values
+from trainer.algorithms.readiness import (
+    GateConfig,
+    ReadinessGate,
+    ReadinessStats,
+    readiness_statistics,
+)
+from trainer.algorithms.sampling import DynamicSamplingResult, dynamic_sampling_filter
+from trainer.algorithms.staleness import (
+    LagFilter,
+    filter_by_lag,
+    off_policy_token_ratio,
+    policy_lag,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "ALGORITHMS",
+    "PHASES",
+    "ActionMask",
+    "Aggregation",
+    "AlgorithmName",
+    "AllReduce",
+    "DynamicSamplingResult",
+    "Estimator",
+    "GateConfig",
+    "LagFilter",
+    "ObjectiveBatch",
+    "ObjectiveConfig",
+    "ObjectiveResult",
+    "Phase",
+    "ReadinessGate",
+    "ReadinessStats",
+    "adaptive_lambda",
+    "clipped_value_loss",
+    "compute_objective",
+    "dapo_objective",
+    "dis_policy_loss",
+    "discounted_returns",
+    "divergence_mask",
+    "dynamic_sampling_filter",
+    "filter_by_lag",
+    "first_difference",
+    "gae_advantages_and_returns",
+    "group_residual_targets",
+    "grpo_advantages",
+    "grpo_objective",
+    "gspo_objective",
+    "gspo_policy_loss",
+    "last_action_index",
+    "li2sao_objective",
+    "lisao_objective",
+    "masked_moments",
+    "off_policy_token_ratio",
+    "policy_lag",
+    "ppo_clip_policy_loss",
+    "readiness_statistics",
+    "reverse_discounted_cumsum",
+    "skip_observation_gae",
+    "terminal_ranking_loss",
+    "terminal_reward_tokens",
+    "terminal_values",
+    "whiten",
+]

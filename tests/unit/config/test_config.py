@@ -20,6 +20,7 @@ class WorkerCfg(StrictModel):
     tags: list[str] = []
     limits: Limits = Limits()
     admin_token: str = ""
+    default_max_tokens: int = 512
 
 
 def test_defaults_without_any_source() -> None:
@@ -82,3 +83,4 @@ def test_missing_file_is_clear(tmp_path: Path) -> None:
 def test_dump_masks_secrets() -> None:
     text = dump_config(WorkerCfg(admin_token="s3cret"))
     assert "s3cret" not in text and "admin_token: '***'" in text
+    assert "default_max_tokens: 512" in text
