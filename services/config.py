@@ -56,6 +56,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _parse_env_value(raw: str) -> Any:
+    """An env value as a YAML scalar or flow collection (``8``, ``true``, ``[a, b]``, ``{k: v}``).
+
+    Block-style YAML is not meant here: ``prefix:`` or ``a: b`` stay the literal string.
+    """
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, dict | list) and not raw.lstrip().startswith(("{", "[")):
+        return raw
+    return value
+
+
 def _env_overrides(section: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
     prefix = ENV_PREFIX + (f"{section.upper()}__" if section else "")
     out: dict[str, Any] = {}
@@ -65,10 +79,7 @@ def _env_overrides(section: str | None, environ: Mapping[str, str]) -> dict[str,
         path = [p.lower() for p in key[len(prefix) :].split("__") if p]
         if not path:
             continue
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _parse_env_value(raw)
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

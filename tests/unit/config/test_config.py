@@ -84,3 +84,15 @@ def test_dump_masks_secrets() -> None:
     text = dump_config(WorkerCfg(admin_token="s3cret"))
     assert "s3cret" not in text and "admin_token: '***'" in text
     assert "default_max_tokens: 512" in text
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("swerl:", "swerl:"), ("a: b", "a: b"), ("- x", "- x"), ("[x, y]", ["x", "y"]), ("", "")],
+)
+def test_env_values_are_scalars_unless_flow_collections(raw: str, expected: object) -> None:
+    class Cfg(StrictModel):
+        value: str | list[str] = "default"
+
+    cfg = load_config(Cfg, section="s", environ={"SWERL_S__VALUE": raw})
+    assert cfg.value == expected
