@@ -301,7 +301,8 @@ class AdapterService:
             raise APIError(
                 400,
                 f"the prompt is {prompt_len} tokens but the model's context window is "
-                f"{context} tokens; shorten the conversation",
+                f"{context} tokens (this model's maximum context length is {context} tokens, "
+                "the phrase clients such as LiteLLM look for); shorten the conversation",
                 code="context_length_exceeded",
                 param="messages",
             )

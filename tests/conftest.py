@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from tests.support.redis import RedisServer, start_redis, stop_redis
+
+# LiteLLM (under OpenHands) would try to download a price table on import: never.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")
