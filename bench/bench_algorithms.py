@@ -1,0 +1,357 @@
+"""Benchmark of the Li2SAO objective layer against GRPO, and of vectorised GAE against a loop.
+
+Usage (from the repository root)::
+
+    .venv/bin/python bench/bench_algorithms.py            # issue size: 256 x 8192
+    .venv/bin/python bench/bench_algorithms.py --quick    # 64 x 2048, well under a minute
+
+What it measures, all in one run so the ratios compare like with like:
+
+* **objective time**: building and validating an ``ObjectiveBatch`` plus ``compute_objective``
+  (forward only, and forward + backward of actor and critic losses) for GRPO + PPO clip, the
+  Li2SAO bootstrap objective (GRPO advantages, DIS, lambda = 1 returns, divergence mask,
+  residual targets, clipped value loss, ranking loss, readiness statistics) and the Li2SAO
+  GAE-phase objective (singleton groups, whitened adaptive GAE + DIS, clipped value loss).
+  One warm-up each, then ``--reps`` rounds in which every candidate runs once (interleaved,
+  so a shared machine's background load hits all of them alike); min and median reported.
+* **GAE vs loop**: ``skip_observation_gae`` against a plain per-row, per-token Python loop
+  (written from the spec in this file) on the same ``--gae-rows`` rows, plus the vectorised
+  time per row on the full batch.
+* **peak memory**: the objectives (forward + backward) run in a fresh subprocess per size
+  (``N/2 x T`` and ``N x T``). For each objective the child builds the batch, runs it once,
+  resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), runs it again and reports
+  ``VmHWM - VmRSS_before``: the extra resident memory at the peak. ``tracemalloc`` does not
+  see torch's allocations; RSS does.
+  glibc's mmap threshold is pinned (``MALLOC_MMAP_THRESHOLD_``) so freed tensors go back to the
+  kernel instead of lingering in the heap. Linear memory shows as a constant bytes-per-element
+  figure across the two sizes (an ``[N, T, T]`` or ``[N, N, T]`` tensor would scale with an
+  extra factor of ``T`` or ``N``).
+
+Nothing here asserts a time; the script prints the figures and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.algorithms import (
+    ActionMask,
+    ObjectiveBatch,
+    compute_objective,
+    skip_observation_gae,
+    terminal_reward_tokens,
+)
+
+GROUP_SIZE = 8
+VOCAB = 32_000
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """Raw tensors of a synthetic batch (leaf tensors for logp and values)."""
+
+    tokens: Tensor
+    action_mask: Tensor
+    group_ids: Tensor
+    rewards: Tensor
+    behavior_logp: Tensor
+    logp: Tensor
+    values: Tensor
+    old_values: Tensor
+
+
+def make_tensors(
+    n: int, t: int, seed: int, singleton_groups: bool = False, max_prefix: int = 512
+) -> Tensors:
+    """A batch shaped like agent trajectories.
+
+    Each row alternates action spans (16-255 tokens) and observation spans (8-127 tokens), so
+    about a third of the tokens are observations; it ends at a random length in ``[T/2, T]``
+    and is padded with ``-1``. Members of a group copy a prefix of the group's first member,
+    of uniform random length up to ``max_prefix`` (and the shorter row); rewards are
+    Bernoulli(0.5). Sampled agent trajectories of one prompt usually part within a few tokens,
+    so the default of 512 is already generous; ``max_prefix = T`` is the worst case for the
+    divergence mask (pairs compared over thousands of columns).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    spans = max(2, 2 * t // 24 + 2)
+    span_len = torch.empty(n, spans, dtype=torch.long)
+    span_len[:, 0::2] = torch.randint(16, 256, (n, (spans + 1) // 2), generator=gen)
+    span_len[:, 1::2] = torch.randint(8, 128, (n, spans // 2), generator=gen)
+    bounds = torch.cumsum(span_len, dim=1)
+    pos = torch.arange(t).expand(n, t).contiguous()
+    span_of = torch.searchsorted(bounds, pos, right=True)
+    lengths = torch.randint(t // 2, t + 1, (n,), generator=gen)
+    inside = pos < lengths[:, None]
+    mask = (span_of % 2 == 0) & inside
+    tokens = torch.randint(0, VOCAB, (n, t), generator=gen)
+    tokens = torch.where(inside, tokens, -1)
+    group_ids = torch.arange(n) // GROUP_SIZE
+    if not singleton_groups:
+        leader = group_ids * GROUP_SIZE
+        shared = torch.minimum(lengths, lengths[leader]).clamp(max=max_prefix)
+        prefix = (torch.rand(n, generator=gen) * shared.float()).long()
+        take = pos < prefix[:, None]
+        tokens = torch.where(take, tokens[leader], tokens)
+        mask = torch.where(take, mask[leader], mask)
+    else:
+        group_ids = torch.arange(n)
+    rewards = (torch.rand(n, generator=gen) < 0.5).float()
+    logp = -3.0 * torch.rand(n, t, generator=gen)
+    behavior_logp = logp + 0.05 * torch.randn(n, t, generator=gen)
+    values = 0.5 * torch.randn(n, t, generator=gen)
+    old_values = values + 0.01 * torch.randn(n, t, generator=gen)
+    return Tensors(
+        tokens=tokens,
+        action_mask=mask,
+        group_ids=group_ids,
+        rewards=rewards,
+        behavior_logp=behavior_logp,
+        logp=logp.requires_grad_(),
+        values=values.requires_grad_(),
+        old_values=old_values,
+    )
+
+
+KINDS: dict[str, tuple[str, str, bool]] = {
+    # kind: (algorithm, phase, singleton groups)
+    "grpo": ("grpo", "bootstrap", False),
+    "li2sao-bootstrap": ("li2sao", "bootstrap", False),
+    "li2sao-gae": ("li2sao", "switched", True),
+}
+
+
+def run_objective(kind: str, x: Tensors, backward: bool) -> None:
+    """Build the batch (validation included) and evaluate one objective."""
+    algorithm, phase, _ = KINDS[kind]
+    critic = algorithm != "grpo"
+    batch = ObjectiveBatch(
+        tokens=x.tokens,
+        action_mask=x.action_mask,
+        group_ids=x.group_ids,
+        rewards=x.rewards,
+        behavior_logp=x.behavior_logp,
+        logp=x.logp,
+        values=x.values if critic else None,
+        old_values=x.old_values if critic else None,
+    )
+    result = compute_objective(algorithm, batch, phase=phase)  # type: ignore[arg-type]
+    if backward:
+        loss = result.actor_loss
+        if result.critic_loss is not None:
+            loss = loss + result.critic_loss
+        loss.backward()
+        x.logp.grad = None
+        x.values.grad = None
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """Time every function ``reps`` times, round-robin, after one warm-up call each.
+
+    Interleaving exposes all candidates to the same background load (this machine is shared),
+    so their ratios stay meaningful even when absolute times drift.
+    """
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def loop_gae(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Reference: Eq. 6-7 with a plain Python loop over rows and tokens (spec, not library)."""
+    r, v, m = rewards.tolist(), values.tolist(), mask.tolist()
+    n, t = len(r), len(r[0])
+    adv = [[0.0] * t for _ in range(n)]
+    ret = [[0.0] * t for _ in range(n)]
+    for i in range(n):
+        next_value, running = 0.0, 0.0
+        for k in range(t - 1, -1, -1):
+            if not m[i][k]:
+                continue
+            delta = r[i][k] + gamma * next_value - v[i][k]
+            running = delta + gamma * lam * running
+            adv[i][k] = running
+            ret[i][k] = running + v[i][k]
+            next_value = v[i][k]
+    return torch.tensor(adv, dtype=values.dtype), torch.tensor(ret, dtype=values.dtype)
+
+
+def bench_gae(x: Tensors, rows: int, reps: int) -> tuple[dict[str, list[float]], float]:
+    """Vectorised GAE (public API, validation included) vs the loop, interleaved.
+
+    ``per_token``: rewards as an ``[N, T]`` tensor (R on the last action token), the general
+    form the loop also reads. ``outcome``: the same rewards passed as ``[N]`` outcomes (the
+    trainer's layout), with a prebuilt ActionMask as the objective layer uses it.
+    """
+    mask = x.action_mask
+    values = x.old_values.detach()
+    rewards = terminal_reward_tokens(x.rewards, mask)
+    lam = 0.95
+    sub = slice(0, rows)
+    adv, ret = skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
+    ref_adv, ref_ret = loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
+    err = max((adv - ref_adv).abs().max().item(), (ret - ref_ret).abs().max().item())
+    am = ActionMask(mask)
+    fns: dict[str, Callable[[], object]] = {
+        "loop": lambda: loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
+        "same_rows": lambda: skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
+        "per_token": lambda: skip_observation_gae(rewards, values, mask, 1.0, lam),
+        "outcome": lambda: skip_observation_gae(x.rewards, values, am, 1.0, lam),
+    }
+    return interleaved_times(fns, reps), err
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def child_memory(n: int, t: int, seed: int, max_prefix: int) -> None:
+    """Subprocess entry: peak extra RSS of each objective (forward + backward), as JSON.
+
+    Per objective: build its batch, run it once (lazy initialisation, autograd machinery),
+    reset the kernel's peak-RSS counter, run it again and read the peak. Freed tensors go back
+    to the kernel (pinned mmap threshold), so one objective does not inflate the next.
+    """
+    peaks: dict[str, int] = {}
+    for kind, (_, _, singleton) in KINDS.items():
+        x = make_tensors(n, t, seed, singleton_groups=singleton, max_prefix=max_prefix)
+        run_objective(kind, x, backward=True)
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+        before = _status_kib("VmRSS")
+        run_objective(kind, x, backward=True)
+        peaks[kind] = (_status_kib("VmHWM") - before) * 1024
+        del x
+        gc.collect()
+    print(json.dumps(peaks))
+
+
+def measure_memory(n: int, t: int, args: argparse.Namespace) -> dict[str, int]:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS=str(args.threads))
+    cmd = [sys.executable, __file__, "--child-memory", "--n", str(n), "--t", str(t)]
+    cmd += ["--seed", str(args.seed), "--threads", str(args.threads)]
+    cmd += ["--shared-prefix", str(args.shared_prefix)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return {k: int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="64 x 2048, a few seconds")
+    parser.add_argument("--n", type=int, default=None, help="trajectories (default 256)")
+    parser.add_argument("--t", type=int, default=None, help="positions (default 8192)")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--gae-rows", type=int, default=None, help="rows for the loop reference")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared box)"
+    )
+    parser.add_argument(
+        "--shared-prefix", type=int, default=512, help="longest prefix group members share"
+    )
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    n = args.n or (64 if args.quick else 256)
+    t = args.t or (2048 if args.quick else 8192)
+    if args.child_memory:
+        child_memory(n, t, args.seed, args.shared_prefix)
+        return
+    reps = args.reps or 10
+    gae_rows = args.gae_rows or (8 if args.quick else 16)
+    if n % GROUP_SIZE:
+        parser.error(f"--n must be a multiple of {GROUP_SIZE}")
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, N={n}, T={t}")
+    grouped = make_tensors(n, t, args.seed, max_prefix=args.shared_prefix)
+    single = make_tensors(n, t, args.seed, singleton_groups=True)
+    obs_frac = 1 - grouped.action_mask.sum().item() / (grouped.tokens >= 0).sum().item()
+    print(f"observation share of real tokens: {obs_frac:.3f}")
+    print(f"group members share a random prefix of up to {args.shared_prefix} tokens")
+
+    print(f"load average before timing: {os.getloadavg()[0]:.2f} (2 cores, shared)")
+    print(f"\nobjective time, seconds: min / median of {reps} interleaved runs")
+    fns: dict[str, Callable[[], object]] = {}
+    for kind, (_, _, singleton) in KINDS.items():
+        x = single if singleton else grouped
+        fns[f"{kind}:fwd"] = lambda k=kind, x=x: run_objective(k, x, backward=False)
+        fns[f"{kind}:both"] = lambda k=kind, x=x: run_objective(k, x, backward=True)
+    times = interleaved_times(fns, reps)
+    best = {k: min(v) for k, v in times.items()}
+    mid = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{'objective':<20}{'forward':>22}{'forward + backward':>24}")
+    for kind in KINDS:
+        fwd = f"{best[kind + ':fwd']:.4f} / {mid[kind + ':fwd']:.4f}"
+        both = f"{best[kind + ':both']:.4f} / {mid[kind + ':both']:.4f}"
+        print(f"{kind:<20}{fwd:>22}{both:>24}")
+    for kind in ("li2sao-bootstrap", "li2sao-gae"):
+        ratios = [
+            f"{stat[kind + ':' + part] / stat['grpo:' + part]:.2f}x"
+            for part in ("fwd", "both")
+            for stat in (best, mid)
+        ]
+        print(
+            f"ratio {kind} / grpo: forward {ratios[0]} (min) {ratios[1]} (median), "
+            f"fwd+bwd {ratios[2]} (min) {ratios[3]} (median)"
+        )
+    print("target: li2sao-bootstrap / grpo <= 2x")
+
+    print(f"\nGAE (gamma=1, lambda=0.95): vectorised vs plain loop, {gae_rows} rows")
+    g, err = bench_gae(grouped, gae_rows, max(3, reps // 2))
+    loop, same, full, outcome = (min(g[k]) for k in ("loop", "same_rows", "per_token", "outcome"))
+    per_row_loop = loop / gae_rows
+    print(f"loop reference, {gae_rows} rows:          {loop:.4f} s (min)")
+    print(f"vectorised, the same {gae_rows} rows:     {same:.5f} s (min)")
+    print(f"vectorised, all {n} rows, [N, T] rewards: {full:.4f} s (min)")
+    print(f"vectorised, all {n} rows, [N] outcomes:   {outcome:.4f} s (min)")
+    print(f"speed-up on the same rows: {loop / same:.0f}x")
+    print(
+        f"speed-up per row, full batch vs loop: {per_row_loop / (full / n):.0f}x ([N, T] rewards)"
+    )
+    print(
+        f"speed-up per row, full batch vs loop: {per_row_loop / (outcome / n):.0f}x ([N] outcomes)"
+    )
+    print(f"max |vectorised - loop| = {err:.2e}; target >= 50x")
+
+    if args.no_memory:
+        return
+    print("\npeak extra RSS of one objective (forward + backward), a fresh process per size")
+    sizes = [(n // 2, t), (n, t)]
+    peaks = [measure_memory(a, b, args) for a, b in sizes]
+    print(f"{'objective':<20}" + "".join(f"{f'{a}x{b}':>14}" for a, b in sizes) + f"{'ratio':>8}")
+    for kind in KINDS:
+        cells = "".join(f"{p[kind] / 2**20:>10.1f} MiB" for p in peaks)
+        per = " / ".join(f"{p[kind] / (a * b):.1f}" for p, (a, b) in zip(peaks, sizes, strict=True))
+        ratio = peaks[1][kind] / max(peaks[0][kind], 1)
+        print(f"{kind:<20}{cells}{ratio:>7.2f}x   bytes per N*T element: {per}")
+    print("N*T doubles between the two sizes: linear memory shows as a ~2x ratio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Slow reference implementations, written from LI2SAO_SPEC with plain Python loops.
+
+Nothing here imports ``trainer.algorithms``: every function works on Python lists and floats,
+loops over rows and tokens, and follows the spec's wording line by line, so that the
+vectorised library is checked against an independent reading of the equations.
+"""
+
+from __future__ import annotations
+
+import math
+
+Matrix = list[list[float]]
+BoolMatrix = list[list[bool]]
+
+
+def action_positions(mask_row: list[bool]) -> list[int]:
+    """``u_1 < ... < u_M``."""
+    return [t for t, m in enumerate(mask_row) if m]
+
+
+def members(groups: list[int], i: int) -> list[int]:
+    return [j for j in range(len(groups)) if groups[j] == groups[i]]
+
+
+def grpo_advantages(rewards: list[float], groups: list[int], eps: float = 1e-6) -> list[float]:
+    """Eq. 2 with the unbiased std; a group of one or of equal rewards gives 0."""
+    out = []
+    for i in range(len(rewards)):
+        g = [rewards[j] for j in members(groups, i)]
+        n = len(g)
+        if n == 1 or all(r == g[0] for r in g):
+            out.append(0.0)
+            continue
+        mu = sum(g) / n
+        sigma = math.sqrt(sum((r - mu) ** 2 for r in g) / (n - 1))
+        out.append((rewards[i] - mu) / (sigma + eps))
+    return out
+
+
+def adaptive_lambda(mask: BoolMatrix, alpha: float = 1.5) -> list[float]:
+    out = []
+    for row in mask:
+        m = sum(1 for x in row if x)
+        out.append(min(1.0, max(0.0, 1.0 - 1.0 / (alpha * m))))
+    return out
+
+
+def skip_observation_gae(
+    rewards: Matrix, values: Matrix, mask: BoolMatrix, gamma: float, lam: list[float]
+) -> tuple[Matrix, Matrix]:
+    """Eq. 6-7 on the action subsequence, zero bootstrap after ``u_M``."""
+    advantages: Matrix = []
+    returns: Matrix = []
+    for i, row in enumerate(mask):
+        width = len(row)
+        adv = [0.0] * width
+        ret = [0.0] * width
+        u = action_positions(row)
+        following = 0.0
+        for j in range(len(u) - 1, -1, -1):
+            t = u[j]
+            next_value = values[i][u[j + 1]] if j + 1 < len(u) else 0.0
+            delta = rewards[i][t] + gamma * next_value - values[i][t]
+            following = delta + gamma * lam[i] * following
+            adv[t] = following
+            ret[t] = following + values[i][t]
+        advantages.append(adv)
+        returns.append(ret)
+    return advantages, returns
+
+
+def whiten(values: Matrix, mask: BoolMatrix, eps: float = 1e-8) -> Matrix:
+    picked = [values[i][t] for i, row in enumerate(mask) for t, m in enumerate(row) if m]
+    mean = sum(picked) / len(picked)
+    std = math.sqrt(sum((x - mean) ** 2 for x in picked) / len(picked))
+    return [
+        [(values[i][t] - mean) / (std + eps) if m else 0.0 for t, m in enumerate(row)]
+        for i, row in enumerate(mask)
+    ]
+
+
+def token_weights(mask: BoolMatrix, aggregation: str) -> Matrix:
+    """d loss / d l_t for the two aggregations (before the minus sign)."""
+    n = len(mask)
+    total = sum(1 for row in mask for x in row if x)
+    out = []
+    for row in mask:
+        m = sum(1 for x in row if x)
+        w = 1.0 / (n * m) if aggregation == "seq-mean-token-mean" else 1.0 / total
+        out.append([w if x else 0.0 for x in row])
+    return out
+
+
+def dis_loss(
+    logp: Matrix,
+    behavior: Matrix,
+    adv: Matrix,
+    mask: BoolMatrix,
+    low: float,
+    high: float,
+    aggregation: str,
+) -> tuple[float, Matrix]:
+    """Eq. 8-9: loss value and d loss / d logp (``f(rho) = rho`` inside ``(low, high)``)."""
+    weights = token_weights(mask, aggregation)
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    for i, row in enumerate(mask):
+        for t, m in enumerate(row):
+            if not m:
+                continue
+            rho = math.exp(logp[i][t] - behavior[i][t])
+            if low < rho < high:
+                loss -= weights[i][t] * rho * adv[i][t]
+                grad[i][t] = -weights[i][t] * rho * adv[i][t]
+    return loss, grad
+
+
+def ppo_loss(
+    logp: Matrix,
+    behavior: Matrix,
+    adv: Matrix,
+    mask: BoolMatrix,
+    eps_low: float,
+    eps_high: float,
+    aggregation: str,
+) -> tuple[float, Matrix, float]:
+    """Eq. 1 PPO clip: loss, d loss / d logp, fraction of tokens whose clipped branch is active."""
+    weights = token_weights(mask, aggregation)
+    loss = 0.0
+    clipped_tokens = 0
+    tokens = 0
+    grad = [[0.0] * len(row) for row in mask]
+    for i, row in enumerate(mask):
+        for t, m in enumerate(row):
+            if not m:
+                continue
+            tokens += 1
+            a = adv[i][t]
+            rho = math.exp(logp[i][t] - behavior[i][t])
+            clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
+            loss -= weights[i][t] * min(rho * a, clipped * a)
+            active = (a > 0 and rho > 1 + eps_high) or (a < 0 and rho < 1 - eps_low)
+            clipped_tokens += active
+            grad[i][t] = 0.0 if active else -weights[i][t] * rho * a
+    return loss, grad, clipped_tokens / tokens
+
+
+def gspo_loss(
+    logp: Matrix, behavior: Matrix, adv: Matrix, mask: BoolMatrix, eps_low: float, eps_high: float
+) -> tuple[float, Matrix]:
+    """GSPO(-token): ``s_i = exp(mean log rho)``; loss and d loss / d logp."""
+    n = len(mask)
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        s = math.exp(sum(logp[i][t] - behavior[i][t] for t in u) / len(u))
+        for t in u:
+            a = adv[i][t]
+            clipped = min(max(s, 1 - eps_low), 1 + eps_high)
+            loss -= min(s * a, clipped * a) / (n * len(u))
+            active = (a > 0 and s > 1 + eps_high) or (a < 0 and s < 1 - eps_low)
+            grad[i][t] = 0.0 if active else -s * a / (n * len(u))
+    return loss, grad
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    for t, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return t
+    return len(a)
+
+
+def divergence_mask(
+    tokens: list[list[int]], mask: BoolMatrix, rewards: list[float], groups: list[int]
+) -> BoolMatrix:
+    out = []
+    for i, row in enumerate(mask):
+        opposite = [j for j in members(groups, i) if rewards[j] != rewards[i]]
+        if not opposite:
+            last = action_positions(row)[-1]
+            out.append([t == last for t in range(len(row))])
+            continue
+        d = max(first_difference(tokens[i], tokens[j]) for j in opposite)
+        out.append([bool(m) and t >= d for t, m in enumerate(row)])
+    return out
+
+
+def residual_targets(
+    returns: Matrix, rewards: list[float], groups: list[int], mask: BoolMatrix
+) -> tuple[Matrix, list[bool]]:
+    targets = []
+    keep = []
+    for i, row in enumerate(mask):
+        g = [rewards[j] for j in members(groups, i)]
+        mu = sum(g) / len(g)
+        targets.append([returns[i][t] - mu if m else 0.0 for t, m in enumerate(row)])
+        keep.append(not all(r == g[0] for r in g))
+    return targets, keep
+
+
+def clipped_value_loss(
+    values: Matrix, old: Matrix, targets: Matrix, mask: BoolMatrix, eps_v: float
+) -> tuple[float, Matrix]:
+    """Eq. 10: loss and d loss / d values."""
+    count = sum(1 for row in mask for x in row if x)
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    if count == 0:
+        return 0.0, grad
+    for i, row in enumerate(mask):
+        for t, m in enumerate(row):
+            if not m:
+                continue
+            v, vo, g = values[i][t], old[i][t], targets[i][t]
+            inside = abs(v - vo) < eps_v
+            v_bar = vo + min(max(v - vo, -eps_v), eps_v)
+            plain, clipped = (v - g) ** 2, (v_bar - g) ** 2
+            loss += max(plain, clipped) / count
+            if plain >= clipped:
+                grad[i][t] = 2 * (v - g) / count
+            else:
+                grad[i][t] = 2 * (v_bar - g) / count if inside else 0.0
+    return loss, grad
+
+
+def cross_pairs(rewards: list[float], groups: list[int]) -> list[tuple[int, int]]:
+    n = len(rewards)
+    return [
+        (i, j)
+        for i in range(n)
+        for j in range(n)
+        if groups[i] == groups[j] and rewards[i] > rewards[j]
+    ]
+
+
+def ranking_loss(
+    terminal: list[float], rewards: list[float], groups: list[int], margin: float
+) -> float:
+    pairs = cross_pairs(rewards, groups)
+    if not pairs:
+        return 0.0
+    return sum(max(0.0, margin - terminal[i] + terminal[j]) for i, j in pairs) / len(pairs)
+
+
+def readiness(
+    terminal: list[float], rewards: list[float], groups: list[int]
+) -> tuple[float | None, float | None]:
+    """Eq. 12-13 on mixed groups: (explained variance, ranking accuracy)."""
+    z, resid = [], []
+    for i in range(len(rewards)):
+        g = [rewards[j] for j in members(groups, i)]
+        if all(r == g[0] for r in g):
+            continue
+        zi = rewards[i] - sum(g) / len(g)
+        z.append(zi)
+        resid.append(zi - terminal[i])
+
+    def pvar(xs: list[float]) -> float:
+        m = sum(xs) / len(xs)
+        return sum((x - m) ** 2 for x in xs) / len(xs)
+
+    ev = None if not z else 1 - pvar(resid) / pvar(z)
+    pairs = cross_pairs(rewards, groups)
+    acc = None if not pairs else sum(terminal[i] > terminal[j] for i, j in pairs) / len(pairs)
+    return ev, acc
+
+
+def policy_lag(version: int, versions: list[list[int]], mask: BoolMatrix) -> list[int]:
+    return [
+        version - min(versions[i][t] for t in action_positions(row)) for i, row in enumerate(mask)
+    ]
+
+
+def off_policy_ratio(version: int, versions: list[list[int]], mask: BoolMatrix) -> float:
+    stale = total = 0
+    for i, row in enumerate(mask):
+        for t in action_positions(row):
+            total += 1
+            stale += version - versions[i][t] > 1
+    return stale / total

@@ -1,0 +1,235 @@
+"""Bad input gets a ValueError that names the problem, at every public function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from trainer.algorithms import (
+    ObjectiveBatch,
+    ObjectiveConfig,
+    adaptive_lambda,
+    clipped_value_loss,
+    compute_objective,
+    dis_policy_loss,
+    divergence_mask,
+    dynamic_sampling_filter,
+    group_residual_targets,
+    grpo_advantages,
+    gspo_policy_loss,
+    li2sao_objective,
+    ppo_clip_policy_loss,
+    readiness_statistics,
+    skip_observation_gae,
+    terminal_ranking_loss,
+    whiten,
+)
+
+N, T = 3, 5
+MASK = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+TOKENS = torch.tensor([[4, 5, 6, 7, -1], [4, 5, 1, -1, -1], [9, 2, -1, -1, -1]])
+REWARDS = torch.tensor([1.0, 0.0, 1.0])
+GROUPS = torch.tensor([0, 0, 1])
+
+
+def _floats() -> torch.Tensor:
+    return torch.zeros(N, T)
+
+
+def _nan() -> torch.Tensor:
+    x = _floats()
+    x[1, 2] = float("nan")
+    return x
+
+
+def _inf() -> torch.Tensor:
+    x = _floats()
+    x[0, 0] = float("inf")
+    return x
+
+
+EMPTY_ROW = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+
+Case = tuple[str, Callable[[], object], str]
+CASES: list[Case] = [
+    # grpo_advantages
+    ("grpo 2-D rewards", lambda: grpo_advantages(_floats(), GROUPS), "1-D"),
+    (
+        "grpo NaN rewards",
+        lambda: grpo_advantages(torch.tensor([1.0, float("nan"), 0]), GROUPS),
+        "NaN",
+    ),
+    ("grpo negative id", lambda: grpo_advantages(REWARDS, torch.tensor([0, -1, 1])), "negative"),
+    ("grpo id length", lambda: grpo_advantages(REWARDS, torch.tensor([0, 1])), "mismatch"),
+    ("grpo float ids", lambda: grpo_advantages(REWARDS, torch.tensor([0.0, 1, 1])), "integer"),
+    ("grpo int rewards", lambda: grpo_advantages(torch.tensor([1, 0, 1]), GROUPS), "floating"),
+    # adaptive_lambda
+    ("lambda empty row", lambda: adaptive_lambda(EMPTY_ROW), "no action token"),
+    ("lambda non 0/1 mask", lambda: adaptive_lambda(MASK * 2), "0 and 1"),
+    ("lambda alpha", lambda: adaptive_lambda(MASK, alpha=0.0), "alpha"),
+    # GAE
+    ("gae shape", lambda: skip_observation_gae(_floats(), torch.zeros(N, T + 1), MASK), "mismatch"),
+    ("gae NaN values", lambda: skip_observation_gae(_floats(), _nan(), MASK), "NaN"),
+    ("gae inf rewards", lambda: skip_observation_gae(_inf(), _floats(), MASK), "inf"),
+    ("gae empty row", lambda: skip_observation_gae(_floats(), _floats(), EMPTY_ROW), "no action"),
+    (
+        "gae reward on obs",
+        lambda: skip_observation_gae(MASK.logical_not().float(), _floats(), MASK),
+        "outside action",
+    ),
+    ("gae lambda range", lambda: skip_observation_gae(_floats(), _floats(), MASK, lam=1.5), "lam"),
+    (
+        "gae lambda rows",
+        lambda: skip_observation_gae(_floats(), _floats(), MASK, lam=torch.ones(2)),
+        "mismatch",
+    ),
+    ("gae gamma", lambda: skip_observation_gae(_floats(), _floats(), MASK, gamma=-0.1), "gamma"),
+    ("gae 1-D values", lambda: skip_observation_gae(torch.zeros(T), torch.zeros(T), MASK), "2-D"),
+    ("gae outcome rows", lambda: skip_observation_gae(torch.ones(2), _floats(), MASK), "mismatch"),
+    ("gae 3-D rewards", lambda: skip_observation_gae(torch.zeros(N, T, 1), _floats(), MASK), "2-D"),
+    # whiten
+    ("whiten empty mask", lambda: whiten(_floats(), torch.zeros(N, T)), "no entry"),
+    ("whiten NaN", lambda: whiten(_nan(), MASK), "NaN"),
+    # policy losses
+    ("dis shape", lambda: dis_policy_loss(_floats(), torch.zeros(N, 4), REWARDS, MASK), "mismatch"),
+    ("dis NaN logp", lambda: dis_policy_loss(_nan(), _floats(), REWARDS, MASK), "NaN"),
+    (
+        "dis empty row",
+        lambda: dis_policy_loss(_floats(), _floats(), REWARDS, EMPTY_ROW),
+        "no action",
+    ),
+    (
+        "dis adv rows",
+        lambda: dis_policy_loss(_floats(), _floats(), torch.ones(2), MASK),
+        "mismatch",
+    ),
+    (
+        "dis interval",
+        lambda: dis_policy_loss(_floats(), _floats(), REWARDS, MASK, 2.0, 1.0),
+        "low < high",
+    ),
+    (
+        "dis aggregation",
+        lambda: dis_policy_loss(_floats(), _floats(), REWARDS, MASK, aggregation="sum"),
+        "aggregation",
+    ),  # type: ignore[arg-type]
+    ("ppo inf behaviour", lambda: ppo_clip_policy_loss(_floats(), _inf(), REWARDS, MASK), "inf"),
+    (
+        "gspo empty row",
+        lambda: gspo_policy_loss(_floats(), _floats(), REWARDS, EMPTY_ROW),
+        "no action",
+    ),
+    # critic
+    ("targets 2-D rewards", lambda: group_residual_targets(_floats(), _floats(), GROUPS), "1-D"),
+    (
+        "targets rows",
+        lambda: group_residual_targets(torch.zeros(2, T), REWARDS, GROUPS),
+        "mismatch",
+    ),
+    (
+        "value loss shape",
+        lambda: clipped_value_loss(_floats(), torch.zeros(N, 4), _floats(), MASK),
+        "mismatch",
+    ),
+    ("value loss NaN", lambda: clipped_value_loss(_floats(), _floats(), _nan(), MASK), "NaN"),
+    (
+        "ranking negative id",
+        lambda: terminal_ranking_loss(REWARDS, REWARDS, torch.tensor([0, 0, -3])),
+        "negative",
+    ),
+    ("ranking 2-D values", lambda: terminal_ranking_loss(_floats(), REWARDS, GROUPS), "1-D"),
+    # divergence
+    (
+        "divergence pad inside",
+        lambda: divergence_mask(torch.tensor([[4, -1, 5, 6, -1]] * 3), MASK, REWARDS, GROUPS),
+        "suffix",
+    ),
+    (
+        "divergence action on pad",
+        lambda: divergence_mask(TOKENS.clamp(max=3) * 0 - 1, MASK, REWARDS, GROUPS),
+        "padding",
+    ),
+    ("divergence token < -1", lambda: divergence_mask(TOKENS - 5, MASK, REWARDS, GROUPS), "-1"),
+    (
+        "divergence rewards rows",
+        lambda: divergence_mask(TOKENS, MASK, REWARDS[:2], GROUPS),
+        "mismatch",
+    ),
+    (
+        "divergence empty row",
+        lambda: divergence_mask(TOKENS, EMPTY_ROW, REWARDS, GROUPS),
+        "no action",
+    ),
+    # readiness / sampling
+    (
+        "readiness NaN",
+        lambda: readiness_statistics(torch.tensor([0.0, float("nan"), 1]), REWARDS, GROUPS),
+        "NaN",
+    ),
+    ("sampling target", lambda: dynamic_sampling_filter(REWARDS, GROUPS, -1), "target_groups"),
+    (
+        "sampling negative id",
+        lambda: dynamic_sampling_filter(REWARDS, torch.tensor([-1, 0, 0]), 2),
+        "negative",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_named_value_error(name: str, call: Callable[[], object], message: str):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _batch(**overrides: object) -> ObjectiveBatch:
+    fields: dict[str, object] = {
+        "tokens": TOKENS,
+        "action_mask": MASK,
+        "group_ids": GROUPS,
+        "rewards": REWARDS,
+        "behavior_logp": _floats(),
+        "logp": _floats(),
+        "values": _floats(),
+    }
+    fields.update(overrides)
+    return ObjectiveBatch(**fields)  # type: ignore[arg-type]
+
+
+BATCH_CASES: list[Case] = [
+    ("batch 2-D rewards", lambda: _batch(rewards=_floats()), "1-D"),
+    ("batch NaN logp", lambda: _batch(logp=_nan()), "NaN"),
+    ("batch inf values", lambda: _batch(values=_inf()), "inf"),
+    ("batch shape", lambda: _batch(behavior_logp=torch.zeros(N, T + 2)), "mismatch"),
+    ("batch empty row", lambda: _batch(action_mask=EMPTY_ROW), "no action"),
+    ("batch negative id", lambda: _batch(group_ids=torch.tensor([0, -2, 1])), "negative"),
+    (
+        "batch rows",
+        lambda: _batch(rewards=torch.ones(2), group_ids=torch.zeros(2, dtype=torch.long)),
+        "mismatch",
+    ),
+    (
+        "batch versions alone",
+        lambda: _batch(token_versions=torch.zeros(N, T, dtype=torch.long)),
+        "together",
+    ),
+    ("batch old values alone", lambda: _batch(values=None, old_values=_floats()), "old_values"),
+    ("unknown algorithm", lambda: compute_objective("ppo", _batch()), "unknown algorithm"),  # type: ignore[arg-type]
+    ("critic needed", lambda: compute_objective("lisao", _batch(values=None)), "values"),
+    ("bad phase", lambda: li2sao_objective(_batch(), "warmup"), "phase"),  # type: ignore[arg-type]
+    ("bad config", lambda: ObjectiveConfig(dis_low=7.0), "dis_low"),
+    ("bad gamma", lambda: ObjectiveConfig(gamma=2.0), "gamma"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "message"), BATCH_CASES, ids=[c[0] for c in BATCH_CASES])
+def test_bad_batch_raises_named_value_error(name: str, call: Callable[[], object], message: str):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_the_valid_batch_used_above_is_accepted() -> None:
+    """The error cases above differ from a batch that works in one respect only."""
+    result = compute_objective("li2sao", _batch())
+    assert result.critic_loss is not None

@@ -1,0 +1,138 @@
+"""Critic objectives: group-residual targets, clipped value loss (Eq. 10 / 5), ranking (Eq. 11).
+
+The divergence mask that selects the supervised tokens of the bootstrap phase lives in
+:mod:`.divergence`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainer.algorithms.groups import cross_outcome_pairs, group_all_equal, group_index, group_mean
+from trainer.algorithms.masks import ActionMask
+from trainer.algorithms.validation import (
+    action_mask_bool,
+    require_floating,
+    require_group_ids,
+    require_ndim,
+    require_positive,
+    require_rewards,
+    require_same_device,
+    require_same_shape,
+)
+
+
+def group_residual_targets(
+    returns: Tensor,
+    rewards: Tensor,
+    group_ids: Tensor,
+    action_mask: Tensor | ActionMask | None = None,
+    *,
+    check: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Centred critic targets ``G~_{i,t} = G_{i,t} - mu_g`` (section 4.1) and the group filter.
+
+    Args:
+        returns: ``[N, T]`` returns ``G`` (lambda = 1 targets).
+        rewards: ``[N]`` outcome rewards; ``mu_g`` is their group mean.
+        group_ids: ``[N]`` group ids.
+        action_mask: optional ``[N, T]``; when given, targets are 0 outside action tokens.
+
+    Returns:
+        ``(targets, keep)``: ``targets`` ``[N, T]`` (no gradient); ``keep`` ``[N]`` bool, False
+        for every member of a group whose rewards are all equal (dropped from the critic loss).
+    """
+    if check:
+        require_floating("returns", returns)
+        require_ndim("returns", returns, 2, "[N, T]")
+        require_rewards(rewards)
+        if returns.shape[0] != rewards.shape[0]:
+            raise ValueError(
+                f"shape mismatch: returns{tuple(returns.shape)} vs rewards{tuple(rewards.shape)}"
+            )
+        require_group_ids(group_ids, rewards.shape[0])
+        require_same_device(returns=returns, rewards=rewards, group_ids=group_ids)
+        if isinstance(action_mask, Tensor):
+            require_same_shape(returns=returns, action_mask=action_mask)
+            action_mask = action_mask_bool(action_mask, require_action_per_row=False)
+    index = group_index(group_ids)
+    rewards = rewards.detach()
+    mu = group_mean(rewards, index)[index.inverse]
+    targets = returns.detach() - mu[:, None].to(returns.dtype)  # section 4.1: G~ = G - mu_g
+    if action_mask is not None:
+        am = ActionMask.of(action_mask, check=False)
+        targets = targets * am.weights(targets.dtype)
+    keep = ~group_all_equal(rewards, index)[index.inverse]
+    return targets, keep
+
+
+def clipped_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    targets: Tensor,
+    mask: Tensor | ActionMask,
+    eps_v: float = 0.2,
+    *,
+    check: bool = True,
+) -> Tensor:
+    """Clipped value loss (Eq. 10; Eq. 5 after the switch with absolute returns).
+
+    ``V_bar = V_old + clip(V - V_old, -eps_v, eps_v)``,
+    ``L = sum c * max((V - G)^2, (V_bar - G)^2) / sum c``. ``old_values`` is the critic frozen
+    once per batch before the critic passes; gradient flows only through ``values``. An empty
+    mask gives a zero loss that still carries the graph (so ``backward`` works on every rank).
+    """
+    if check:
+        for name, tensor in (("values", values), ("old_values", old_values), ("targets", targets)):
+            require_floating(name, tensor)
+        require_ndim("values", values, 2, "[N, T]")
+        require_same_shape(values=values, old_values=old_values, targets=targets)
+        require_same_device(values=values, old_values=old_values, targets=targets)
+        require_positive("eps_v", eps_v, allow_zero=True)
+        if isinstance(mask, Tensor):
+            require_same_shape(values=values, mask=mask)
+            require_same_device(values=values, mask=mask)
+            mask = action_mask_bool(mask, require_action_per_row=False)
+    weights = (
+        mask.weights(values.dtype)
+        if isinstance(mask, ActionMask)
+        else mask.bool().view(torch.uint8).to(values.dtype)
+    )
+    old = old_values.detach()
+    target = targets.detach()
+    v_clip = old + (values - old).clamp(-eps_v, eps_v)  # Eq. 10: V_bar
+    per_token = torch.maximum(
+        F.mse_loss(values, target, reduction="none"), F.mse_loss(v_clip, target, reduction="none")
+    )
+    # one fused pass for the masked sum
+    return torch.dot(per_token.reshape(-1), weights.reshape(-1)) / weights.sum().clamp(min=1.0)
+
+
+def terminal_ranking_loss(
+    terminal_values: Tensor,
+    rewards: Tensor,
+    group_ids: Tensor,
+    margin: float = 0.1,
+    *,
+    check: bool = True,
+) -> Tensor:
+    """Terminal ranking loss ``mean_P relu(m - V(s_{i+,T}) + V(s_{i-,T}))`` (Eq. 11).
+
+    ``P`` holds the ordered pairs of the same group with ``R_{i+} > R_{i-}``; 0 (with the graph
+    attached) when there is no such pair.
+    """
+    if check:
+        require_floating("terminal_values", terminal_values)
+        require_ndim("terminal_values", terminal_values, 1, "[N]")
+        require_rewards(rewards)
+        require_same_shape(terminal_values=terminal_values, rewards=rewards)
+        require_group_ids(group_ids, rewards.shape[0])
+        require_same_device(terminal_values=terminal_values, rewards=rewards, group_ids=group_ids)
+        require_positive("margin", margin, allow_zero=True)
+    hi, lo = cross_outcome_pairs(rewards.detach(), group_index(group_ids))
+    if hi.numel() == 0:
+        return terminal_values.sum() * 0.0
+    hinge = margin - terminal_values[hi] + terminal_values[lo]  # Eq. 11 (LI2SAO_SPEC)
+    return torch.relu(hinge).mean()

@@ -1,0 +1,53 @@
+"""Tensors that live on each row's last action token.
+
+The spec's ``u_M`` (the "last action token") of a trajectory is where the outcome reward sits
+(``r_{u_M} = R``) and where the terminal value ``V(s_{i, T_i})`` of the ranking loss and the
+readiness statistics is read.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from trainer.algorithms.masks import ActionMask
+from trainer.algorithms.validation import (
+    require_floating,
+    require_ndim,
+    require_rewards,
+    require_same_device,
+    require_same_shape,
+)
+
+
+def terminal_values(
+    values: Tensor, action_mask: Tensor | ActionMask, *, check: bool = True
+) -> Tensor:
+    """``[N]``: ``V(s_{i, u_M})``, the value at each row's last action token (differentiable)."""
+    am = ActionMask.of(action_mask, check=check)
+    if check:
+        require_floating("values", values)
+        require_ndim("values", values, 2, "[N, T]")
+        require_same_shape(values=values, action_mask=am.mask)
+        require_same_device(values=values, action_mask=am.mask)
+    return values.gather(1, am.last[:, None]).squeeze(1)
+
+
+def terminal_reward_tokens(
+    rewards: Tensor, action_mask: Tensor | ActionMask, *, check: bool = True
+) -> Tensor:
+    """``[N, T]`` per-token rewards: ``R_i`` at the last action token, 0 elsewhere.
+
+    This is the reward layout of the paper (``r_t = 0`` except ``r_{u_M} = R``); the GAE
+    functions also accept the ``[N]`` outcome rewards directly.
+    """
+    am = ActionMask.of(action_mask, check=check)
+    if check:
+        require_rewards(rewards)
+        if am.shape[0] != rewards.shape[0]:
+            raise ValueError(
+                f"shape mismatch: rewards has {rewards.shape[0]} entries, "
+                f"action_mask has {am.shape[0]} rows"
+            )
+        require_same_device(rewards=rewards, action_mask=am.mask)
+    out = rewards.new_zeros(am.shape)
+    return out.scatter_(1, am.last[:, None], rewards.detach()[:, None])
