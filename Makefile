@@ -15,7 +15,7 @@ setup:  ## install and build everything that is missing (idempotent, cached)
 	@deploy/dev/setup.sh all
 
 demo: setup  ## run the main job end to end on the embedded defaults (tiny model, local everything)
-	@$(PY) -m services.demo
+	@$(PY) -m services.demo $(DEMO_ARGS)
 
 test: setup lint  ## set up, lint, and run the whole test suite
 	@$(PY) -m pytest -q -p no:cacheprovider
