@@ -12,9 +12,7 @@ which costs about 6 ms per write on this machine's disk): the rollout manager is
 ``python -m services.manager`` and every node is ``python -m sandbox_worker --backend simulated``.
 The SIMULATED runner only sleeps, so these sections measure scheduling, not sandboxes.
 
-Sections (``--only`` picks some; each is a function registered with :func:`section`, so the
-sandbox sections -- create+destroy latency and one evaluation, docker vs bwrap -- plug in the
-same way):
+Sections (``--only`` picks some; each is a function registered with :func:`section`):
 
 * ``queue``: no-op tasks. (a) back-to-back on one node with one slot: wall time per task from
   submission to the last result, i.e. the scheduling overhead per task (target < 5 ms);
@@ -24,6 +22,9 @@ same way):
   utilisation while tasks are queued: the busy slot-time (from every run's start and end,
   recorded by the runner's probe) divided by slots x the window from submission to the start of
   the last task; after that nothing is queued any more (target >= 95%).
+* ``sandbox``: real dockerd and bubblewrap, side by side: create+destroy latency of a plain
+  sandbox and of the agent sandbox as the trajectory runner makes it (LLM relay, read-only
+  agent-server bundle), and one evaluation of a mini instance's gold patch in a fresh sandbox.
 
 Nothing here asserts; the script prints the figures (and writes them with ``--json``).
 """
@@ -298,6 +299,126 @@ def bench_utilisation(bench: Bench) -> Figures:
         f"  CPU of manager + workers + redis: {cpu:.1f} s; "
         f"load average {out['load_average_1m']:.1f} on {os.cpu_count()} CPUs"
     )
+    return out
+
+
+# ---------------------------------------------------------------------------- sandboxes
+SANDBOX_BENCH_INSTANCE = "swerl__spanlib-1"
+
+
+def _create_destroy(backend: Any, spec: Any) -> float:
+    """Seconds to create a sandbox and destroy it again."""
+    t0 = time.perf_counter()
+    backend.create(spec).destroy()
+    return time.perf_counter() - t0
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "min_s": ordered[0],
+        "median_s": statistics.median(ordered),
+        "max_s": ordered[-1],
+    }
+
+
+@section("sandbox", "sandbox create+destroy latency and one evaluation, docker vs bwrap")
+def bench_sandbox(bench: Bench) -> Figures:
+    """Real dockerd and bubblewrap (images built if missing). Per backend: create+destroy of
+    (a) a plain sandbox (no network, as the evaluation uses), (b) the agent sandbox exactly as
+    the trajectory runner makes it (LLM relay to a host port, the read-only agent-server bundle
+    mounted); then the gold patch of one mini instance evaluated in a fresh sandbox."""
+    import shutil
+    import socket
+    import tempfile
+
+    from sandbox_worker.backends import make_backend
+    from sandbox_worker.backends.base import SandboxLimits, SandboxSpec
+    from sandbox_worker.evaluation import EvalConfig, evaluate_patch
+    from sandbox_worker.images import DEFAULT_INSTANCES, instance_image
+    from sandbox_worker.openhands.server import AgentServerBundle
+    from sandbox_worker.relay.host_relay import RelayHub
+    from sandbox_worker.trajectory import RunnerSettings, SandboxTrajectoryRunner
+    from services.datasets import load_instances
+    from services.protocol.tasks import RolloutTask
+    from tests.support.docker import build_task_images, ensure_dockerd
+
+    reps = 3 if bench.quick else 10
+    evals = 1 if bench.quick else 3
+    ensure_dockerd()
+    build_task_images()  # cached: a no-op when current
+    [instance] = load_instances(DEFAULT_INSTANCES, only=[SANDBOX_BENCH_INSTANCE])
+    image = instance_image(SANDBOX_BENCH_INSTANCE)
+    node = f"bench-{os.getpid() % 100000}"
+    root = Path(tempfile.mkdtemp(prefix="swerl-bs-"))  # short: unix socket paths
+    hub = RelayHub()
+    listener = socket.socket()  # stands in for the adapter: the relay's target
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    settings = RunnerSettings(adapter_host="127.0.0.1", adapter_port=listener.getsockname()[1])
+    task = RolloutTask(task_id="bench:0:0", batch_id="bench", group_id="bench:0",
+                       instance_id=SANDBOX_BENCH_INSTANCE)  # fmt: skip
+    limits = SandboxLimits(cpus=1.0, memory_mb=2048, pids=512)
+    out: Figures = {"instance": SANDBOX_BENCH_INSTANCE, "image": image}
+    backends: dict[str, Any] = {}
+    try:
+        for kind in ("docker", "bwrap"):
+            backend = backends[kind] = make_backend(kind, state_root=root / kind, hub=hub)
+            runner = SandboxTrajectoryRunner(
+                backend, hub, AgentServerBundle.current(), None, {}, settings,  # type: ignore[arg-type]
+                image_for=lambda _id: image,
+            )  # fmt: skip
+            plain: list[float] = []
+            agent: list[float] = []
+            for i in range(reps + 1):  # the first round warms caches and is not counted
+                spec = SandboxSpec(image=image, node=node, sandbox_id=f"plain-{i}", limits=limits)
+                t_plain = _create_destroy(backend, spec)
+                t_agent = _create_destroy(backend, runner.agent_spec(task, node, image))
+                if i:
+                    plain.append(t_plain)
+                    agent.append(t_agent)
+            reports = []
+            for _ in range(evals):
+                config = EvalConfig(test_timeout_s=300, limits=limits)
+                reports.append(
+                    evaluate_patch(
+                        backend, instance, instance.patch, image, node=node, config=config
+                    )
+                )
+            out[kind] = {
+                "create_destroy_plain": _stats(plain),
+                "create_destroy_agent": _stats(agent),
+                "evaluation": _stats([r.duration_s for r in reports]),
+                "evaluation_resolved": all(r.resolved for r in reports),
+                "evaluation_infra_errors": [r.infra_error for r in reports if r.infra_error],
+            }
+            left = backend.list_sandboxes(node)
+            if left:
+                raise RuntimeError(f"{kind}: sandboxes left behind: {left}")
+    finally:
+        for backend in backends.values():
+            backend.cleanup_node(node)
+        listener.close()
+        hub.close()
+        shutil.rmtree(root, ignore_errors=True)
+    out["load_average_1m"] = os.getloadavg()[0]
+
+    def cell(kind: str, key: str) -> str:
+        st = out[kind][key]
+        return f"{st['median_s']:.2f} s ({st['min_s']:.2f}-{st['max_s']:.2f})"
+
+    rows = [
+        ("create+destroy, no network", "create_destroy_plain"),
+        ("create+destroy, agent sandbox", "create_destroy_agent"),
+        ("evaluation of the gold patch", "evaluation"),
+    ]
+    print(f"  median (min-max) of {reps} create+destroy and {evals} evaluation(s), {image}")
+    print(f"  {'':32} {'docker':>24} {'bwrap':>24}")
+    for label, key in rows:
+        print(f"  {label:32} {cell('docker', key):>24} {cell('bwrap', key):>24}")
+    resolved = {k: out[k]["evaluation_resolved"] for k in ("docker", "bwrap")}
+    print(f"  gold patch resolved: {resolved}; load average {out['load_average_1m']:.1f}")
     return out
 
 

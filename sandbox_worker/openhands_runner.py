@@ -1,0 +1,161 @@
+"""The factory the sandbox worker calls for ``--backend docker|bwrap``.
+
+``build_runner(cfg) -> (runner, node_cleaner)`` (see :mod:`sandbox_worker.runner`) wires the
+real trajectory runner (:class:`sandbox_worker.trajectory.SandboxTrajectoryRunner`) from
+``cfg.rollout``: the sandbox backend with one shared relay hub, the agent-server bundle (this
+process's own Python and venv, mounted read-only into sandboxes), the adapter client, the task
+instances and the image naming rule. Anything missing is a :class:`RunnerUnavailableError`
+with what to do (the worker then exits with status 2).
+
+The returned node cleaner maps the worker's node name to the backends' alphabet
+(:func:`sandbox_worker.sandbox_names.sandbox_node_name`) before ``cleanup_node``, so a restarted
+worker removes exactly the sandboxes (agent and evaluation) its crashed predecessor left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sandbox_worker import images
+from sandbox_worker.adapter_client import AdapterClient
+from sandbox_worker.backends import SandboxBackend, SandboxInfraError, make_backend
+from sandbox_worker.backends.base import SandboxLimits
+from sandbox_worker.config import SandboxLimitsConfig, TrajectoryRunnerConfig, WorkerConfig
+from sandbox_worker.evaluation import EvalConfig
+from sandbox_worker.openhands.server import AgentServerBundle, AgentServerError
+from sandbox_worker.relay.host_relay import RelayHub
+from sandbox_worker.runner import RunnerUnavailableError
+from sandbox_worker.sandbox_names import sandbox_node_name
+from sandbox_worker.trajectory import RunnerSettings, SandboxTrajectoryRunner
+from services.datasets import DatasetError, load_instances
+from services.protocol.instance import SWEInstance
+
+
+class NodeCleanup:
+    """``cleanup_node`` / ``list_sandboxes`` of a backend, addressed by worker node name."""
+
+    def __init__(self, backend: SandboxBackend) -> None:
+        self.backend = backend
+
+    def cleanup_node(self, node: str) -> int:
+        return self.backend.cleanup_node(sandbox_node_name(node))
+
+    def list_sandboxes(self, node: str) -> list[str]:
+        return self.backend.list_sandboxes(sandbox_node_name(node))
+
+
+def sandbox_limits(cfg: SandboxLimitsConfig) -> SandboxLimits:
+    return SandboxLimits(cpus=cfg.cpus, memory_mb=cfg.memory_mb, pids=cfg.pids)
+
+
+def backend_kwargs(name: str, cfg: TrajectoryRunnerConfig) -> dict[str, Any]:
+    """``make_backend`` arguments for backend ``name`` from the config (unset: defaults)."""
+    b = cfg.backend
+    kwargs: dict[str, Any] = {}
+    if b.state_root is not None:
+        kwargs["state_root"] = Path(b.state_root)
+    if name == "docker" and b.docker_host is not None:
+        kwargs["docker_host"] = b.docker_host
+    if name == "bwrap":
+        kwargs["cgroups"] = b.cgroups
+        if b.rootfs_cache is not None:
+            kwargs["rootfs_cache"] = Path(b.rootfs_cache)
+    return kwargs
+
+
+def load_task_instances(paths: list[str]) -> dict[str, SWEInstance]:
+    """Every instance of the configured files (default: the mini task set), by id."""
+    files = [Path(p) for p in paths] or [images.DEFAULT_INSTANCES]
+    found: dict[str, SWEInstance] = {}
+    for path in files:
+        for inst in load_instances(path):
+            if inst.instance_id in found:
+                raise DatasetError(f"{path}: instance {inst.instance_id!r} is also in another file")
+            found[inst.instance_id] = inst
+    return found
+
+
+def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
+    url = urlsplit(cfg.adapter_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return RunnerSettings(
+        adapter_host=str(url.hostname),
+        adapter_port=port,
+        relay_port=cfg.relay_port,
+        workdir=cfg.workdir,
+        limits=sandbox_limits(cfg.sandbox),
+        openhands=cfg.openhands,
+        evaluation=EvalConfig(
+            workdir=cfg.workdir,
+            test_timeout_s=cfg.evaluation.test_timeout_s,
+            step_timeout_s=cfg.evaluation.step_timeout_s,
+            harness_grace_s=cfg.evaluation.harness_grace_s,
+            limits=sandbox_limits(cfg.evaluation.limits),
+        ),
+        agent_server_startup_s=cfg.agent_server_startup_s,
+    )
+
+
+def build_runner(
+    cfg: WorkerConfig,
+    *,
+    backend: SandboxBackend | None = None,
+    hub: RelayHub | None = None,
+    instances: Mapping[str, SWEInstance] | None = None,
+    adapter: AdapterClient | None = None,
+    bundle: AgentServerBundle | None = None,
+) -> tuple[SandboxTrajectoryRunner, NodeCleanup]:
+    """The runner and node cleaner for ``cfg.backend`` (``docker`` or ``bwrap``).
+
+    The keyword arguments replace the parts built from ``cfg`` (tests, embedding); a backend
+    passed in must use the given ``hub`` for its relays.
+    """
+    if cfg.backend not in ("docker", "bwrap"):
+        raise RunnerUnavailableError(
+            f"the trajectory runner needs a sandbox backend, not {cfg.backend!r}"
+        )
+    rc = cfg.rollout
+    try:
+        bundle = bundle or AgentServerBundle.current()
+        bundle.check()
+    except AgentServerError as exc:
+        raise RunnerUnavailableError(f"cannot run the OpenHands agent server: {exc}") from exc
+    try:
+        task_instances = (
+            dict(instances) if instances is not None else load_task_instances(rc.instances)
+        )
+    except (DatasetError, OSError) as exc:
+        raise RunnerUnavailableError(f"cannot load the task instances: {exc}") from exc
+    if backend is None:
+        hub = hub or RelayHub()
+        try:
+            backend = make_backend(cfg.backend, hub=hub, **backend_kwargs(cfg.backend, rc))
+        except (SandboxInfraError, OSError, ValueError) as exc:
+            raise RunnerUnavailableError(f"the {cfg.backend} backend is not usable: {exc}") from exc
+    elif hub is None:
+        raise ValueError("a backend passed to build_runner needs the RelayHub it relays with")
+    namespace, tag = rc.image_namespace, rc.image_tag
+
+    def image_for(instance_id: str) -> str:
+        return images.instance_image(instance_id, namespace=namespace, tag=tag)
+
+    try:  # a bad namespace or tag fails here, not once per task
+        image_for(next(iter(task_instances), "probe"))
+    except ValueError as exc:
+        raise RunnerUnavailableError(f"bad image naming settings: {exc}") from exc
+    runner = SandboxTrajectoryRunner(
+        backend,
+        hub,
+        bundle,
+        adapter
+        or AdapterClient(
+            rc.adapter_url, timeout_s=rc.adapter_timeout_s, attempts=rc.adapter_attempts
+        ),
+        task_instances,
+        runner_settings(rc),
+        image_for=image_for,
+    )
+    return runner, NodeCleanup(backend)

@@ -1,0 +1,111 @@
+"""How a trajectory run becomes an :class:`Outcome` (pure code; see docs/tasks-and-rewards.md).
+
+The agent's end decides the *status*, the evaluation of the patch decides the *reward*:
+
+=========================================  ===============  ===================================
+agent run ended with (:class:`EndReason`)  status           reward
+=========================================  ===============  ===================================
+``finished`` / ``agent_message``           ``completed``    tests on the patch (0 or 1)
+``max_steps`` / ``timeout`` /              ``timeout``      tests on whatever patch exists
+``context_limit``
+``agent_error`` / ``stuck``                ``error``        tests on whatever patch exists
+``llm_unavailable`` / ``llm_rejected`` /   ``aborted``      none: infrastructure, excluded
+``agent_server_error``                                      from training, never a 0
+``cancelled``                              ``aborted``      none (reason: the cancel's reason)
+=========================================  ===============  ===================================
+
+Any infrastructure failure around the agent (sandbox not created, image missing, wrong image,
+sandbox lost, evaluation infrastructure failed, the adapter unreachable or having recorded an
+abort itself) is ``aborted`` with its reason, whatever the agent did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox_worker.openhands.result import EndReason
+from services.protocol.trajectory import Outcome, OutcomeStatus
+
+#: The status each agent ending gives; ``None`` means aborted (infrastructure or cancel).
+STATUS_OF_END: Mapping[EndReason, OutcomeStatus | None] = {
+    EndReason.FINISHED: OutcomeStatus.COMPLETED,
+    EndReason.AGENT_MESSAGE: OutcomeStatus.COMPLETED,
+    EndReason.MAX_STEPS: OutcomeStatus.TIMEOUT,
+    EndReason.TIMEOUT: OutcomeStatus.TIMEOUT,
+    EndReason.CONTEXT_LIMIT: OutcomeStatus.TIMEOUT,
+    EndReason.AGENT_ERROR: OutcomeStatus.ERROR,
+    EndReason.STUCK: OutcomeStatus.ERROR,
+    EndReason.LLM_UNAVAILABLE: None,
+    EndReason.LLM_REJECTED: None,
+    EndReason.AGENT_SERVER_ERROR: None,
+    EndReason.CANCELLED: None,
+}
+
+MAX_REASON_CHARS = 2000
+
+
+def status_of_end(end_reason: EndReason) -> OutcomeStatus | None:
+    """The graded status of an agent ending, or ``None`` when the run must be aborted."""
+    return STATUS_OF_END[EndReason(end_reason)]
+
+
+def abort_reason_of_end(
+    end_reason: EndReason, error: str | None, cancel_reason: str | None = None
+) -> str:
+    """The ``abort_reason`` of an aborted agent ending (``cancelled``: the cancel's reason)."""
+    if end_reason is EndReason.CANCELLED:
+        return cancel_reason or "cancelled"
+    return f"{end_reason.value}: {error or 'no detail'}"
+
+
+def aborted(
+    reason: str,
+    *,
+    patch: str = "",
+    test_report: Mapping[str, Any] | None = None,
+    durations: Mapping[str, float] | None = None,
+    n_turns: int = 0,
+    n_tokens: int = 0,
+) -> Outcome:
+    """An infrastructure failure or a cancel: excluded from training, no reward."""
+    return Outcome(
+        status=OutcomeStatus.ABORTED,
+        reward=None,
+        abort_reason=(reason or "aborted")[:MAX_REASON_CHARS],
+        patch=patch,
+        test_report=dict(test_report or {}),
+        n_turns=n_turns,
+        n_tokens=n_tokens,
+        durations=dict(durations or {}),
+    )
+
+
+def graded(
+    status: OutcomeStatus,
+    reward: float,
+    *,
+    patch: str,
+    test_report: Mapping[str, Any],
+    durations: Mapping[str, float],
+    n_turns: int = 0,
+    n_tokens: int = 0,
+) -> Outcome:
+    """A trajectory the policy is responsible for: ``completed``, ``timeout`` or ``error``."""
+    if status is OutcomeStatus.ABORTED:
+        raise ValueError("graded() is for completed, timeout and error outcomes")
+    if reward not in (0.0, 1.0):
+        raise ValueError(f"a SWE-bench reward is 0 or 1, got {reward!r}")
+    return Outcome(
+        status=status,
+        reward=reward,
+        patch=patch,
+        test_report=dict(test_report),
+        n_turns=n_turns,
+        n_tokens=n_tokens,
+        durations=dict(durations),
+    )
+
+
+def with_counts(outcome: Outcome, n_turns: int, n_tokens: int) -> Outcome:
+    return outcome.model_copy(update={"n_turns": n_turns, "n_tokens": n_tokens})

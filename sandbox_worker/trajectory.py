@@ -1,0 +1,430 @@
+"""The real trajectory runner: one rollout task from sandbox to reward.
+
+For one :class:`RolloutTask` (see docs/tasks-and-rewards.md, "Trajectory runs"):
+
+1. **open** the trajectory at the adapter with its identifiers (task, batch, group, instance);
+2. **create** the agent sandbox from the instance image: no network but the LLM relay to the
+   adapter, the configured limits, the read-only agent-server bundle, ownership labels;
+3. **pin the diff base**: the repository's ``HEAD`` when the sandbox starts. For the images
+   built here it *is* ``base_commit``; official SWE-bench images commit their environment setup
+   on top of the base, so the agent's work is diffed against that start commit (the evaluation
+   keeps such a descendant ``HEAD`` too). A ``HEAD`` that is not ``base_commit`` and does not
+   descend from it means a wrong image: aborted before the agent starts;
+4. **run the agent**: the OpenHands agent server inside the sandbox, the SWE prompt built from
+   the problem statement, the task's limits and sampling, the cancel token;
+5. **extract the patch** (``git add -A && git diff --cached --binary <base>``) and **destroy**
+   the agent sandbox;
+6. **evaluate** the patch in a **fresh** sandbox (SWE-bench semantics);
+7. **close** the trajectory at the adapter with the :class:`Outcome` (the record then carries it).
+
+The status comes from how the agent ended and the reward from the tests
+(:mod:`sandbox_worker.outcomes`); every infrastructure failure, and a cancel, is ``aborted``
+with its reason, never a reward of 0. ``run`` never raises for such failures, is thread-safe
+(one call per worker slot) and returns soon after ``ctx.cancel`` is set, except that an
+evaluation already running is allowed to finish (it is bounded by the test timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sandbox_worker.adapter_client import (
+    AdapterClient,
+    AdapterError,
+    CloseResult,
+    TrajectoryExistsError,
+)
+from sandbox_worker.backends.base import (
+    LlmRelay,
+    NetworkPolicy,
+    Sandbox,
+    SandboxBackend,
+    SandboxInfraError,
+    SandboxLimits,
+    SandboxSpec,
+)
+from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
+from sandbox_worker.openhands.config import OpenHandsConfig
+from sandbox_worker.openhands.prompt import build_swe_prompt
+from sandbox_worker.openhands.result import AgentRunResult
+from sandbox_worker.openhands.server import AgentServerBundle, run_agent_in_sandbox
+from sandbox_worker.outcomes import (
+    abort_reason_of_end,
+    aborted,
+    graded,
+    status_of_end,
+    with_counts,
+)
+from sandbox_worker.relay.host_relay import RelayHub
+from sandbox_worker.runner import CANCELLED, RunContext
+from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
+from services.protocol.instance import SWEInstance
+from services.protocol.tasks import RolloutTask
+from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
+
+_log = logging.getLogger("swerl.worker.trajectory")
+
+DIFF_BASE_COMMIT = "base_commit"  # HEAD at start == the instance's base_commit
+DIFF_START_HEAD = "start_head"  # HEAD at start descends from base_commit (or there is none)
+
+
+class AgentFn(Protocol):
+    """:func:`sandbox_worker.openhands.server.run_agent_in_sandbox`'s signature."""
+
+    def __call__(
+        self,
+        sandbox: Sandbox,
+        hub: RelayHub,
+        bundle: AgentServerBundle,
+        trajectory_id: str,
+        task_prompt: str,
+        limits: Any,
+        sampling: Any,
+        *,
+        config: OpenHandsConfig | None = ...,
+        cancel: Any = ...,
+        startup_timeout_s: float = ...,
+    ) -> AgentRunResult: ...
+
+
+EvalFn = Callable[..., EvalReport]
+
+
+class _Abort(Exception):
+    """Internal: stop the run here; the trajectory is aborted with this reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DiffBase:
+    commit: str  # full sha the patch is taken against
+    kind: str  # DIFF_BASE_COMMIT or DIFF_START_HEAD
+
+
+@dataclass
+class RunnerSettings:
+    """Per-deployment settings of the runner (built from ``WorkerConfig.rollout``)."""
+
+    adapter_host: str
+    adapter_port: int
+    relay_port: int = 18080
+    workdir: str = "/testbed"
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    openhands: OpenHandsConfig = field(default_factory=OpenHandsConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    agent_server_startup_s: float = 300.0
+
+
+@dataclass
+class _Run:
+    task: RolloutTask
+    ctx: RunContext
+    node: str  # the backends' node name
+    durations: dict[str, float] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    patch: str = ""
+    opened: bool = False
+    counts: CloseResult | None = None
+
+    def timed(self, name: str, started: float) -> None:
+        self.durations[name] = round(time.monotonic() - started, 3)
+
+    def check_cancel(self) -> None:
+        if self.ctx.cancel.is_set():
+            raise _Abort(self.ctx.cancel.reason or CANCELLED)
+
+
+def resolve_diff_base(sandbox: Sandbox, instance: SWEInstance, workdir: str) -> DiffBase:
+    """The commit the agent's patch is taken against (see the module docstring, step 3)."""
+    res = sandbox.exec("git rev-parse --verify -q HEAD", workdir=workdir, timeout_s=60)
+    head = res.output.strip().splitlines()[-1].strip() if res.output.strip() else ""
+    if res.exit_code != 0 or len(head) < 40:
+        raise _Abort(f"wrong image: {workdir} is not a git checkout ({res.output[-300:]!r})")
+    base = instance.base_commit
+    if base is None:
+        return DiffBase(head, DIFF_START_HEAD)
+    if head == base or (len(base) < 40 and head.startswith(base)):
+        return DiffBase(head, DIFF_BASE_COMMIT)
+    res = sandbox.exec(
+        f"git merge-base --is-ancestor {shlex.quote(base)} HEAD", workdir=workdir, timeout_s=60
+    )
+    if res.exit_code == 0:
+        return DiffBase(head, DIFF_START_HEAD)
+    if res.exit_code == 1:
+        raise _Abort(
+            f"wrong image: its HEAD {head} is neither base_commit {base} nor a descendant of it"
+        )
+    raise _Abort(f"wrong image: base_commit {base} is not in its repository ({res.output[-300:]})")
+
+
+class SandboxTrajectoryRunner:
+    """Runs rollout tasks in sandboxes of one backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        hub: RelayHub,
+        bundle: AgentServerBundle,
+        adapter: AdapterClient,
+        instances: Mapping[str, SWEInstance],
+        settings: RunnerSettings,
+        *,
+        image_for: Callable[[str], str],
+        agent_fn: AgentFn = run_agent_in_sandbox,
+        eval_fn: EvalFn = evaluate_patch,
+    ) -> None:
+        self.backend = backend
+        self.hub = hub
+        self.bundle = bundle
+        self.adapter = adapter
+        self.instances = dict(instances)
+        self.settings = settings
+        self.image_for = image_for
+        self.agent_fn = agent_fn
+        self.eval_fn = eval_fn
+
+    # ------------------------------------------------------------------ entry point
+    def run(self, task: RolloutTask, ctx: RunContext) -> Outcome:
+        started = time.monotonic()
+        run = _Run(task, ctx, sandbox_node_name(ctx.node))
+        try:
+            outcome = self._pipeline(run)
+        except _Abort as exc:
+            outcome = aborted(exc.reason, patch=run.patch, test_report=run.report)
+        except Exception as exc:  # a bug must still close the record and free the slot
+            ctx.log.exception("trajectory runner failed")
+            reason = f"runner failed: {type(exc).__name__}: {exc}"
+            outcome = aborted(reason, patch=run.patch, test_report=run.report)
+        if run.opened:
+            outcome = self._close(run, outcome)
+        run.timed("total", started)
+        outcome = outcome.model_copy(update={"durations": dict(run.durations)})
+        ctx.log.info(
+            "trajectory %s: %s reward=%s%s (%s)",
+            task.trajectory_id,
+            outcome.status,
+            outcome.reward,
+            f" reason={outcome.abort_reason!r}" if outcome.abort_reason else "",
+            " ".join(f"{k}={v:.1f}s" for k, v in run.durations.items()),
+        )
+        return outcome
+
+    # ------------------------------------------------------------------ phases
+    def _pipeline(self, run: _Run) -> Outcome:
+        task = run.task
+        run.check_cancel()
+        instance = self.instances.get(task.instance_id)
+        if instance is None:
+            raise _Abort(f"unknown instance {task.instance_id!r}: not in the worker's task files")
+        try:
+            image = task.image or self.image_for(task.instance_id)
+        except ValueError as exc:
+            raise _Abort(f"no image for {task.instance_id!r}: {exc}") from exc
+        run.report["image"] = image
+        self._open(run)
+        result = self._agent_phase(run, instance, image)
+        run.report["record"] = dict(run.counts.counters) if run.counts else {}
+        run.check_cancel()
+        t0 = time.monotonic()
+        report = self.eval_fn(
+            self.backend, instance, run.patch, image, node=run.node, config=self.settings.evaluation
+        )
+        run.timed("eval", t0)
+        run.report["evaluation"] = report.model_dump(mode="json")
+        if report.infra_error is not None:
+            raise _Abort(f"evaluation infrastructure failed: {report.infra_error}")
+        status = status_of_end(result.end_reason)
+        assert status is not None  # aborted endings left the pipeline in _agent_phase
+        reward = report.reward
+        assert reward is not None
+        counts = run.counts
+        return graded(
+            status,
+            reward,
+            patch=run.patch,
+            test_report=run.report,
+            durations=run.durations,
+            n_turns=counts.n_turns if counts else 0,
+            n_tokens=counts.n_tokens if counts else 0,
+        )
+
+    def _open(self, run: _Run) -> None:
+        task = run.task
+        meta = TrajectoryMeta(
+            trajectory_id=task.trajectory_id,
+            task_id=task.task_id,
+            batch_id=task.batch_id,
+            group_id=task.group_id,
+            instance_id=task.instance_id,
+            extra={
+                "job_id": task.job_id,
+                "attempt": task.attempt,
+                "sample_index": task.sample_index,
+                "policy_version": task.policy_version,
+                "node": run.ctx.node,
+            },
+        )
+        t0 = time.monotonic()
+        try:
+            self.adapter.open(meta)
+        except TrajectoryExistsError as exc:
+            # A previous run of this very attempt left a record; its tokens are not ours.
+            raise _Abort(f"{exc}; not reusing it") from exc
+        except AdapterError as exc:
+            raise _Abort(f"LLM endpoint: cannot open the trajectory: {exc}") from exc
+        run.opened = True
+        run.timed("open", t0)
+
+    def agent_spec(self, task: RolloutTask, node: str, image: str) -> SandboxSpec:
+        """The agent sandbox of ``task`` on backend node ``node``: the LLM relay to the adapter
+        is its only network, the agent-server bundle is mounted read-only."""
+        s = self.settings
+        return SandboxSpec(
+            image=image,
+            node=node,
+            sandbox_id=agent_sandbox_id(task.trajectory_id),
+            workdir=s.workdir,
+            limits=s.limits,
+            network=NetworkPolicy.LLM_RELAY_ONLY,
+            llm_relay=LlmRelay(s.adapter_host, s.adapter_port, s.relay_port),
+            ro_mounts=self.bundle.ro_mounts,
+            labels={
+                "swerl.role": "agent",
+                "swerl.trajectory": task.trajectory_id,
+                "swerl.task": task.task_id,
+                "swerl.batch": task.batch_id,
+                "swerl.instance": task.instance_id,
+            },
+        )
+
+    def _agent_phase(self, run: _Run, instance: SWEInstance, image: str) -> AgentRunResult:
+        """Sandbox -> diff base -> agent -> patch -> destroy; then freeze the record."""
+        task, s = run.task, self.settings
+        spec = self.agent_spec(task, run.node, image)
+        t0 = time.monotonic()
+        try:
+            sandbox = self.backend.create(spec)
+        except (SandboxInfraError, OSError) as exc:
+            raise _Abort(f"sandbox creation failed: {exc}") from exc
+        run.timed("sandbox_create", t0)
+        try:
+            try:
+                base = resolve_diff_base(sandbox, instance, s.workdir)
+            except SandboxInfraError as exc:
+                raise _Abort(f"sandbox failed: {exc}") from exc
+            run.report["diff_base"] = {"commit": base.commit, "kind": base.kind}
+            run.check_cancel()
+            prompt = build_swe_prompt(instance.problem_statement, s.workdir)
+            t0 = time.monotonic()
+            result = self.agent_fn(
+                sandbox,
+                self.hub,
+                self.bundle,
+                task.trajectory_id,
+                prompt,
+                task.limits,
+                task.sampling,
+                config=s.openhands,
+                cancel=run.ctx.cancel,
+                startup_timeout_s=s.agent_server_startup_s,
+            )
+            run.timed("agent", t0)
+            run.durations["conversation"] = round(result.duration_s, 3)
+            run.report["agent"] = _agent_report(result)
+            if status_of_end(result.end_reason) is None or run.ctx.cancel.is_set():
+                cancel_reason = run.ctx.cancel.reason if run.ctx.cancel.is_set() else None
+                if cancel_reason is not None:
+                    raise _Abort(cancel_reason)
+                raise _Abort(abort_reason_of_end(result.end_reason, result.error))
+            t0 = time.monotonic()
+            run.patch = self._extract_patch(sandbox, base, run)
+            run.timed("patch", t0)
+        finally:
+            t0 = time.monotonic()
+            try:
+                sandbox.destroy()
+            except (SandboxInfraError, OSError) as exc:  # cleanup_node removes it later
+                run.ctx.log.warning("could not destroy agent sandbox %s: %s", spec.sandbox_id, exc)
+            run.timed("sandbox_destroy", t0)
+        # Freeze the record (no call can land after this) and learn its counters; an abort the
+        # adapter recorded itself (no engine could serve a call) makes the run aborted.
+        try:
+            run.counts = self.adapter.close(task.trajectory_id)
+        except AdapterError as exc:
+            run.ctx.log.warning("could not close %s before evaluation: %s", task.trajectory_id, exc)
+        else:
+            kept = run.counts.outcome
+            if kept is not None and kept.status is OutcomeStatus.ABORTED:
+                raise _Abort(f"adapter: {kept.abort_reason}")
+        return result
+
+    def _extract_patch(self, sandbox: Sandbox, base: DiffBase, run: _Run) -> str:
+        """The agent's patch. A repository the agent broke gives an empty patch (its doing,
+        graded as such); a sandbox that no longer answers is an infrastructure failure."""
+        try:
+            return sandbox.diff(base.commit, self.settings.workdir)
+        except SandboxInfraError as exc:
+            try:
+                alive = sandbox.exec("true", timeout_s=30).exit_code == 0
+            except (SandboxInfraError, OSError):
+                alive = False
+            if not alive:
+                raise _Abort(f"sandbox lost before the patch was extracted: {exc}") from exc
+            run.report["patch_error"] = str(exc)[:1000]
+            return ""
+
+    def _close(self, run: _Run, outcome: Outcome) -> Outcome:
+        """Close the record with the outcome; what the adapter kept has the last word."""
+        t0 = time.monotonic()
+        try:
+            result = self.adapter.close(run.task.trajectory_id, outcome)
+        except AdapterError as exc:
+            run.timed("close", t0)
+            if outcome.status is OutcomeStatus.ABORTED:
+                return outcome
+            # The record's completeness is not confirmed: never train on it.
+            return aborted(
+                f"could not record the outcome at the adapter: {exc}",
+                patch=outcome.patch,
+                test_report=outcome.test_report,
+            )
+        run.timed("close", t0)
+        kept = result.outcome
+        adapter_aborted = kept is not None and kept.status is OutcomeStatus.ABORTED
+        if adapter_aborted and outcome.status is not OutcomeStatus.ABORTED:
+            assert kept is not None
+            outcome = aborted(
+                f"adapter: {kept.abort_reason}",
+                patch=outcome.patch,
+                test_report=outcome.test_report,
+            )
+        return with_counts(outcome, result.n_turns, result.n_tokens)
+
+    def close(self) -> None:
+        """Release the adapter connection pool (the hub and backend belong to the caller)."""
+        with contextlib.suppress(Exception):
+            self.adapter.close_connection()
+
+
+def _agent_report(result: AgentRunResult) -> dict[str, Any]:
+    s = result.summary
+    return {
+        "end_reason": result.end_reason.value,
+        "n_steps": result.n_steps,
+        "error": result.error,
+        "sdk_status": result.status,
+        "n_tool_calls": s.n_tool_calls,
+        "n_agent_errors": s.n_agent_errors,
+        "n_condensations": s.n_condensations,
+        "finish_called": s.finish_called,
+        "tools_called": list(s.tools_called),
+    }

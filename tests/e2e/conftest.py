@@ -1,0 +1,235 @@
+"""The rollout stack for the end-to-end tests, all real processes (session-scoped).
+
+* a private ``redis-server`` (``tests/conftest.py``) holding trajectory records and the queue;
+* the private dockerd and the mini task set's images (built if missing, cached);
+* the tiny model; two reference engines (``python -m adapter.engines.reference_server``): one in
+  **SCRIPTED mode** replaying the gold solutions of :mod:`sandbox_worker.tasks.scripted` (test
+  machinery: the agent succeeds because the engine replays the gold patch, not because a model
+  solved anything), one sampling freely from the random tiny model;
+* one adapter (``python -m adapter``) in front of each engine;
+* sandbox backends (docker and bwrap) sharing one relay hub, with state under a private
+  temporary directory.
+
+At the end of the session no container, bwrap state dir, netns or process of the run may be
+left: the fixtures remove what they started and fail the session on leftovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox_worker.backends import SandboxBackend, make_backend
+from sandbox_worker.backends.bwrap import NETNS_DIR
+from sandbox_worker.images import DEFAULT_INSTANCES
+from sandbox_worker.relay.host_relay import RelayHub
+from sandbox_worker.runner import CancelToken, RunContext
+from sandbox_worker.tasks.scripted import write_script
+from services.datasets import load_instances
+from services.protocol.instance import SWEInstance
+from tests.support.docker import build_task_images, ensure_dockerd
+from tests.support.engines import (
+    REPO_ROOT,
+    ReferenceServer,
+    free_port,
+    launch_reference_server,
+    tiny_model_for_session,
+)
+from tests.support.redis import RedisServer
+
+STARTUP_TIMEOUT_S = 300.0  # imports are slow on a busy 2-core machine
+ENGINE_WEIGHT_VERSION = "3"  # numeric: the adapter adopts it and records it on every turn
+RUN_TAG = f"e2e{os.getpid() % 100000}"
+
+
+@dataclass
+class AdapterProcess:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def record(self, trajectory_id: str) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/trajectories/{trajectory_id}", timeout=30)
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()
+        return data
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+def launch_adapter(engine: ReferenceServer, model_dir: Path, redis_url: str, logs: Path):
+    port = free_port()
+    log_path = logs / f"adapter-{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "adapter",
+                "--engines", engine.url,
+                "--model", str(model_dir),
+                "--redis", redis_url,
+                "--port", str(port),
+                "--log-level", "warning",
+            ],
+            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+    adapter = AdapterProcess(f"http://127.0.0.1:{port}", port, process, log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"adapter exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{adapter.url}/health", timeout=1).status_code == 200:
+                return adapter
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            adapter.stop()
+            raise RuntimeError(f"adapter did not become healthy:\n{log_path.read_text()}")
+        time.sleep(0.3)
+
+
+def start_all[T](launchers: list[Callable[[], T]], stop: Callable[[T], None]) -> list[T]:
+    """Run launchers concurrently; if one fails, stop the others and re-raise."""
+    with ThreadPoolExecutor(len(launchers)) as pool:
+        futures = [pool.submit(launch) for launch in launchers]
+        wait(futures)
+    started = [f.result() for f in futures if f.exception() is None]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for item in started:
+            stop(item)
+        raise errors[0]  # type: ignore[misc]
+    return started
+
+
+@dataclass
+class RolloutStack:
+    root: Path
+    model_dir: Path
+    script_path: Path
+    instances: dict[str, SWEInstance]
+    redis_url: str
+    scripted: AdapterProcess
+    random: AdapterProcess
+    hub: RelayHub
+    backends: dict[str, SandboxBackend]
+    nodes: list[str]
+
+    def node(self) -> str:
+        """A fresh sandbox node name of this run (checked for leftovers at the end)."""
+        name = f"{RUN_TAG}-{uuid.uuid4().hex[:6]}"
+        self.nodes.append(name)
+        return name
+
+
+def run_context(node: str, cancel: CancelToken | None = None) -> RunContext:
+    return RunContext(node=node, cancel=cancel or CancelToken(), log=logging.getLogger("e2e"))
+
+
+def _container_leftovers(backend: SandboxBackend) -> list[str]:
+    containers = backend.client.containers.list(  # type: ignore[attr-defined]
+        all=True, filters={"label": "swerl.owner=swerl"}
+    )
+    return [c.name for c in containers if c.name.startswith(f"swerl.{RUN_TAG}-")]
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def rollout_stack(redis_server: RedisServer) -> Iterator[RolloutStack]:
+    ensure_dockerd()
+    build_task_images()  # cached: a no-op when the images are current
+    root = Path(tempfile.mkdtemp(prefix="swerl-e2e-"))  # short: unix socket paths < 108 bytes
+    logs = root / "logs"
+    logs.mkdir()
+    instances = {i.instance_id: i for i in load_instances(DEFAULT_INSTANCES)}
+    script = write_script(list(instances.values()), root / "scripted-gold.jsonl")
+    hub = RelayHub()
+    backends: dict[str, SandboxBackend] = {}
+    engines: list[ReferenceServer] = []
+    adapters: list[AdapterProcess] = []
+    nodes: list[str] = []
+    try:
+        with tiny_model_for_session() as model_dir:
+            version = ["--weight-version", ENGINE_WEIGHT_VERSION]
+            engines = start_all(
+                [
+                    lambda: launch_reference_server(
+                        model_dir, script, extra_args=version, log_dir=logs,
+                        timeout_s=STARTUP_TIMEOUT_S,
+                    ),
+                    lambda: launch_reference_server(
+                        model_dir, extra_args=version, log_dir=logs, timeout_s=STARTUP_TIMEOUT_S
+                    ),
+                ],
+                ReferenceServer.stop,
+            )  # fmt: skip
+            adapters = start_all(
+                [
+                    lambda: launch_adapter(engines[0], model_dir, redis_server.url, logs),
+                    lambda: launch_adapter(engines[1], model_dir, redis_server.url, logs),
+                ],
+                AdapterProcess.stop,
+            )
+            backends["docker"] = make_backend("docker", state_root=root / "docker", hub=hub)
+            backends["bwrap"] = make_backend("bwrap", state_root=root / "bwrap", hub=hub)
+            yield RolloutStack(
+                root, model_dir, script, instances, redis_server.url,
+                adapters[0], adapters[1], hub, backends, nodes,
+            )  # fmt: skip
+    finally:
+        leftovers: list[str] = []
+        for kind, backend in backends.items():
+            for node in nodes:
+                leftovers += [f"{kind}:{node}:{s}" for s in backend.list_sandboxes(node)]
+                backend.cleanup_node(node)
+        if "docker" in backends:
+            leftovers += _container_leftovers(backends["docker"])
+        if NETNS_DIR.is_dir():
+            leftovers += [p.name for p in NETNS_DIR.glob(f"swerl.{RUN_TAG}-*")]
+        for a in adapters:
+            a.stop()
+        for e in engines:
+            e.stop()
+        hub.close()
+        leftovers += [f"process {p}" for p in _processes_mentioning(str(root))]
+        for sub in ("docker", "bwrap"):
+            d = root / sub
+            if d.is_dir():
+                leftovers += [str(p) for p in d.iterdir()]
+        shutil.rmtree(root, ignore_errors=True)
+        assert not leftovers, f"left behind by the e2e session: {leftovers}"

@@ -1,0 +1,108 @@
+"""The agent-ending -> outcome mapping, and the sandbox names the runner derives."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_worker.backends.base import validate_name
+from sandbox_worker.openhands.result import EndReason
+from sandbox_worker.outcomes import (
+    STATUS_OF_END,
+    abort_reason_of_end,
+    aborted,
+    graded,
+    status_of_end,
+)
+from sandbox_worker.sandbox_names import MAX_NODE_CHARS, agent_sandbox_id, sandbox_node_name
+from services.protocol.trajectory import OutcomeStatus
+
+
+def test_every_end_reason_has_a_status() -> None:
+    assert set(STATUS_OF_END) == set(EndReason)
+
+
+@pytest.mark.parametrize(
+    ("end", "status"),
+    [
+        ("finished", "completed"),
+        ("agent_message", "completed"),
+        ("max_steps", "timeout"),
+        ("timeout", "timeout"),
+        ("context_limit", "timeout"),
+        ("agent_error", "error"),
+        ("stuck", "error"),
+        ("llm_unavailable", None),
+        ("llm_rejected", None),
+        ("agent_server_error", None),
+        ("cancelled", None),
+    ],
+)
+def test_status_of_each_ending(end: str, status: str | None) -> None:
+    got = status_of_end(EndReason(end))
+    assert (None if got is None else got.value) == status
+
+
+def test_aborted_endings_are_exactly_the_infrastructure_ones() -> None:
+    # The OpenHands package's own notion of "infrastructure" must agree with the runner's.
+    for end in EndReason:
+        assert (status_of_end(end) is None) == end.is_infrastructure, end
+
+
+def test_abort_reasons() -> None:
+    assert abort_reason_of_end(EndReason.LLM_UNAVAILABLE, "503") == "llm_unavailable: 503"
+    assert abort_reason_of_end(EndReason.AGENT_SERVER_ERROR, None) == (
+        "agent_server_error: no detail"
+    )
+    assert abort_reason_of_end(EndReason.CANCELLED, None, "worker shutdown") == "worker shutdown"
+    assert abort_reason_of_end(EndReason.CANCELLED, None) == "cancelled"
+
+
+def test_aborted_has_no_reward_and_a_bounded_reason() -> None:
+    out = aborted("x" * 5000, patch="p")
+    assert out.status is OutcomeStatus.ABORTED and out.reward is None and not out.trainable
+    assert len(out.abort_reason or "") == 2000 and out.patch == "p"
+
+
+def test_graded_refuses_aborted_and_non_binary_rewards() -> None:
+    kw = {"patch": "", "test_report": {}, "durations": {}}
+    assert graded(OutcomeStatus.TIMEOUT, 0.0, **kw).reward == 0.0  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="completed, timeout and error"):
+        graded(OutcomeStatus.ABORTED, 0.0, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="0 or 1"):
+        graded(OutcomeStatus.COMPLETED, 0.5, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("node", ["node3", "a", "n-1-2"])
+def test_valid_short_node_names_are_kept(node: str) -> None:
+    assert sandbox_node_name(node) == node
+
+
+@pytest.mark.parametrize(
+    "node", ["Node3", "gpu_node.7", "ip-10-0-0-1.ec2.internal", "x" * 100, "-lead", "..."]
+)
+def test_other_node_names_are_mapped_validly_and_stably(node: str) -> None:
+    mapped = sandbox_node_name(node)
+    assert validate_name("node", mapped) == mapped
+    assert len(mapped) <= MAX_NODE_CHARS
+    assert sandbox_node_name(node) == mapped  # a restarted worker finds its sandboxes
+
+
+def test_distinct_nodes_stay_distinct() -> None:
+    names = ["Node3", "node3", "NODE3", "node.3", "node_3", "node-3"]
+    assert len({sandbox_node_name(n) for n in names}) == len(names)
+
+
+@pytest.mark.parametrize("bad", ["", None, 3])
+def test_bad_node_names_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="invalid node name"):
+        sandbox_node_name(bad)  # type: ignore[arg-type]
+
+
+def test_agent_sandbox_ids_are_short_valid_and_fresh() -> None:
+    ids = {agent_sandbox_id("batch-1:0:3.a2") for _ in range(50)}
+    assert len(ids) == 50
+    for sid in ids:
+        assert validate_name("sandbox_id", sid) == sid
+        assert sid.startswith("agent-") and len(sid) == 18
+    with pytest.raises(ValueError, match="invalid trajectory id"):
+        agent_sandbox_id("")
