@@ -3,18 +3,27 @@
 Two steps, each a handful of whole-batch tensor operations:
 
 1. **Compaction.** The action tokens of every row are gathered, in order, into a dense
-   ``[N, M_max]`` tensor (slot ``j`` of row ``i`` holds ``u_j``); slots past ``M_i`` hold 0.
-   The gather is a ``scatter_add`` keyed by the running action count (see :class:`Compaction`).
-   On this layout "the next action token" is simply the next slot, so observation tokens are
-   skipped by construction and the zero padding provides the zero bootstrap after ``u_M``.
+   ``[rows, width]`` tensor (slot ``j`` of row ``i`` holds ``u_j``); slots past ``M_i`` hold 0.
+   The gather is one plain ``scatter_`` keyed by ``slot = running action count`` on action
+   tokens and ``slot = 0`` (a scratch slot, never read back) elsewhere, so neither side is
+   multiplied by the mask (see :class:`Compaction`). On this layout "the next action token" is
+   simply the next slot, so observation tokens are skipped by construction and the zero
+   padding provides the zero bootstrap after ``u_M``. Rows are processed in chunks of
+   :data:`ROW_CHUNK` so that the int64 slot index and the compact tensors of a chunk stay
+   cache-sized (measured ~1.3x faster than the whole batch at once on 256 x 8192).
 2. **Blocked reverse scan.** ``A_j = delta_j + c_i A_{j+1}`` with ``c_i = gamma * lambda_i`` is a
    first-order linear recurrence. The compact axis is cut into blocks of ``B`` slots; inside a
    block the recurrence is one batched matrix product with the ``[B, B]`` matrix
    ``W[j, k] = c^(k - j)`` (``k >= j``); the values at block starts obey the same recurrence with
    factor ``c^B`` and are solved recursively. Work is ``O(N * M_max * B)``, memory
-   ``O(N * M_max + N * B^2)``, no Python loop over rows or tokens, and only non-negative powers
-   of ``c <= 1`` appear (no division by ``c``, so ``lambda = 0`` and long rows are exact and
-   stable).
+   ``O(N * M_max + N * B^2)``, no Python loop over tokens (only over row chunks), and only
+   non-negative powers of ``c <= 1`` appear (no division by ``c``, so ``lambda = 0`` and long
+   rows are exact and stable).
+
+With ``lambda = 1`` (a float) the value terms telescope (appendix A.2, Eq. 36) and neither step
+is needed: ``A_t = G_t - V(s_t)`` with ``G`` from :func:`discounted_returns` (for an outcome
+reward and ``gamma = 1``, ``A_t = R - V(s_t)``; for per-token rewards and ``gamma = 1``, a
+reverse cumulative sum).
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from trainer.algorithms.validation import (
 SCAN_BLOCK = 16
 """Slots per block of the reverse scan (work per token grows linearly with it)."""
 
+ROW_CHUNK = 64
+"""Rows per chunk of :func:`skip_observation_gae` (keeps the working set in cache)."""
+
 SINGLE_BLOCK_LIMIT = 128
 """Sequences up to this length are scanned as a single block (no further recursion)."""
 
@@ -46,45 +58,48 @@ SINGLE_BLOCK_LIMIT = 128
 class Compaction:
     """Maps between the padded ``[N, T]`` layout and a compact ``[N, width]`` layout.
 
-    ``index[i, t]`` is the number of action tokens of row ``i`` at or before ``t``: the slot of
-    the most recent action (action ``u_j`` sits in slot ``j``, 1-based); slot 0 collects the
-    positions before the first action. Every position therefore maps to a valid slot, and
-    non-action positions carry weight 0: gathering is one ``scatter_add`` of ``x * weights``
-    (observations add exact zeros), scattering back one ``gather`` times ``weights``. No boolean
-    indexing, no ``nonzero``. Slot 0 and the slots past a row's ``M_i`` hold 0 after gathering;
-    whatever a scan leaves in slot 0 is never read back (weight 0). ``width`` is
-    ``1 + M_max`` rounded up to a whole number of scan blocks.
+    ``index[i, t]`` is the slot of position ``t``: ``j`` for the ``j``-th action token ``u_j``
+    (1-based), and 0 for every observation and padding position. Slot 0 is a scratch slot: it
+    receives the non-action entries and nothing ever reads it back. Gathering is therefore one
+    plain ``scatter_`` of the raw ``[N, T]`` tensor (every action slot has exactly one source,
+    so no accumulation and no multiplication by the mask is needed, and observation entries,
+    whatever they hold, land in slot 0), and scattering back is one ``gather`` after slot 0 is
+    zeroed (observations read that 0). No boolean indexing, no ``nonzero``. Slots past a row's
+    ``M_i`` are never written and hold 0. ``last_slot`` ``[N, 1]`` is ``M_i`` (the slot of
+    ``u_M``). ``width`` is ``1 + M_max`` rounded up to a whole number of scan blocks.
     """
 
     index: Tensor  # [N, T] long
-    weights: Tensor  # [N, T] in the data dtype, 1 on action tokens
+    last_slot: Tensor  # [N, 1] long
     width: int
 
     @classmethod
-    def of(cls, am: ActionMask, dtype: torch.dtype, block: int = SCAN_BLOCK) -> Compaction:
-        """Build the maps of a validated action mask."""
+    def of(cls, mask: Tensor, block: int = SCAN_BLOCK) -> Compaction:
+        """Build the maps of a validated bool ``[N, T]`` action mask."""
         # running action count; an int32 cumsum over a uint8 view is the cheap way on the CPU
-        counts = am.mask.view(torch.uint8).cumsum(dim=1, dtype=torch.int32)
-        longest = int(counts[:, -1].max()) if counts.numel() else 0
+        # (an int64 cumsum, or arithmetic mixing int64 and uint8, is several times slower)
+        counts = mask.view(torch.uint8).cumsum(dim=1, dtype=torch.int32)
+        last_slot = counts[:, -1:].long()
+        longest = int(last_slot.max()) if last_slot.numel() else 0
         width = -(-(longest + 1) // block) * block
-        return cls(index=counts.long(), weights=am.weights(dtype), width=width)
+        index = torch.where(mask, counts, 0).long()  # int32 where: cheaper than fill
+        return cls(index=index, last_slot=last_slot, width=width)
 
-    def gather(self, x: Tensor, *, zero_outside: bool = False) -> Tensor:
-        """``[N, T]`` -> ``[N, width]``: action entries in slots ``1..M_i``, zeros elsewhere.
+    def gather(self, x: Tensor) -> Tensor:
+        """``[N, T]`` -> ``[N, width]``: action entries in slots ``1..M_i``, zeros past ``M_i``.
 
-        ``zero_outside=True`` promises that ``x`` is already 0 off the action tokens (skips the
-        multiplication by the mask).
+        Slot 0 holds an arbitrary non-action entry of ``x`` (scratch; never read back).
         """
-        out = x.new_zeros(x.shape[0], self.width)
-        return self.add_into(out, x, zero_outside=zero_outside)
+        return x.new_zeros(x.shape[0], self.width).scatter_(1, self.index, x)
 
-    def add_into(self, out: Tensor, x: Tensor, *, zero_outside: bool = False) -> Tensor:
-        """Add the action entries of ``[N, T]`` ``x`` into their slots of ``out`` (in place)."""
-        return out.scatter_add_(1, self.index, x if zero_outside else x * self.weights)
+    def scatter(self, y: Tensor, out: Tensor | None = None) -> Tensor:
+        """``[N, width]`` -> ``[N, T]``: slot values at the action positions, 0 elsewhere.
 
-    def scatter(self, y: Tensor) -> Tensor:
-        """``[N, width]`` -> ``[N, T]``: slot values back at the action positions, 0 elsewhere."""
-        return y.gather(1, self.index) * self.weights
+        Zeroes ``y``'s scratch slot 0 in place (observations read it). ``out``: an optional
+        contiguous ``[N, T]`` tensor to write into.
+        """
+        y[:, 0] = 0
+        return torch.gather(y, 1, self.index, out=out)
 
 
 def reverse_discounted_cumsum(x: Tensor, c: Tensor, block: int = SCAN_BLOCK) -> Tensor:
@@ -187,13 +202,28 @@ def skip_observation_gae(
     if check:
         _checked_inputs(rewards, values, am, gamma)
     dtype = torch.promote_types(rewards.dtype, values.dtype)
-    compact = Compaction.of(am, dtype)
-    masked_values = values.detach().to(dtype) * compact.weights
-    v = compact.gather(masked_values, zero_outside=True)
-    delta = _td_residuals(compact, rewards.detach().to(dtype), v, gamma, check)
-    lam_t = _trace_factor(lam, am.shape[0], v, check)
-    adv = compact.scatter(reverse_discounted_cumsum(delta, gamma * lam_t))  # Eq. 7
-    return adv, adv + masked_values  # G_t = A_t + V(s_t) on action tokens
+    rewards = rewards.detach().to(dtype)
+    values = values.detach().to(dtype)
+    lam_t = _trace_factor(lam, am.shape[0], values, check)
+    if not isinstance(lam, Tensor) and float(lam) == 1.0:
+        # lambda = 1: the value terms telescope (appendix A.2, Eq. 36), A_t = G_t - V(s_t)
+        masked_values = values * am.weights(dtype)
+        returns = discounted_returns(rewards, am, gamma, check=False)
+        adv = returns.sub_(masked_values)
+        return adv, adv + masked_values
+    adv = torch.empty_like(values)
+    factor = gamma * lam_t
+    # row chunks keep each chunk's index and compact tensors cache-sized (and their width
+    # fitted to the chunk's longest row); every chunk writes its rows of the outputs in place
+    for start in range(0, am.shape[0], ROW_CHUNK):
+        rows = slice(start, start + ROW_CHUNK)
+        compact = Compaction.of(am.mask[rows])
+        v = compact.gather(values[rows])
+        delta = _td_residuals(compact, rewards[rows], v, gamma)
+        scan = reverse_discounted_cumsum(delta, factor[rows])
+        compact.scatter(scan, out=adv[rows])  # Eq. 7
+    # G_t = A_t + V(s_t) on action tokens; one fused pass (adv is 0 off the actions)
+    return adv, torch.addcmul(adv, values, am.weights(dtype))
 
 
 def discounted_returns(
@@ -230,7 +260,7 @@ def discounted_returns(
         # reverse cumulative sum along T; observation rewards are 0, so this is the
         # reward-to-go over the action subsequence
         return rewards.flip(1).cumsum(dim=1).flip(1) * weights
-    compact = Compaction.of(am, rewards.dtype)
+    compact = Compaction.of(am.mask)
     factor = rewards.new_full((am.shape[0],), gamma)
     return compact.scatter(reverse_discounted_cumsum(compact.gather(rewards), factor))
 
@@ -254,21 +284,17 @@ def gae_advantages_and_returns(
     return adv, discounted_returns(rewards, am, gamma, check=False)
 
 
-def _td_residuals(
-    compact: Compaction, rewards: Tensor, v: Tensor, gamma: float, checked: bool
-) -> Tensor:
+def _td_residuals(compact: Compaction, rewards: Tensor, v: Tensor, gamma: float) -> Tensor:
     """Eq. 6 on the compact layout: ``r_j + gamma * V_{j+1} - V_j`` with ``V_{M+1} = 0``.
 
     Slots past a row's last action hold ``V = 0``, which is the zero bootstrap at ``u_M``.
+    ``rewards`` is ``[N]`` (outcome: ``r = R`` at slot ``M_i``) or ``[N, T]``; whatever a
+    per-token tensor holds off the action tokens lands in the scratch slot 0.
     """
-    # Eq. 6 (LI2SAO_SPEC "Skip-observation GAE"): delta_j = gamma * V_{j+1} - V_j (+ r_j below)
-    delta = torch.empty_like(v)
-    if gamma == 1.0:
-        torch.sub(v[:, 1:], v[:, :-1], out=delta[:, :-1])
+    if rewards.ndim == 1:
+        delta = torch.zeros_like(v).scatter_(1, compact.last_slot, rewards[:, None])
     else:
-        torch.mul(v[:, 1:], gamma, out=delta[:, :-1]).sub_(v[:, :-1])
-    torch.neg(v[:, -1], out=delta[:, -1])
-    if rewards.ndim == 1:  # outcome reward: r = R at the last action, slot M_i
-        return delta.scatter_add_(1, compact.index[:, -1:], rewards[:, None])
-    # checked rewards are known to be 0 off the action tokens; unchecked ones get masked
-    return compact.add_into(delta, rewards, zero_outside=checked)
+        delta = compact.gather(rewards)
+    # Eq. 6 (LI2SAO_SPEC "Skip-observation GAE"): delta_j = r_j + gamma * V_{j+1} - V_j
+    delta[:, :-1].add_(v[:, 1:], alpha=gamma)
+    return delta.sub_(v)

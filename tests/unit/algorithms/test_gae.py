@@ -153,3 +153,71 @@ def test_outcome_rewards_equal_the_token_layout(seed: int) -> None:
     layout = skip_observation_gae(tokens, b.values, b.action_mask, 0.95, lam)
     torch.testing.assert_close(outcome[0], layout[0])
     torch.testing.assert_close(outcome[1], layout[1])
+
+
+def _long_batch(seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """140 rows x 400 positions (more rows than one GAE row chunk, rows longer than one scan
+    level): random action/observation spans, observations first in some rows, padded tails,
+    values of both signs."""
+    rng = random.Random(seed)
+    n, t = 140, 400
+    rows: list[list[bool]] = []
+    for _ in range(n):
+        end, action, row = rng.randint(1, t), rng.random() < 0.7, []
+        while len(row) < end:
+            row.extend([action] * rng.randint(1, 40))
+            action = not action
+        row = row[:end] + [False] * (t - end)
+        if not any(row):
+            row[end - 1] = True
+        rows.append(row)
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(n, t, generator=gen, dtype=torch.float64).to(dtype)
+    return torch.tensor(rows), values
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("seed", range(2))
+def test_chunked_gae_matches_reference_on_long_batches(seed: int, gamma: float, dtype) -> None:
+    """The row-chunked, scratch-slot compaction and the lambda = 1 closed form against the loop,
+    with per-row lambda (0 and 1 included), gamma < 1, dense and outcome rewards."""
+    mask, values = _long_batch(seed, dtype)
+    n = mask.shape[0]
+    gen = torch.Generator().manual_seed(100 + seed)
+    lam = torch.rand(n, generator=gen, dtype=torch.float64)
+    lam[:3] = torch.tensor([0.0, 1.0, 1e-3], dtype=torch.float64)
+    outcome = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    dense = (torch.randn(n, t := mask.shape[1], generator=gen, dtype=torch.float64) * mask).to(
+        dtype
+    )
+    assert t == 400
+    value_list, mask_list = values.tolist(), mask.tolist()
+    for rewards in (outcome, dense):
+        tokens = rewards if rewards.ndim == 2 else terminal_reward_tokens(rewards, mask)
+        for trace in (lam.to(dtype), 1.0):
+            lam_list = trace.tolist() if isinstance(trace, torch.Tensor) else [trace] * n
+            want_adv, want_ret = ref.skip_observation_gae(
+                tokens.tolist(), value_list, mask_list, gamma, lam_list
+            )
+            adv, ret = skip_observation_gae(rewards, values, mask, gamma, trace)
+            tol = tolerance(dtype)
+            torch.testing.assert_close(adv, torch.tensor(want_adv, dtype=dtype), **tol)
+            torch.testing.assert_close(ret, torch.tensor(want_ret, dtype=dtype), **tol)
+            assert torch.equal(ret[mask], adv[mask] + values[mask])
+            assert not adv[~mask].any() and not ret[~mask].any()
+
+
+@pytest.mark.parametrize("lam", [0.7, 1.0])
+def test_unchecked_rewards_off_the_actions_do_not_leak(lam: float) -> None:
+    """With check=False, whatever per-token rewards hold on observations lands in the scratch
+    slot (or is masked) and changes nothing."""
+    mask, values = _long_batch(7, torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    clean = torch.randn(mask.shape, generator=gen, dtype=torch.float64) * mask
+    noisy = clean + 1e3 * torch.rand(mask.shape, generator=gen, dtype=torch.float64) * ~mask
+    for gamma in (1.0, 0.8):
+        got = skip_observation_gae(noisy, values, mask, gamma, lam, check=False)
+        want = skip_observation_gae(clean, values, mask, gamma, lam)
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
