@@ -38,10 +38,14 @@ step_python() {
   # The venv lives in the cache, keyed by the dependency files, and .venv links to it: a fresh
   # clone (CI) reuses it instead of reinstalling torch.
   local key venv py
-  key=$(cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
+  py=$(find_python312)
+  # Keyed by what gets installed (not by the rest of pyproject.toml): reruns and fresh clones
+  # with the same dependencies reuse the environment.
+  key=$( { "$py" deploy/dev/requirements_from_pyproject.py dev
+           "$py" deploy/dev/requirements_from_pyproject.py --no-deps
+           cat constraints.txt; } | sha256sum | cut -c1-16)
   venv="$CACHE/venv-py312-$key"
   if [ ! -f "$venv/.swerl-ok" ]; then
-    py=$(find_python312)
     log "creating Python environment $venv (first time: several minutes, torch is large)"
     rm -rf "$venv"
     "$py" -m venv "$venv"
