@@ -10,8 +10,8 @@
 * sandbox backends (docker and bwrap) sharing one relay hub, with state under a private
   temporary directory.
 
-At the end of the session no container, bwrap state dir, netns or process of the run may be
-left: the fixtures remove what they started and fail the session on leftovers.
+At the end of the session no container, bwrap state dir, netns, cgroup or process of the run
+may be left: the fixtures remove what they started and fail the session on leftovers.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import pytest
 
 from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.backends.bwrap import NETNS_DIR
+from sandbox_worker.backends.cgroups import Cgroups
 from sandbox_worker.images import DEFAULT_INSTANCES
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CancelToken, RunContext
@@ -221,6 +222,7 @@ def rollout_stack(redis_server: RedisServer) -> Iterator[RolloutStack]:
             leftovers += _container_leftovers(backends["docker"])
         if NETNS_DIR.is_dir():
             leftovers += [p.name for p in NETNS_DIR.glob(f"swerl.{RUN_TAG}-*")]
+        leftovers += sorted(Cgroups().names(f"{RUN_TAG}-"))
         for a in adapters:
             a.stop()
         for e in engines:

@@ -24,6 +24,8 @@ import signal
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -37,7 +39,7 @@ from sandbox_worker.tasks.scripted import build_script
 from sandbox_worker.trajectory import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from services.manager import ManagerConfig, RolloutManager
 from services.protocol.tasks import AgentLimits, RolloutRequest, RolloutTask, SamplingConfig
-from services.protocol.trajectory import OutcomeStatus
+from services.protocol.trajectory import Outcome, OutcomeStatus
 from services.queue.config import QueueConfig
 from services.store import load_trajectory
 from tests.e2e.conftest import (
@@ -113,28 +115,70 @@ def check_record(stack: RolloutStack, adapter: AdapterProcess, t: RolloutTask) -
         client.close()
     for seg_json, seg in zip(rec["segments"], record.segments, strict=True):
         flat = seg.flatten()
-        generated = [tok for tok, m in zip(flat["tokens"], flat["action_mask"], strict=True) if m]
-        assert generated == [i for turn in seg_json["turns"] for i in turn["output_ids"]]
-        assert sum(flat["action_mask"]) == len([lp for lp, m in zip(
-            flat["logprobs"], flat["action_mask"], strict=True) if m])  # fmt: skip
+        mask = flat["action_mask"]
+        assert [tok for tok, m in zip(flat["tokens"], mask, strict=True) if m] == [
+            i for turn in seg_json["turns"] for i in turn["output_ids"]
+        ]
+        assert [lp for lp, m in zip(flat["logprobs"], mask, strict=True) if m] == pytest.approx(
+            [lp for turn in seg_json["turns"] for lp in turn["output_logprobs"]]
+        )
+        versions = {v for v, m in zip(flat["versions"], mask, strict=True) if m}
+        assert versions == {int(ENGINE_WEIGHT_VERSION)}
     assert record.outcome is not None
     return rec
 
 
-@pytest.mark.parametrize(
-    ("backend", "instance_id"),
-    [("docker", "swerl__spanlib-1"), ("bwrap", "swerl__strkit-3")],  # strkit-3: base64 path
-)
+@dataclass
+class Run:
+    backend: str
+    node: str
+    task: RolloutTask
+    outcome: Outcome
+
+
+SCRIPTED_RUNS = {"docker": "swerl__spanlib-1", "bwrap": "swerl__strkit-3"}  # strkit-3: base64
+RANDOM_MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def agent_runs(rollout_stack: RolloutStack) -> dict[str, Run]:
+    """The in-process trajectories of this module, run **concurrently** (one thread each, as a
+    worker's slots would) to keep the suite short: the scripted engine in docker and in bwrap,
+    the random model in docker. Each test below checks one of them."""
+    stack = rollout_stack
+    plans: dict[str, tuple[str, AdapterProcess, RolloutTask]] = {
+        f"scripted-{b}": (b, stack.scripted, task(f"e2e-scripted-{b}", i))
+        for b, i in SCRIPTED_RUNS.items()
+    }
+    plans["random"] = (
+        "docker",
+        stack.random,
+        task(
+            "e2e-random",
+            "swerl__tinyini-2",
+            limits=AgentLimits(max_steps=2, wall_time_s=600, max_context_tokens=32768),
+            sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=RANDOM_MAX_TOKENS),
+        ),
+    )
+
+    def run(backend: str, adapter: AdapterProcess, t: RolloutTask) -> Run:
+        node = stack.node()
+        outcome = make_runner(stack, adapter, backend).run(t, run_context(node))
+        return Run(backend, node, t, outcome)
+
+    with ThreadPoolExecutor(len(plans)) as pool:
+        futures = {name: pool.submit(run, *plan) for name, plan in plans.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
 def test_scripted_agent_fixes_instance(
-    rollout_stack: RolloutStack, backend: str, instance_id: str
+    rollout_stack: RolloutStack, agent_runs: dict[str, Run], backend: str
 ) -> None:
     stack = rollout_stack
-    runner = make_runner(stack, stack.scripted, backend)
-    node = stack.node()
-    t = task(f"e2e-scripted-{backend}", instance_id)
-    instance = stack.instances[instance_id]
-
-    outcome = runner.run(t, run_context(node))
+    run = agent_runs[f"scripted-{backend}"]
+    node, t, outcome = run.node, run.task, run.outcome
+    instance = stack.instances[SCRIPTED_RUNS[backend]]
 
     assert outcome.status is OutcomeStatus.COMPLETED, outcome.abort_reason or outcome.test_report
     assert outcome.reward == 1.0
@@ -166,19 +210,12 @@ def test_scripted_agent_fixes_instance(
     assert stack.backends[backend].list_sandboxes(node) == []
 
 
-def test_random_model_ends_cleanly_with_reward_0(rollout_stack: RolloutStack) -> None:
+def test_random_model_ends_cleanly_with_reward_0(
+    rollout_stack: RolloutStack, agent_runs: dict[str, Run]
+) -> None:
     stack = rollout_stack
-    runner = make_runner(stack, stack.random)
-    node = stack.node()
-    max_tokens = 32
-    t = task(
-        "e2e-random",
-        "swerl__tinyini-2",
-        limits=AgentLimits(max_steps=2, wall_time_s=600, max_context_tokens=32768),
-        sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=max_tokens),
-    )
-
-    outcome = runner.run(t, run_context(node))
+    run = agent_runs["random"]
+    node, t, outcome, max_tokens = run.node, run.task, run.outcome, RANDOM_MAX_TOKENS
 
     # The random model's replies are plain text (the SDK ends the run: completed) or, should
     # it produce tool calls, the step limit ends it (timeout) or a call fails (error).

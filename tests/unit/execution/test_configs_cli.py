@@ -56,12 +56,19 @@ def test_backoff_grows_and_is_capped() -> None:
         (["--slots", "0"], "worker.slots: Input should be greater than or equal to 1"),
         (["--node", "bad name"], "worker.node: String should match pattern"),
         (["--redis", "http://x"], "worker.redis_url: String should match pattern"),
-        (["--backend", "docker", "--redis", "redis://127.0.0.1:1/0"], "not yet available"),
     ],
 )
 def test_worker_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
     assert worker_main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_worker_cli_missing_task_instances_is_a_start_error(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWERL_WORKER__ROLLOUT__INSTANCES", '["/nonexistent/instances.jsonl"]')
+    assert worker_main(["--backend", "docker", "--redis", "redis://127.0.0.1:1/0"]) == 2
+    assert "cannot load the task instances" in capsys.readouterr().err
 
 
 def test_worker_cli_unknown_backend_is_an_argparse_error(capsys: pytest.CaptureFixture) -> None:
