@@ -126,7 +126,9 @@ class _InfraFailure(Exception):
 
 def sandbox_id_for(instance_id: str) -> str:
     """A unique sandbox id in the backend's alphabet ``[a-z0-9-]``."""
-    slug = re.sub(r"[^a-z0-9]+", "-", instance_id.lower()).strip("-")[:40]
+    # Short: a backend's state paths embed "<node>.<sandbox id>" and unix socket paths in
+    # them are limited to 108 bytes; ids such as "scikit-learn__scikit-learn-13142" must fit.
+    slug = re.sub(r"[^a-z0-9]+", "-", instance_id.lower()).strip("-")[:12].strip("-")
     return f"eval-{slug}-{uuid.uuid4().hex[:10]}"
 
 

@@ -340,6 +340,11 @@ def run_agent(
         watchdog.stop()
         with contextlib.suppress(Exception):
             conversation.close()
+        if isinstance(workspace, RemoteWorkspace):
+            # The conversation leaves the workspace's HTTP client open (one keep-alive socket
+            # and one relay splice per trajectory in a long-running worker): close it here.
+            with contextlib.suppress(Exception):
+                workspace.reset_client()
     reason, error = classify(status, summary, watchdog.cause, run_error, server_lost)
     _log.info(
         "agent run ended: %s after %d steps (%s)", reason, summary.n_steps, error or "no error"

@@ -138,10 +138,12 @@ def test_sandbox_ids_are_unique_and_valid() -> None:
     ids = {sandbox_id_for("Django__Django-11099.x") for _ in range(50)}
     assert len(ids) == 50
     for sid in ids:
-        assert sid.startswith("eval-django-django-11099-x-")
+        assert sid.startswith("eval-django-djang-")
         SandboxSpec(image="i", node="n", sandbox_id=sid)  # the contract's own validation
-    long_id = sandbox_id_for("a" * 200)
+    long_id = sandbox_id_for("scikit-learn__scikit-learn-13142")
     SandboxSpec(image="i", node="n", sandbox_id=long_id)
+    # Short enough for "<node>.<id>" state paths with unix sockets (see sandbox_id_for).
+    assert len(long_id) <= 5 + 12 + 1 + 10
 
 
 def test_malformed_instance_test_patch_is_not_the_agents_fault(
