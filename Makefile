@@ -17,11 +17,15 @@ setup:  ## install and build everything that is missing (idempotent, cached)
 demo: setup  ## run the main job end to end on the embedded defaults (tiny model, local everything)
 	@$(PY) -m services.demo $(DEMO_ARGS)
 
+# The suite's temp dirs live in a private base dir: pytest runs started *by* tests (the mini
+# repos' own suites) rotate /tmp/pytest-of-<user> and would delete the outer run's dirs.
 test: setup lint  ## set up, lint, and run the whole test suite
-	@$(PY) -m pytest -q -p no:cacheprovider
+	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base; rc=$$?; rm -rf $$base; exit $$rc
 
 test-fast:  ## unit tests only (no services)
-	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base tests/unit; rc=$$?; rm -rf $$base; exit $$rc
 
 lint:  ## ruff lint + format check
 	@.venv/bin/ruff check .

@@ -45,9 +45,10 @@ def current_version(a: RunningAdapter) -> int:
 async def run_conversations(a: RunningAdapter, refresh: dict[str, Any]) -> list[list[int]]:
     """8 agents, each N_TURNS calls; returns every HTTP status seen per trajectory.
 
-    Every agent finishes two turns before the refresh (so all are mid-conversation); their
-    third calls race with it (in flight when the gate closes, or arriving while it is closed);
-    their last call comes after it.
+    Every agent finishes two turns before the refresh (so all are mid-conversation); the even
+    agents' third calls are in flight when the gate closes, the odd agents' third calls are sent
+    once it is closed (they must wait, then run on the new weights); every last call comes
+    after the refresh.
     """
     two_done = [0]
     started = asyncio.Event()
@@ -59,11 +60,19 @@ async def run_conversations(a: RunningAdapter, refresh: dict[str, Any]) -> list[
         for turn in range(N_TURNS):
             if turn == 2:
                 await started.wait()
+                if i % 2:  # odd agents send their third call while the gate is closed
+                    while a.service.gate.is_open and not refreshed.is_set():
+                        await asyncio.sleep(0.001)
             if turn == N_TURNS - 1:
                 await refreshed.wait()
             r = await client.post(
                 f"{a.t(f'refresh-{i}')}/chat/completions",
-                json={"messages": messages, "max_tokens": 6 + 3 * i, "temperature": 1.0},
+                # Even agents' third steps are long, so the drain outlasts the odd arrivals.
+                json={
+                    "messages": messages,
+                    "max_tokens": (48 if turn == 2 and i % 2 == 0 else 6) + 3 * i,
+                    "temperature": 1.0,
+                },
             )
             statuses[i].append(r.status_code)
             if r.status_code != 200:
