@@ -14,9 +14,12 @@ What it measures, all in one run so the ratios compare like with like:
   GAE-phase objective (singleton groups, whitened adaptive GAE + DIS, clipped value loss).
   One warm-up each, then ``--reps`` rounds in which every candidate runs once (interleaved,
   so a shared machine's background load hits all of them alike); min and median reported.
-* **GAE vs loop**: ``skip_observation_gae`` against a plain per-row, per-token Python loop
-  (written from the spec in this file) on the same ``--gae-rows`` rows, plus the vectorised
-  time per row on the full batch.
+* **GAE vs loop**: ``skip_observation_gae`` (the public API: raw mask, inputs validated)
+  against a plain per-row, per-token Python loop (written from the spec in this file, on
+  Python lists) on the same ``--gae-rows`` rows, plus the vectorised time per row on the full
+  batch, for ``[N, T]`` per-token rewards and ``[N]`` outcome rewards, once with one torch
+  thread and once with torch's default thread count (all cores; the loop cannot use more
+  than one). Both figures are printed; neither is asserted.
 * **peak memory**: the objectives (forward + backward) run in a fresh subprocess per size
   (``N/2 x T`` and ``N x T``). For each objective the child builds the batch, runs it once,
   resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), runs it again and reports
@@ -26,6 +29,12 @@ What it measures, all in one run so the ratios compare like with like:
   kernel instead of lingering in the heap. Linear memory shows as a constant bytes-per-element
   figure across the two sizes (an ``[N, T, T]`` or ``[N, N, T]`` tensor would scale with an
   extra factor of ``T`` or ``N``).
+
+Timing runs with glibc's allocator pinned (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``
+set high; the script re-executes itself with them unless ``--system-malloc``): freed tensors
+then stay in the heap, as they would in torch's caching allocator on a GPU, instead of being
+unmapped and page-faulted back on every call. Without it the candidates that allocate more
+large temporaries pick up a variable page-fault cost (medians 20-30 % above the minimum).
 
 Nothing here asserts a time; the script prints the figures and the ratios.
 """
@@ -50,12 +59,19 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.algorithms import (
-    ActionMask,
     ObjectiveBatch,
     compute_objective,
     skip_observation_gae,
     terminal_reward_tokens,
 )
+
+PINNED_FLAG = "SWERL_BENCH_MALLOC_PINNED"
+PINNED_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 32),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+    PINNED_FLAG: "1",
+}
+"""glibc settings for timing: large blocks stay in the heap (no unmap / page-fault churn)."""
 
 GROUP_SIZE = 8
 VOCAB = 32_000
@@ -199,11 +215,11 @@ def loop_gae(
 
 
 def bench_gae(x: Tensors, rows: int, reps: int) -> tuple[dict[str, list[float]], float]:
-    """Vectorised GAE (public API, validation included) vs the loop, interleaved.
+    """Vectorised GAE (public API: raw mask, validation included) vs the loop, interleaved.
 
     ``per_token``: rewards as an ``[N, T]`` tensor (R on the last action token), the general
     form the loop also reads. ``outcome``: the same rewards passed as ``[N]`` outcomes (the
-    trainer's layout), with a prebuilt ActionMask as the objective layer uses it.
+    trainer's layout).
     """
     mask = x.action_mask
     values = x.old_values.detach()
@@ -213,14 +229,34 @@ def bench_gae(x: Tensors, rows: int, reps: int) -> tuple[dict[str, list[float]],
     adv, ret = skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
     ref_adv, ref_ret = loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
     err = max((adv - ref_adv).abs().max().item(), (ret - ref_ret).abs().max().item())
-    am = ActionMask(mask)
     fns: dict[str, Callable[[], object]] = {
         "loop": lambda: loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
         "same_rows": lambda: skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
         "per_token": lambda: skip_observation_gae(rewards, values, mask, 1.0, lam),
-        "outcome": lambda: skip_observation_gae(x.rewards, values, am, 1.0, lam),
+        "outcome": lambda: skip_observation_gae(x.rewards, values, mask, 1.0, lam),
     }
     return interleaved_times(fns, reps), err
+
+
+def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> None:
+    """Print the GAE comparison with ``threads`` torch threads (the loop always uses one)."""
+    torch.set_num_threads(threads)
+    try:
+        g, err = bench_gae(x, rows, reps)
+    finally:
+        torch.set_num_threads(1)
+    n = x.action_mask.shape[0]
+    loop, same, full, outcome = (min(g[k]) for k in ("loop", "same_rows", "per_token", "outcome"))
+    per_row_loop = loop / rows
+    print(f"\nGAE (gamma=1, lambda=0.95), torch threads {threads}: vectorised vs plain loop")
+    print(f"loop reference, {rows} rows:               {loop:.4f} s (min)")
+    print(f"vectorised, the same {rows} rows:          {same:.5f} s (min)")
+    print(f"vectorised, all {n} rows, [N, T] rewards:  {full:.4f} s (min)")
+    print(f"vectorised, all {n} rows, [N] outcomes:    {outcome:.4f} s (min)")
+    print(f"speed-up on the same {rows} rows: {loop / same:.0f}x")
+    for label, t in (("[N, T] rewards", full), ("[N] outcomes", outcome)):
+        print(f"speed-up per row, full batch vs loop: {per_row_loop / (t / n):.0f}x ({label})")
+    print(f"max |vectorised - loop| = {err:.2e}; target >= 50x")
 
 
 def _status_kib(field: str) -> int:
@@ -252,7 +288,8 @@ def child_memory(n: int, t: int, seed: int, max_prefix: int) -> None:
 
 
 def measure_memory(n: int, t: int, args: argparse.Namespace) -> dict[str, int]:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS=str(args.threads))
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_MALLOC}
+    env.update(MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, "--child-memory", "--n", str(n), "--t", str(t)]
     cmd += ["--seed", str(args.seed), "--threads", str(args.threads)]
     cmd += ["--shared-prefix", str(args.shared_prefix)]
@@ -275,8 +312,16 @@ def main() -> None:
         "--shared-prefix", type=int, default=512, help="longest prefix group members share"
     )
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="time with glibc's default allocator settings (noisier: see the module docstring)",
+    )
     parser.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not (args.child_memory or args.system_malloc or os.environ.get(PINNED_FLAG)):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED_MALLOC})
+    default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     n = args.n or (64 if args.quick else 256)
     t = args.t or (2048 if args.quick else 8192)
@@ -295,7 +340,9 @@ def main() -> None:
     print(f"observation share of real tokens: {obs_frac:.3f}")
     print(f"group members share a random prefix of up to {args.shared_prefix} tokens")
 
-    print(f"load average before timing: {os.getloadavg()[0]:.2f} (2 cores, shared)")
+    print(f"load average before timing: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    pinned = "pinned" if os.environ.get(PINNED_FLAG) else "glibc defaults"
+    print(f"allocator: {pinned}; torch default threads {default_threads}")
     print(f"\nobjective time, seconds: min / median of {reps} interleaved runs")
     fns: dict[str, Callable[[], object]] = {}
     for kind, (_, _, singleton) in KINDS.items():
@@ -322,22 +369,8 @@ def main() -> None:
         )
     print("target: li2sao-bootstrap / grpo <= 2x")
 
-    print(f"\nGAE (gamma=1, lambda=0.95): vectorised vs plain loop, {gae_rows} rows")
-    g, err = bench_gae(grouped, gae_rows, max(3, reps // 2))
-    loop, same, full, outcome = (min(g[k]) for k in ("loop", "same_rows", "per_token", "outcome"))
-    per_row_loop = loop / gae_rows
-    print(f"loop reference, {gae_rows} rows:          {loop:.4f} s (min)")
-    print(f"vectorised, the same {gae_rows} rows:     {same:.5f} s (min)")
-    print(f"vectorised, all {n} rows, [N, T] rewards: {full:.4f} s (min)")
-    print(f"vectorised, all {n} rows, [N] outcomes:   {outcome:.4f} s (min)")
-    print(f"speed-up on the same rows: {loop / same:.0f}x")
-    print(
-        f"speed-up per row, full batch vs loop: {per_row_loop / (full / n):.0f}x ([N, T] rewards)"
-    )
-    print(
-        f"speed-up per row, full batch vs loop: {per_row_loop / (outcome / n):.0f}x ([N] outcomes)"
-    )
-    print(f"max |vectorised - loop| = {err:.2e}; target >= 50x")
+    for threads in sorted({1, default_threads}):
+        report_gae(grouped, gae_rows, max(3, reps // 2), threads)
 
     if args.no_memory:
         return

@@ -103,9 +103,14 @@ def divergence_mask(
     first = first_difference(tokens, hi, lo)  # d(i, j), symmetric
     d = torch.full((n,), -1, dtype=torch.long, device=tokens.device)
     d = d.scatter_reduce(0, hi, first, reduce="amax").scatter_reduce(0, lo, first, reduce="amax")
-    # d_i = max over opposite-outcome j of d(i, j); c_{i,t} = 1 on action tokens with t >= d_i
+    # d_i = max over opposite-outcome j of d(i, j); c_{i,t} = 1 on action tokens with t >= d_i:
+    # the mask with each row's prefix t < d_i cleared. Prefixes are short (members of a group
+    # part early), so only the columns before the largest d_i are touched.
     positions = torch.arange(width, device=tokens.device)
-    critic = mask & (positions[None, :] >= d[:, None])
+    critic = mask.clone()
+    prefix = int(d.max()) if n else 0
+    if prefix > 0:
+        critic[:, :prefix] &= positions[None, :prefix] >= d[:, None]
     alone = (d < 0).nonzero().squeeze(1)  # no opposite-outcome member in the batch
     if alone.numel():  # keep only the last action token of those rows
         last = last_action_index(mask[alone], check=False)

@@ -1,29 +1,38 @@
 """Skip-observation GAE (Eq. 6-7) on the action subsequence, fully vectorised.
 
-Two steps, each a handful of whole-batch tensor operations:
+On the action subsequence ``u_1 < ... < u_M`` of a row (slot ``j`` holds ``u_j``), with
+``c = gamma * lambda`` and ``S(j) = sum_{k >= j} c^(k - j) V_k``, the TD residuals of Eq. 6
+telescope inside Eq. 7::
+
+    A_j = sum_{k >= j} c^(k - j) (r_k + gamma V_{j+1} - V_k)
+        = Z_j - V_j,    Z_j = sum_{k >= j} c^(k - j) x_k,    x_k = r_k + gamma (1 - lambda) V_{k+1}
+
+(``gamma S(j+1) - S(j) = (gamma - c) S(j+1) - V_j``). ``Z`` is the critic return
+``G_j = A_j + V_j`` itself, so the code computes ``G = Z`` with one reverse scan and
+``A = G - V``; no TD-residual tensor is ever built. Two steps, each a handful of whole-batch
+tensor operations:
 
 1. **Compaction.** The action tokens of every row are gathered, in order, into a dense
    ``[rows, width]`` tensor (slot ``j`` of row ``i`` holds ``u_j``); slots past ``M_i`` hold 0.
    The gather is one plain ``scatter_`` keyed by ``slot = running action count`` on action
    tokens and ``slot = 0`` (a scratch slot, never read back) elsewhere, so neither side is
    multiplied by the mask (see :class:`Compaction`). On this layout "the next action token" is
-   simply the next slot, so observation tokens are skipped by construction and the zero
-   padding provides the zero bootstrap after ``u_M``. Rows are processed in chunks of
-   :data:`ROW_CHUNK` so that the int64 slot index and the compact tensors of a chunk stay
-   cache-sized (measured ~1.3x faster than the whole batch at once on 256 x 8192).
-2. **Blocked reverse scan.** ``A_j = delta_j + c_i A_{j+1}`` with ``c_i = gamma * lambda_i`` is a
-   first-order linear recurrence. The compact axis is cut into blocks of ``B`` slots; inside a
-   block the recurrence is one batched matrix product with the ``[B, B]`` matrix
-   ``W[j, k] = c^(k - j)`` (``k >= j``); the values at block starts obey the same recurrence with
-   factor ``c^B`` and are solved recursively. Work is ``O(N * M_max * B)``, memory
-   ``O(N * M_max + N * B^2)``, no Python loop over tokens (only over row chunks), and only
-   non-negative powers of ``c <= 1`` appear (no division by ``c``, so ``lambda = 0`` and long
-   rows are exact and stable).
+   simply the next slot (``V_{j+1}`` is the compact values shifted by one), so observation
+   tokens are skipped by construction and the zero padding provides ``V_{M+1} = 0``. Rows are
+   processed in chunks of :data:`ROW_CHUNK` so that the int64 slot index and the compact
+   tensors of a chunk stay cache-sized.
+2. **Blocked reverse scan.** ``Z_j = x_j + c_i Z_{j+1}`` is a first-order linear recurrence.
+   The compact axis is cut into blocks of ``B`` slots; inside a block the recurrence is one
+   batched matrix product with the ``[B, B]`` matrix ``W[j, k] = c^(k - j)`` (``k >= j``); the
+   values at block starts obey the same recurrence with factor ``c^B`` and are solved
+   recursively. Work is ``O(N * M_max * B)``, memory ``O(N * M_max + N * B^2)``, no Python loop
+   over tokens (only over row chunks), and only non-negative powers of ``c <= 1`` appear (no
+   division by ``c`` or ``lambda``, so ``lambda = 0`` and long rows are exact and stable).
 
-With ``lambda = 1`` (a float) the value terms telescope (appendix A.2, Eq. 36) and neither step
-is needed: ``A_t = G_t - V(s_t)`` with ``G`` from :func:`discounted_returns` (for an outcome
-reward and ``gamma = 1``, ``A_t = R - V(s_t)``; for per-token rewards and ``gamma = 1``, a
-reverse cumulative sum).
+With ``lambda = 1`` (a float) neither step is needed: ``x_k = r_k`` and ``G`` is the
+discounted reward-to-go of :func:`discounted_returns` (appendix A.2, Eq. 36; for an outcome
+reward and ``gamma = 1``, ``G = R`` and ``A_t = R - V(s_t)``; for per-token rewards and
+``gamma = 1``, a reverse cumulative sum).
 """
 
 from __future__ import annotations
@@ -85,12 +94,12 @@ class Compaction:
         index = torch.where(mask, counts, 0).long()  # int32 where: cheaper than fill
         return cls(index=index, last_slot=last_slot, width=width)
 
-    def gather(self, x: Tensor) -> Tensor:
-        """``[N, T]`` -> ``[N, width]``: action entries in slots ``1..M_i``, zeros past ``M_i``.
+    def gather(self, x: Tensor, extra: int = 0) -> Tensor:
+        """``[N, T]`` -> ``[N, width + extra]``: action entries in slots ``1..M_i``, 0 after.
 
         Slot 0 holds an arbitrary non-action entry of ``x`` (scratch; never read back).
         """
-        return x.new_zeros(x.shape[0], self.width).scatter_(1, self.index, x)
+        return x.new_zeros(x.shape[0], self.width + extra).scatter_(1, self.index, x)
 
     def scatter(self, y: Tensor, out: Tensor | None = None) -> Tensor:
         """``[N, width]`` -> ``[N, T]``: slot values at the action positions, 0 elsewhere.
@@ -196,7 +205,8 @@ def skip_observation_gae(
 
     Returns:
         ``(advantages, returns)``, both ``[N, T]``, 0 outside action tokens, with
-        ``returns = advantages + values`` on action tokens. No gradient flows through them.
+        ``returns = advantages + values`` on action tokens (to one rounding: the returns are
+        computed directly and ``advantages = returns - values``). No gradient flows through them.
     """
     am = ActionMask.of(action_mask, check=check)
     if check:
@@ -211,19 +221,25 @@ def skip_observation_gae(
         returns = discounted_returns(rewards, am, gamma, check=False)
         adv = returns.sub_(masked_values)
         return adv, adv + masked_values
-    adv = torch.empty_like(values)
-    factor = gamma * lam_t
+    returns = torch.empty_like(values)
+    factor = gamma * lam_t  # c_i
+    next_weight = factor.neg().add_(gamma)  # gamma (1 - lambda_i), the weight of V_{j+1} in x
+    outcome = rewards.ndim == 1
     # row chunks keep each chunk's index and compact tensors cache-sized (and their width
-    # fitted to the chunk's longest row); every chunk writes its rows of the outputs in place
+    # fitted to the chunk's longest row); every chunk writes its rows of the output in place
     for start in range(0, am.shape[0], ROW_CHUNK):
         rows = slice(start, start + ROW_CHUNK)
         compact = Compaction.of(am.mask[rows])
-        v = compact.gather(values[rows])
-        delta = _td_residuals(compact, rewards[rows], v, gamma)
-        scan = reverse_discounted_cumsum(delta, factor[rows])
-        compact.scatter(scan, out=adv[rows])  # Eq. 7
-    # G_t = A_t + V(s_t) on action tokens; one fused pass (adv is 0 off the actions)
-    return adv, torch.addcmul(adv, values, am.weights(dtype))
+        v_next = compact.gather(values[rows], extra=1)[:, 1:]  # slot j holds V_{j+1}
+        weight = next_weight[rows, None]
+        if outcome:  # r = R on u_M only: x = gamma (1 - lambda) V_{j+1}, plus R at slot M
+            x = v_next * weight
+            x.scatter_add_(1, compact.last_slot, rewards[rows, None])
+        else:
+            x = compact.gather(rewards[rows]).addcmul_(v_next, weight)
+        compact.scatter(reverse_discounted_cumsum(x, factor[rows]), out=returns[rows])  # G = Z
+    # Eq. 7 via the telescoped form: A_t = G_t - V(s_t) on action tokens, 0 elsewhere
+    return torch.addcmul(returns, values, am.weights(dtype), value=-1.0), returns
 
 
 def discounted_returns(
@@ -282,19 +298,3 @@ def gae_advantages_and_returns(
     am = ActionMask.of(action_mask, check=check)
     adv, _ = skip_observation_gae(rewards, values, am, gamma, lam, check=check)
     return adv, discounted_returns(rewards, am, gamma, check=False)
-
-
-def _td_residuals(compact: Compaction, rewards: Tensor, v: Tensor, gamma: float) -> Tensor:
-    """Eq. 6 on the compact layout: ``r_j + gamma * V_{j+1} - V_j`` with ``V_{M+1} = 0``.
-
-    Slots past a row's last action hold ``V = 0``, which is the zero bootstrap at ``u_M``.
-    ``rewards`` is ``[N]`` (outcome: ``r = R`` at slot ``M_i``) or ``[N, T]``; whatever a
-    per-token tensor holds off the action tokens lands in the scratch slot 0.
-    """
-    if rewards.ndim == 1:
-        delta = torch.zeros_like(v).scatter_(1, compact.last_slot, rewards[:, None])
-    else:
-        delta = compact.gather(rewards)
-    # Eq. 6 (LI2SAO_SPEC "Skip-observation GAE"): delta_j = r_j + gamma * V_{j+1} - V_j
-    delta[:, :-1].add_(v[:, 1:], alpha=gamma)
-    return delta.sub_(v)

@@ -425,7 +425,8 @@ def li2sao_objective(
         critic_mask = divergence_mask(
             batch.tokens, mask, batch.rewards, batch.group_ids, check=False
         )
-        critic_mask[~keep] = False  # drop groups with equal rewards (touches those rows only)
+        dropped = (~keep).nonzero().squeeze(1)  # members of groups with equal rewards
+        critic_mask.index_fill_(0, dropped, False)  # touches those rows only
         residual = clipped_value_loss(
             values, old_values, targets, critic_mask, config.value_clip, check=False
         )

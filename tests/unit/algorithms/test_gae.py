@@ -204,7 +204,8 @@ def test_chunked_gae_matches_reference_on_long_batches(seed: int, gamma: float, 
             tol = tolerance(dtype)
             torch.testing.assert_close(adv, torch.tensor(want_adv, dtype=dtype), **tol)
             torch.testing.assert_close(ret, torch.tensor(want_ret, dtype=dtype), **tol)
-            assert torch.equal(ret[mask], adv[mask] + values[mask])
+            # G is computed directly and A = G - V: the identity holds to one rounding
+            torch.testing.assert_close(ret[mask], adv[mask] + values[mask], **tol)
             assert not adv[~mask].any() and not ret[~mask].any()
 
 
