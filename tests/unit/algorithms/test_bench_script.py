@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "bench_algorithms.py"
 
 
@@ -36,7 +34,9 @@ def test_quick_benchmark_reports_ratios_and_agrees_with_the_loop() -> None:
     threads = {
         int(t) for t in re.findall(r"GAE \(gamma=1, lambda=0\.95\), torch threads (\d+)", out)
     }
-    assert threads == {1, torch.get_num_threads()}
+    default = re.search(r"torch default threads (\d+)", out)
+    assert default and int(default.group(1)) >= 1
+    assert threads == {1, int(default.group(1))}  # one thread, then torch's default
     assert len(re.findall(r"full batch vs loop: \d+x \(\[N, T\] rewards\)", out)) == len(threads)
     assert len(re.findall(r"full batch vs loop: \d+x \(\[N\] outcomes\)", out)) == len(threads)
     errors = [float(e) for e in re.findall(r"max \|vectorised - loop\| = ([\d.e+-]+)", out)]
