@@ -58,17 +58,6 @@ class OutputBuffer:
         return self._head.decode("utf-8", "replace") + mid + self._tail.decode("utf-8", "replace")
 
 
-def command_argv(cmd: str | list[str]) -> list[str]:
-    """A string runs under ``/bin/bash -c``; a list is an argv (validated)."""
-    if isinstance(cmd, str):
-        if not cmd.strip():
-            raise ValueError("empty command")
-        return ["/bin/bash", "-c", cmd]
-    if not cmd or not all(isinstance(a, str) for a in cmd):
-        raise ValueError(f"command must be a non-empty string or list of strings, got {cmd!r}")
-    return list(cmd)
-
-
 def exec_env(
     spec: SandboxSpec, image_env: dict[str, str], extra: dict[str, str] | None
 ) -> dict[str, str]:
@@ -92,12 +81,6 @@ def parse_image_env(items: list[str] | None) -> dict[str, str]:
         if key:
             out[key] = value
     return out
-
-
-def check_timeout(timeout_s: float | None) -> float | None:
-    if timeout_s is not None and not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    return timeout_s
 
 
 def background_argv(argv: list[str], log_path: str, pid_file: str) -> list[str]:

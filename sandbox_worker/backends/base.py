@@ -32,6 +32,9 @@ CONTROL_DIR = "/swerl/ctl"
 SANDBOX_HOME = "/tmp"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# Extra environment variables of one command (``exec``/``spawn``'s ``env``).
+type EnvVars = dict[str, str]
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
@@ -67,6 +70,23 @@ def validate_sandbox_path(path: str) -> str:
     if "\x00" in path:
         raise ValueError("sandbox path contains a NUL byte")
     return path
+
+
+def command_argv(cmd: str | list[str]) -> list[str]:
+    """A string runs under ``/bin/bash -c``; a list is an argv (validated)."""
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            raise ValueError("empty command")
+        return ["/bin/bash", "-c", cmd]
+    if not cmd or not all(isinstance(a, str) for a in cmd):
+        raise ValueError(f"command must be a non-empty string or list of strings, got {cmd!r}")
+    return list(cmd)
+
+
+def check_timeout(timeout_s: float | None) -> float | None:
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    return timeout_s
 
 
 @dataclass(frozen=True)
@@ -169,7 +189,6 @@ class Sandbox(abc.ABC):
 
     spec: SandboxSpec
 
-    @abc.abstractmethod
     def exec(
         self,
         cmd: str | list[str],
@@ -186,9 +205,22 @@ class Sandbox(abc.ABC):
         is killed and ``timed_out`` is set. Processes a command leaves running in the background
         do not outlive it portably (bwrap tears down the command's pid namespace; docker keeps
         them): use :meth:`spawn` for long-running processes.
-        """
 
-    @abc.abstractmethod
+        The command and timeout rules are checked here, once for every backend, which then runs
+        the resulting argv in :meth:`_exec_argv`.
+        """
+        argv = command_argv(cmd)
+        return self._exec_argv(argv, workdir, check_timeout(timeout_s), env)
+
+    def _exec_argv(
+        self, argv: list[str], workdir: str | None, timeout_s: float | None, env: EnvVars | None
+    ) -> ExecResult:
+        """Run a validated argv (the backend's half of :meth:`exec`).
+
+        Not abstract so that a test double may override :meth:`exec` as a whole instead.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither exec nor _exec_argv")
+
     def spawn(
         self,
         cmd: str | list[str],
@@ -197,7 +229,22 @@ class Sandbox(abc.ABC):
         env: dict[str, str] | None = None,
         log_path: str = "/dev/null",
     ) -> BackgroundProcess:
-        """Start a background process (output to ``log_path`` inside the sandbox)."""
+        """Start a background process (output to ``log_path`` inside the sandbox).
+
+        ``cmd`` follows the rules of :meth:`exec`; they and ``log_path`` are checked here, once
+        for every backend, which then starts the resulting argv in :meth:`_spawn_argv`.
+        """
+        argv = command_argv(cmd)
+        return self._spawn_argv(argv, workdir, env, validate_sandbox_path(log_path))
+
+    def _spawn_argv(
+        self, argv: list[str], workdir: str | None, env: EnvVars | None, log_path: str
+    ) -> BackgroundProcess:
+        """Start a validated argv in the background (the backend's half of :meth:`spawn`).
+
+        Not abstract so that a test double may override :meth:`spawn` as a whole instead.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither spawn nor _spawn_argv")
 
     @abc.abstractmethod
     def expose(self, sandbox_port: int) -> Path:

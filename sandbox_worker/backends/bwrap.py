@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
-import json
 import logging
 import os
 import shutil
@@ -39,20 +37,19 @@ from pydantic import Field
 
 from sandbox_worker import images
 from sandbox_worker.backends import _common as common
+from sandbox_worker.backends import _hostdir as hostdir
 from sandbox_worker.backends.base import (
     CONTROL_DIR,
     BackgroundProcess,
+    EnvVars,
     ExecResult,
-    NetworkPolicy,
-    Sandbox,
-    SandboxBackend,
     SandboxInfraError,
     SandboxSpec,
     validate_name,
     validate_sandbox_path,
 )
 from sandbox_worker.backends.cgroups import JOIN_FAILED_EXIT, CgroupError, CgroupLimits, Cgroups
-from sandbox_worker.relay.host_relay import RelayError, RelayHandle, RelayHub, default_hub
+from sandbox_worker.relay.host_relay import RelayHub
 from services.config import StrictModel
 
 log = logging.getLogger(__name__)
@@ -154,23 +151,21 @@ class BwrapProcess(BackgroundProcess):
         self._pid_file.unlink(missing_ok=True)
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(hostdir.HostDirSandbox):
     def __init__(
         self, backend: BwrapBackend, spec: SandboxSpec, state: Path, info: images.RootfsInfo
     ) -> None:
-        self.spec = spec
+        super().__init__(
+            spec,
+            state,
+            common.parse_image_env(list(info.env)),
+            relay_python=backend.config.relay_python,
+            ready_timeout_s=backend.config.ready_timeout_s,
+        )
         self._backend = backend
-        self._state = state
-        self._ctl = state / "ctl"
         self._pids = state / "pids"
         self._name = _sandbox_name(spec.node, spec.sandbox_id)
         self._netns = _netns_name(self._name)
-        self._image_env = common.parse_image_env(list(info.env))
-        self._relays: list[RelayHandle] = []
-        self._procs: list[BwrapProcess] = []
-        self._lock = threading.Lock()
-        self._destroyed = False
-        self._counter = itertools.count()
         mounts: list[tuple[str, str, str]] = [
             ("--bind", str(state / "testbed"), spec.workdir),
             ("--bind", str(state / "tmp"), "/tmp"),
@@ -214,7 +209,7 @@ class BwrapSandbox(Sandbox):
     ) -> list[str]:
         if self._destroyed:
             raise SandboxInfraError(f"sandbox {self.spec.sandbox_id} was destroyed")
-        wd = validate_sandbox_path(workdir) if workdir else self.spec.workdir
+        wd = self._workdir(workdir)
         tools = self._backend.tools
         argv = self._backend.cgroups.join_prefix(self._name) if self._backend.use_cgroups else []
         if not self._backend.use_cgroups:
@@ -280,16 +275,9 @@ class BwrapSandbox(Sandbox):
         if code != 0 and output.startswith("nsenter:"):
             raise SandboxInfraError(f"sandbox network namespace missing: {output[-300:]}")
 
-    def exec(
-        self,
-        cmd: str | list[str],
-        *,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
+    def _exec_argv(
+        self, argv: list[str], workdir: str | None, timeout_s: float | None, env: EnvVars | None
     ) -> ExecResult:
-        argv = common.command_argv(cmd)
-        timeout_s = common.check_timeout(timeout_s)
         buf = common.OutputBuffer(self._backend.config.max_output_bytes)
         started = time.monotonic()
         proc, pid_file = self._popen(argv, workdir=workdir, env=env)
@@ -337,66 +325,15 @@ class BwrapSandbox(Sandbox):
         self._check_join(proc.returncode, text)
         return proc.returncode, out, text
 
-    def spawn(
-        self,
-        cmd: str | list[str],
-        *,
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        log_path: str = "/dev/null",
+    def _spawn_argv(
+        self, argv: list[str], workdir: str | None, env: EnvVars | None, log_path: str
     ) -> BackgroundProcess:
-        validate_sandbox_path(log_path)
         inner = ["/bin/bash", "-c", 'log="$1"; shift; exec "$@" >"$log" 2>&1', "swerl-bg"]
-        inner += [log_path, *common.command_argv(cmd)]
+        inner += [log_path, *argv]
         proc, pid_file = self._popen(inner, workdir=workdir, env=env, stdout=subprocess.DEVNULL)
-        handle = BwrapProcess(proc, pid_file)
-        with self._lock:
-            self._procs.append(handle)
-        return handle
-
-    def _start_relay(self, argv: list[str], ready: str) -> BwrapProcess:
-        proc = self.spawn(argv, log_path=f"{CONTROL_DIR}/{ready}.log")
-        assert isinstance(proc, BwrapProcess)
-        common.wait_for_file(
-            self._ctl / ready,
-            self._backend.config.ready_timeout_s,
-            f"in-sandbox relay ({ready})",
-            alive=lambda: proc.is_running() or (self._ctl / ready).exists(),
-        )
-        return proc
-
-    def expose(self, sandbox_port: int) -> Path:
-        if not 0 < sandbox_port < 65536:
-            raise ValueError(f"invalid port {sandbox_port}")
-        ready = f"port-{sandbox_port}.ready"
-        argv, sock = common.expose_command(
-            self._backend.config.relay_python, sandbox_port, f"{CONTROL_DIR}/{ready}"
-        )
-        if not (self._ctl / sock).exists():
-            self._start_relay(argv, ready)
-        return self._ctl / sock
-
-    def _start_llm_relay(self, hub: RelayHub) -> None:
-        relay = self.spec.llm_relay
-        assert relay is not None
-        self._relays.append(
-            hub.unix_to_tcp(self._ctl / common.LLM_SOCKET, relay.target_host, relay.target_port)
-        )
-        argv = common.relay_command(
-            self._backend.config.relay_python, relay.sandbox_port, f"{CONTROL_DIR}/llm.ready"
-        )
-        self._start_relay(argv, "llm.ready")
+        return self._track(BwrapProcess(proc, pid_file))
 
     # -- files ----------------------------------------------------------------------------
-
-    def _check_writable(self, path: str) -> None:
-        p = PurePosixPath(validate_sandbox_path(path))
-        for root in (self.spec.workdir, "/tmp", CONTROL_DIR):
-            if p == PurePosixPath(root):
-                raise IsADirectoryError(f"{path} is a mount point, not a file")
-            if PurePosixPath(root) in p.parents:
-                return
-        raise PermissionError(f"{path} is outside the sandbox's writable places")
 
     @staticmethod
     def _raise_for(code: int, err: str, path: str) -> None:
@@ -410,7 +347,7 @@ class BwrapSandbox(Sandbox):
             raise SandboxInfraError(f"file operation on {path} failed ({code}): {err[-300:]}")
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        self._check_writable(path)
+        self._writable_root(path)
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"'
         code, _, err = self._run_bytes(script, [path, f"{mode:o}"], data)
         self._raise_for(code, err, path)
@@ -423,7 +360,7 @@ class BwrapSandbox(Sandbox):
         return out
 
     def copy_in(self, host_path: Path, sandbox_path: str) -> None:
-        self._check_writable(sandbox_path)
+        self._writable_root(sandbox_path)
         p = PurePosixPath(sandbox_path)
         data = common.tar_host_path(Path(host_path), p.name)
         script = 'mkdir -p -- "$1" && exec tar -x --no-same-owner -C "$1" -f -'
@@ -442,14 +379,8 @@ class BwrapSandbox(Sandbox):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def destroy(self) -> None:
-        with self._lock:
-            if self._destroyed:
-                return
-            self._destroyed = True
-            procs = list(self._procs)
-        for handle in self._relays:
-            handle.close()
+    def _release(self, procs: list[BackgroundProcess]) -> None:
+        """Kill the background processes, then tear down netns, cgroups and state dir."""
         for proc in procs:
             proc.kill()
         self._backend._teardown(self._state, self._name)
@@ -477,25 +408,19 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-class BwrapBackend(SandboxBackend):
+class BwrapBackend(hostdir.HostDirBackend):
     name = "bwrap"
 
     def __init__(self, config: BwrapBackendConfig | None = None, hub: RelayHub | None = None):
+        super().__init__(hub)
         self.config = config or BwrapBackendConfig()
         self.tools = _Tools()
-        self._hub = hub
         self.cgroups = Cgroups()
         if self.config.cgroups == "required" and not self.cgroups.available:
             raise SandboxInfraError("cgroups required but no usable cgroup hierarchy (root?)")
         self.use_cgroups = self.config.cgroups != "off" and self.cgroups.available
         if os.geteuid() != 0:
             raise SandboxInfraError("the bwrap backend runs as root (network namespaces)")
-
-    @property
-    def hub(self) -> RelayHub:
-        if self._hub is None:
-            self._hub = default_hub()
-        return self._hub
 
     @property
     def limits_mode(self) -> str:
@@ -511,27 +436,17 @@ class BwrapBackend(SandboxBackend):
     def _state_dir(self, name: str) -> Path:
         return self.config.state_root / name
 
-    def create(self, spec: SandboxSpec) -> Sandbox:
+    def create(self, spec: SandboxSpec) -> BwrapSandbox:
         info = images.rootfs_info(spec.image, self.config.rootfs_cache)  # ImageNotFoundError
         for host in spec.ro_mounts:
             if not Path(host).exists():
                 raise SandboxInfraError(f"ro_mounts source does not exist: {host}")
         name = _sandbox_name(spec.node, spec.sandbox_id)
         state = self._state_dir(name)
-        if len(os.fsencode(state / "ctl" / "port-65535.sock")) > 107:
-            raise SandboxInfraError(f"state dir path too long for unix sockets: {state}")
+        hostdir.claim_state_dir(state, spec)
         try:
-            state.mkdir(parents=True)
-        except FileExistsError:
-            raise SandboxInfraError(f"sandbox {spec.sandbox_id} already exists ({state})") from None
-        try:
-            (state / "owner.json").write_text(
-                json.dumps({"node": spec.node, "sandbox_id": spec.sandbox_id, "image": spec.image})
-            )
+            hostdir.fill_state_dir(state, spec)
             (state / "pids").mkdir()
-            common.prepare_control_dir(state / "ctl")
-            (state / "tmp").mkdir()
-            os.chmod(state / "tmp", 0o1777)
             self._copy_testbed(info, spec, state / "testbed")
             self._make_netns(_netns_name(name))
             if self.use_cgroups:
@@ -547,15 +462,7 @@ class BwrapBackend(SandboxBackend):
             if isinstance(exc, (OSError, CgroupError, subprocess.CalledProcessError)):
                 raise SandboxInfraError(f"cannot create sandbox {spec.sandbox_id}: {exc}") from exc
             raise
-        try:
-            if NetworkPolicy(spec.network) is NetworkPolicy.LLM_RELAY_ONLY:
-                sandbox._start_llm_relay(self.hub)
-        except (RelayError, SandboxInfraError) as exc:
-            sandbox.destroy()
-            raise SandboxInfraError(f"LLM relay of {spec.sandbox_id} failed: {exc}") from exc
-        except BaseException:
-            sandbox.destroy()
-            raise
+        sandbox.open_network(lambda: self.hub)
         return sandbox
 
     @staticmethod

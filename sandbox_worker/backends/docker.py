@@ -20,15 +20,12 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import json
 import logging
-import os
 import select
 import shutil
 import socket
 import struct
 import tarfile
-import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,21 +36,20 @@ from docker.types import Mount
 from pydantic import Field
 
 from sandbox_worker.backends import _common as common
+from sandbox_worker.backends import _hostdir as hostdir
 from sandbox_worker.backends.base import (
     CONTROL_DIR,
     BackgroundProcess,
+    EnvVars,
     ExecResult,
     ImageNotFoundError,
-    NetworkPolicy,
-    Sandbox,
-    SandboxBackend,
     SandboxInfraError,
     SandboxSpec,
     validate_name,
     validate_sandbox_path,
 )
 from sandbox_worker.images import docker_host
-from sandbox_worker.relay.host_relay import RelayError, RelayHandle, RelayHub, default_hub
+from sandbox_worker.relay.host_relay import RelayHub
 from services.config import StrictModel
 
 log = logging.getLogger(__name__)
@@ -109,7 +105,7 @@ class DockerProcess(BackgroundProcess):
             self._sandbox.exec(["kill", "-KILL", "--", f"-{pid}"], timeout_s=10)
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(hostdir.HostDirSandbox):
     def __init__(
         self,
         backend: DockerBackend,
@@ -118,23 +114,22 @@ class DockerSandbox(Sandbox):
         state_dir: Path,
         image_env: dict[str, str],
     ) -> None:
-        self.spec = spec
+        super().__init__(
+            spec,
+            state_dir,
+            image_env,
+            relay_python=backend.config.relay_python,
+            ready_timeout_s=backend.config.ready_timeout_s,
+        )
         self._backend = backend
         self._api = backend.client.api
         self._container = container
-        self._state = state_dir
-        self._ctl = state_dir / "ctl"
-        self._image_env = image_env
-        self._relays: list[RelayHandle] = []
-        self._procs: list[DockerProcess] = []
-        self._counter = itertools.count()
-        self._lock = threading.Lock()
-        self._destroyed = False
+        self._counter = itertools.count()  # names the pid files of background processes
 
     # -- commands -------------------------------------------------------------------------
 
     def _exec_create(self, argv: list[str], workdir: str | None, env: dict[str, str] | None) -> str:
-        wd = validate_sandbox_path(workdir) if workdir else self.spec.workdir
+        wd = self._workdir(workdir)
         try:
             res = self._api.exec_create(
                 self._container.id,
@@ -152,18 +147,12 @@ class DockerSandbox(Sandbox):
             raise SandboxInfraError(f"docker exec failed: {exc}") from exc
         return res["Id"]
 
-    def exec(
-        self,
-        cmd: str | list[str],
-        *,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
+    def _exec_argv(
+        self, argv: list[str], workdir: str | None, timeout_s: float | None, env: EnvVars | None
     ) -> ExecResult:
         # One pipe for stdout and stderr (as in the bwrap backend): docker's separate streams
         # would not keep their relative order.
-        argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "swerl-exec", *common.command_argv(cmd)]
-        timeout_s = common.check_timeout(timeout_s)
+        argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "swerl-exec", *argv]
         if timeout_s is not None:
             # coreutils timeout leads its own process group and signals all of it.
             argv = ["timeout", "-s", "TERM", "-k", str(common.KILL_GRACE_S), f"{timeout_s}s", *argv]
@@ -196,61 +185,20 @@ class DockerSandbox(Sandbox):
             code = 127 if "executable file not found" in output else 126
         return ExecResult(int(code), output, timed_out=timed_out, duration_s=duration)
 
-    def spawn(
-        self,
-        cmd: str | list[str],
-        *,
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        log_path: str = "/dev/null",
+    def _spawn_argv(
+        self, argv: list[str], workdir: str | None, env: EnvVars | None, log_path: str
     ) -> BackgroundProcess:
         n = next(self._counter)
         pid_name = f"bg-{n}.pid"
-        argv = common.background_argv(
-            common.command_argv(cmd), log_path, f"{CONTROL_DIR}/{pid_name}"
-        )
-        exec_id = self._exec_create(argv, workdir, env)
+        wrapped = common.background_argv(argv, log_path, f"{CONTROL_DIR}/{pid_name}")
+        exec_id = self._exec_create(wrapped, workdir, env)
         try:
             self._api.exec_start(exec_id, detach=True)
         except docker.errors.APIError as exc:
             raise SandboxInfraError(f"docker exec start failed: {exc}") from exc
-        proc = DockerProcess(self, exec_id, self._ctl / pid_name)
-        with self._lock:
-            self._procs.append(proc)
-        return proc
-
-    def _start_relay(self, argv: list[str], ready: str) -> DockerProcess:
-        proc = self.spawn(argv, log_path=f"{CONTROL_DIR}/{ready}.log")
-        assert isinstance(proc, DockerProcess)
-        common.wait_for_file(
-            self._ctl / ready,
-            self._backend.config.ready_timeout_s,
-            f"in-sandbox relay ({ready})",
-            alive=lambda: proc.is_running() or (self._ctl / ready).exists(),
-        )
-        return proc
-
-    def expose(self, sandbox_port: int) -> Path:
-        if not 0 < sandbox_port < 65536:
-            raise ValueError(f"invalid port {sandbox_port}")
-        ready = f"port-{sandbox_port}.ready"
-        argv, sock = common.expose_command(
-            self._backend.config.relay_python, sandbox_port, f"{CONTROL_DIR}/{ready}"
-        )
-        if not (self._ctl / sock).exists():
-            self._start_relay(argv, ready)
-        return self._ctl / sock
+        return self._track(DockerProcess(self, exec_id, self._ctl / pid_name))
 
     # -- files ----------------------------------------------------------------------------
-
-    def _writable_root(self, path: str) -> str:
-        p = PurePosixPath(validate_sandbox_path(path))
-        for root in (self.spec.workdir, "/tmp", CONTROL_DIR):
-            if p == PurePosixPath(root) or PurePosixPath(root) in p.parents:
-                if p == PurePosixPath(root):
-                    raise IsADirectoryError(f"{path} is a mount point, not a file")
-                return root
-        raise PermissionError(f"{path} is outside the sandbox's writable places")
 
     def _put(self, path: str, tar_bytes_for: Any) -> None:
         root = self._writable_root(path)
@@ -307,24 +255,8 @@ class DockerSandbox(Sandbox):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _start_llm_relay(self, hub: RelayHub) -> None:
-        relay = self.spec.llm_relay
-        assert relay is not None
-        self._relays.append(
-            hub.unix_to_tcp(self._ctl / common.LLM_SOCKET, relay.target_host, relay.target_port)
-        )
-        argv = common.relay_command(
-            self._backend.config.relay_python, relay.sandbox_port, f"{CONTROL_DIR}/llm.ready"
-        )
-        self._start_relay(argv, "llm.ready")
-
-    def destroy(self) -> None:
-        with self._lock:
-            if self._destroyed:
-                return
-            self._destroyed = True
-        for handle in self._relays:
-            handle.close()
+    def _release(self, procs: list[BackgroundProcess]) -> None:
+        """Remove the container (which ends every process in it) and the state dir."""
         errors: list[str] = []
         try:
             self._container.remove(force=True, v=True)
@@ -372,14 +304,14 @@ def _read_frames(sock: socket.socket, buf: common.OutputBuffer, deadline: float 
             need = None
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(hostdir.HostDirBackend):
     name = "docker"
 
     def __init__(
         self, config: DockerBackendConfig | None = None, hub: RelayHub | None = None
     ) -> None:
+        super().__init__(hub)
         self.config = config or DockerBackendConfig()
-        self._hub = hub
         try:
             self.client = docker.DockerClient(
                 base_url=self.config.docker_host,
@@ -390,12 +322,6 @@ class DockerBackend(SandboxBackend):
             raise SandboxInfraError(
                 f"cannot connect to docker at {self.config.docker_host}: {exc}"
             ) from exc
-
-    @property
-    def hub(self) -> RelayHub:
-        if self._hub is None:
-            self._hub = default_hub()
-        return self._hub
 
     def image_available(self, image: str) -> bool:
         try:
@@ -409,7 +335,7 @@ class DockerBackend(SandboxBackend):
     def _state_dir(self, node: str, sandbox_id: str) -> Path:
         return self.config.state_root / f"{node}.{sandbox_id}"
 
-    def create(self, spec: SandboxSpec) -> Sandbox:
+    def create(self, spec: SandboxSpec) -> DockerSandbox:
         try:
             image = self.client.images.get(spec.image)
         except docker.errors.ImageNotFound:
@@ -419,19 +345,9 @@ class DockerBackend(SandboxBackend):
         except docker.errors.DockerException as exc:
             raise SandboxInfraError(f"docker image lookup failed: {exc}") from exc
         state = self._state_dir(spec.node, spec.sandbox_id)
-        if len(os.fsencode(state / "ctl" / "port-65535.sock")) > 107:
-            raise SandboxInfraError(f"state dir path too long for unix sockets: {state}")
+        hostdir.claim_state_dir(state, spec)
         try:
-            state.mkdir(parents=True)
-        except FileExistsError:
-            raise SandboxInfraError(f"sandbox {spec.sandbox_id} already exists ({state})") from None
-        try:
-            (state / "owner.json").write_text(
-                json.dumps({"node": spec.node, "sandbox_id": spec.sandbox_id, "image": spec.image})
-            )
-            common.prepare_control_dir(state / "ctl")
-            (state / "tmp").mkdir()
-            os.chmod(state / "tmp", 0o1777)
+            hostdir.fill_state_dir(state, spec)
             container = self._create_container(spec, state)
             sandbox = DockerSandbox(
                 self,
@@ -443,15 +359,7 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             self._remove(spec.node, spec.sandbox_id)
             raise
-        try:
-            if NetworkPolicy(spec.network) is NetworkPolicy.LLM_RELAY_ONLY:
-                sandbox._start_llm_relay(self.hub)
-        except (RelayError, SandboxInfraError) as exc:
-            sandbox.destroy()
-            raise SandboxInfraError(f"LLM relay of {spec.sandbox_id} failed: {exc}") from exc
-        except BaseException:
-            sandbox.destroy()
-            raise
+        sandbox.open_network(lambda: self.hub)
         return sandbox
 
     def _create_container(self, spec: SandboxSpec, state: Path) -> Any:

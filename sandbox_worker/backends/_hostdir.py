@@ -1,0 +1,198 @@
+"""What the docker and bwrap sandboxes share: a per-sandbox host dir and the relays behind it.
+
+Both backends give every sandbox a host *state dir* ``<state_root>/<node>.<sandbox_id>/`` with
+``owner.json`` (ownership marker), ``ctl/`` (mounted at :data:`CONTROL_DIR`: the relay script,
+its unix sockets and the pid files) and ``tmp/`` (mounted at ``/tmp``). Everything that only
+goes through that dir is backend-independent and lives here, once: the in-sandbox relays
+(:meth:`HostDirSandbox.expose`, the LLM relay), the writable-place rule of the file helpers,
+the bookkeeping of background processes and the idempotent start of ``destroy``.
+
+A backend keeps what really differs: how a command or background process is started
+(``_exec_argv``, ``spawn``), how files are copied, and how the sandbox is created and released
+(:meth:`HostDirSandbox._release`).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+from sandbox_worker.backends import _common as common
+from sandbox_worker.backends.base import (
+    CONTROL_DIR,
+    BackgroundProcess,
+    NetworkPolicy,
+    Sandbox,
+    SandboxBackend,
+    SandboxInfraError,
+    SandboxSpec,
+    validate_sandbox_path,
+)
+from sandbox_worker.relay.host_relay import RelayError, RelayHandle, RelayHub, default_hub
+
+# The longest unix socket a state dir must hold; sun_path allows 107 bytes plus a NUL.
+_LONGEST_SOCKET = "port-65535.sock"
+_MAX_SOCKET_PATH = 107
+
+
+def claim_state_dir(state: Path, spec: SandboxSpec) -> None:
+    """Create ``state`` exclusively: an existing dir means the sandbox id is already taken.
+
+    Checked first because the relays' unix sockets live in ``state/ctl`` and a path too long
+    for a socket would only fail later, inside the sandbox.
+    """
+    if len(os.fsencode(state / "ctl" / _LONGEST_SOCKET)) > _MAX_SOCKET_PATH:
+        raise SandboxInfraError(f"state dir path too long for unix sockets: {state}")
+    try:
+        state.mkdir(parents=True)
+    except FileExistsError:
+        raise SandboxInfraError(f"sandbox {spec.sandbox_id} already exists ({state})") from None
+
+
+def fill_state_dir(state: Path, spec: SandboxSpec) -> None:
+    """Write the ownership marker and make ``ctl/`` (with the relay script) and ``tmp/``.
+
+    ``tmp/`` is world-writable and sticky like a real ``/tmp``: the image's user may not be root.
+    """
+    (state / "owner.json").write_text(
+        json.dumps({"node": spec.node, "sandbox_id": spec.sandbox_id, "image": spec.image})
+    )
+    common.prepare_control_dir(state / "ctl")
+    (state / "tmp").mkdir()
+    os.chmod(state / "tmp", 0o1777)
+
+
+class HostDirSandbox(Sandbox):
+    """A sandbox whose control dir is the host dir ``state/ctl`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        state: Path,
+        image_env: dict[str, str],
+        *,
+        relay_python: str,
+        ready_timeout_s: float,
+    ) -> None:
+        self.spec = spec
+        self._state = state
+        self._ctl = state / "ctl"
+        self._image_env = image_env
+        self._relay_python = relay_python
+        self._ready_timeout_s = ready_timeout_s
+        self._relays: list[RelayHandle] = []
+        self._procs: list[BackgroundProcess] = []
+        self._lock = threading.Lock()
+        self._destroyed = False
+
+    def _workdir(self, workdir: str | None) -> str:
+        """The directory a command starts in: ``workdir`` (validated) or ``spec.workdir``."""
+        return validate_sandbox_path(workdir) if workdir else self.spec.workdir
+
+    def _track[P: BackgroundProcess](self, proc: P) -> P:
+        """Remember a background process so that :meth:`_release` can reach it."""
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
+    # -- relays ---------------------------------------------------------------------------
+
+    def _start_relay(self, argv: list[str], ready: str) -> BackgroundProcess:
+        """Spawn an in-sandbox relay and wait until it has written ``ctl/<ready>``."""
+        proc = self.spawn(argv, log_path=f"{CONTROL_DIR}/{ready}.log")
+        common.wait_for_file(
+            self._ctl / ready,
+            self._ready_timeout_s,
+            f"in-sandbox relay ({ready})",
+            alive=lambda: proc.is_running() or (self._ctl / ready).exists(),
+        )
+        return proc
+
+    def expose(self, sandbox_port: int) -> Path:
+        if not 0 < sandbox_port < 65536:
+            raise ValueError(f"invalid port {sandbox_port}")
+        ready = f"port-{sandbox_port}.ready"
+        argv, sock = common.expose_command(
+            self._relay_python, sandbox_port, f"{CONTROL_DIR}/{ready}"
+        )
+        if not (self._ctl / sock).exists():
+            self._start_relay(argv, ready)
+        return self._ctl / sock
+
+    def _start_llm_relay(self, hub: RelayHub) -> None:
+        relay = self.spec.llm_relay
+        assert relay is not None
+        self._relays.append(
+            hub.unix_to_tcp(self._ctl / common.LLM_SOCKET, relay.target_host, relay.target_port)
+        )
+        argv = common.relay_command(
+            self._relay_python, relay.sandbox_port, f"{CONTROL_DIR}/llm.ready"
+        )
+        self._start_relay(argv, "llm.ready")
+
+    def open_network(self, hub: Callable[[], RelayHub]) -> None:
+        """Last step of ``create``: start the LLM relay if the spec's network policy wants it.
+
+        ``hub`` is called only then, so a sandbox without network never builds the default hub.
+        On any failure the sandbox is destroyed; relay and infra failures become one
+        :class:`SandboxInfraError` naming the sandbox.
+        """
+        try:
+            if NetworkPolicy(self.spec.network) is NetworkPolicy.LLM_RELAY_ONLY:
+                self._start_llm_relay(hub())
+        except (RelayError, SandboxInfraError) as exc:
+            self.destroy()
+            raise SandboxInfraError(f"LLM relay of {self.spec.sandbox_id} failed: {exc}") from exc
+        except BaseException:
+            self.destroy()
+            raise
+
+    # -- files ----------------------------------------------------------------------------
+
+    def _writable_root(self, path: str) -> str:
+        """The writable place (a mount point) that holds ``path``; the file helpers' policy.
+
+        A mount point itself is not a file (``IsADirectoryError``); anything outside the
+        writable places is a ``PermissionError`` (base.py, "Filesystem policy").
+        """
+        p = PurePosixPath(validate_sandbox_path(path))
+        for root in (self.spec.workdir, "/tmp", CONTROL_DIR):
+            if p == PurePosixPath(root):
+                raise IsADirectoryError(f"{path} is a mount point, not a file")
+            if PurePosixPath(root) in p.parents:
+                return root
+        raise PermissionError(f"{path} is outside the sandbox's writable places")
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            procs = list(self._procs)
+        for handle in self._relays:
+            handle.close()
+        self._release(procs)
+
+    @abc.abstractmethod
+    def _release(self, procs: list[BackgroundProcess]) -> None:
+        """Remove the sandbox's host resources (``destroy`` after the relays are closed)."""
+
+
+class HostDirBackend(SandboxBackend):
+    """A backend whose sandboxes reach the LLM adapter through a (shared) relay hub."""
+
+    def __init__(self, hub: RelayHub | None) -> None:
+        self._hub = hub
+
+    @property
+    def hub(self) -> RelayHub:
+        """The hub given at construction, else the process-wide one (made on first use)."""
+        if self._hub is None:
+            self._hub = default_hub()
+        return self._hub
