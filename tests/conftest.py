@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -38,3 +39,14 @@ def fresh_redis() -> Iterator[RedisServer]:
     server = start_redis()
     yield server
     stop_redis(server)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Quiet torch's loggers before its exit hook runs.
+
+    Some tests configure logging at INFO in-process; torch would then dump its (empty)
+    compile statistics into the end of every test run.
+    """
+    for name in list(logging.root.manager.loggerDict):
+        if name == "torch" or name.startswith("torch."):
+            logging.getLogger(name).setLevel(logging.WARNING)
