@@ -90,6 +90,15 @@ class Tensors:
     values: Tensor
     old_values: Tensor
 
+    def to(self, device: str) -> Tensors:
+        """The same batch on ``device`` (leaf tensors stay leaves that require grad)."""
+        if device == "cpu":
+            return self
+        moved = {k: v.detach().to(device) for k, v in self.__dict__.items()}
+        for name in ("logp", "values"):
+            moved[name].requires_grad_()
+        return Tensors(**moved)
+
 
 def make_tensors(
     n: int, t: int, seed: int, singleton_groups: bool = False, max_prefix: int = 512
@@ -182,13 +191,16 @@ def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[s
     Interleaving exposes all candidates to the same background load (this machine is shared),
     so their ratios stay meaningful even when absolute times drift.
     """
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
+            sync()
             start = time.perf_counter()
             fn()
+            sync()  # a CUDA call returns before the kernels finish
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -226,11 +238,13 @@ def bench_gae(x: Tensors, rows: int, reps: int) -> tuple[dict[str, list[float]],
     rewards = terminal_reward_tokens(x.rewards, mask)
     lam = 0.95
     sub = slice(0, rows)
+    # the loop reads host lists; its inputs live on the CPU whatever the device
+    cpu = [t[sub].cpu() for t in (rewards, values, mask)]
     adv, ret = skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
-    ref_adv, ref_ret = loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam)
-    err = max((adv - ref_adv).abs().max().item(), (ret - ref_ret).abs().max().item())
+    ref_adv, ref_ret = loop_gae(*cpu, 1.0, lam)
+    err = max((adv.cpu() - ref_adv).abs().max().item(), (ret.cpu() - ref_ret).abs().max().item())
     fns: dict[str, Callable[[], object]] = {
-        "loop": lambda: loop_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
+        "loop": lambda: loop_gae(*cpu, 1.0, lam),
         "same_rows": lambda: skip_observation_gae(rewards[sub], values[sub], mask[sub], 1.0, lam),
         "per_token": lambda: skip_observation_gae(rewards, values, mask, 1.0, lam),
         "outcome": lambda: skip_observation_gae(x.rewards, values, mask, 1.0, lam),
@@ -248,7 +262,8 @@ def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> None:
     n = x.action_mask.shape[0]
     loop, same, full, outcome = (min(g[k]) for k in ("loop", "same_rows", "per_token", "outcome"))
     per_row_loop = loop / rows
-    print(f"\nGAE (gamma=1, lambda=0.95), torch threads {threads}: vectorised vs plain loop")
+    where = f"torch threads {threads}" if x.action_mask.is_cpu else str(x.action_mask.device)
+    print(f"\nGAE (gamma=1, lambda=0.95), {where}: vectorised vs plain loop")
     print(f"loop reference, {rows} rows:               {loop:.4f} s (min)")
     print(f"vectorised, the same {rows} rows:          {same:.5f} s (min)")
     print(f"vectorised, all {n} rows, [N, T] rewards:  {full:.4f} s (min)")
@@ -297,6 +312,31 @@ def measure_memory(n: int, t: int, args: argparse.Namespace) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
+def report_cuda_memory(n: int, t: int, args: argparse.Namespace) -> None:
+    """Peak extra CUDA memory of each objective (forward + backward) at N/2 x T and N x T."""
+    print("\npeak extra CUDA memory of one objective (forward + backward)")
+    sizes = [(n // 2, t), (n, t)]
+    peaks: list[dict[str, int]] = []
+    for a, b in sizes:
+        row: dict[str, int] = {}
+        for kind, (_, _, singleton) in KINDS.items():
+            x = make_tensors(a, b, args.seed, singleton, args.shared_prefix).to(args.device)
+            run_objective(kind, x, backward=True)
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            run_objective(kind, x, backward=True)
+            torch.cuda.synchronize()
+            row[kind] = torch.cuda.max_memory_allocated() - before
+            del x
+        peaks.append(row)
+    for kind in KINDS:
+        cells = "".join(f"{p[kind] / 2**20:>10.1f} MiB" for p in peaks)
+        ratio = peaks[1][kind] / max(peaks[0][kind], 1)
+        print(f"{kind:<20}{cells}{ratio:>7.2f}x")
+    print("N*T doubles between the two sizes: linear memory shows as a ~2x ratio")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64 x 2048, a few seconds")
@@ -310,6 +350,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--shared-prefix", type=int, default=512, help="longest prefix group members share"
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the vectorised code runs, e.g. cuda (the loop reference always runs on the "
+        "host; peak memory is then torch's CUDA peak instead of RSS)",
     )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument(
@@ -334,8 +380,9 @@ def main() -> None:
         parser.error(f"--n must be a multiple of {GROUP_SIZE}")
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, N={n}, T={t}")
-    grouped = make_tensors(n, t, args.seed, max_prefix=args.shared_prefix)
-    single = make_tensors(n, t, args.seed, singleton_groups=True)
+    grouped = make_tensors(n, t, args.seed, max_prefix=args.shared_prefix).to(args.device)
+    single = make_tensors(n, t, args.seed, singleton_groups=True).to(args.device)
+    print(f"device: {grouped.action_mask.device}")
     obs_frac = 1 - grouped.action_mask.sum().item() / (grouped.tokens >= 0).sum().item()
     print(f"observation share of real tokens: {obs_frac:.3f}")
     print(f"group members share a random prefix of up to {args.shared_prefix} tokens")
@@ -369,10 +416,14 @@ def main() -> None:
         )
     print("target: li2sao-bootstrap / grpo <= 2x")
 
-    for threads in sorted({1, default_threads}):
+    gae_threads = sorted({1, default_threads}) if args.device == "cpu" else [args.threads]
+    for threads in gae_threads:
         report_gae(grouped, gae_rows, max(3, reps // 2), threads)
 
     if args.no_memory:
+        return
+    if args.device != "cpu":
+        report_cuda_memory(n, t, args)
         return
     print("\npeak extra RSS of one objective (forward + backward), a fresh process per size")
     sizes = [(n // 2, t), (n, t)]
