@@ -10,43 +10,48 @@ import argparse
 import logging
 import sys
 
-from services.config import ConfigError, dump_config, load_config
+from adapter.config import AdapterConfig
+from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
+from services.config import dump_config
+
+# Config keys set by flags of the same destination name (--redis sets redis_url).
+_FLAG_KEYS = (
+    "engines",
+    "model",
+    "redis_url",
+    "port",
+    "host",
+    "admin_token",
+    "key_prefix",
+    "served_model_name",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m adapter",
-        description="OpenAI-compatible gateway that records token-exact trajectories.",
+    p = service_parser(
+        "python -m adapter", "OpenAI-compatible gateway that records token-exact trajectories."
     )
     p.add_argument("--engines", help="comma-separated engine base URLs")
     p.add_argument("--model", help="model directory (tokenizer and chat template)")
     p.add_argument("--redis", dest="redis_url", help="Redis URL of the trajectory store")
     p.add_argument("--port", type=int)
     p.add_argument("--host")
-    p.add_argument("--config", help="YAML configuration file (section 'adapter')")
     p.add_argument("--admin-token", dest="admin_token", help="bearer token for /admin routes")
     p.add_argument("--key-prefix", dest="key_prefix", help="Redis key prefix (default swerl:)")
     p.add_argument("--served-model-name", dest="served_model_name")
-    p.add_argument("--log-level", dest="log_level")
+    add_common_arguments(p, "adapter", log_levels=None)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
-    if "engines" in overrides:
-        overrides["engines"] = [u for u in overrides["engines"].split(",") if u.strip()]
-    try:
-        config = load_config(
-            _adapter_config_model(), section="adapter", path=args.config, overrides=overrides
-        )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    overrides = {key: getattr(args, key) for key in _FLAG_KEYS}
+    if args.engines is not None:
+        overrides["engines"] = [u for u in args.engines.split(",") if u.strip()]
+    config = load_cli_config(AdapterConfig, "adapter", args, overrides)
+    if isinstance(config, int):
+        return config
+    configure_logging(config.log_level)
     log = logging.getLogger("adapter")
     log.info("configuration:\n%s", dump_config(config))
 
@@ -79,12 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         timeout_keep_alive=75,
     )
     return 0
-
-
-def _adapter_config_model() -> type:
-    from adapter.config import AdapterConfig
-
-    return AdapterConfig
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ import sys
 from sandbox_worker.config import WorkerConfig
 from sandbox_worker.runner import RunnerUnavailableError, build_runner
 from sandbox_worker.worker import NodeConflictError, Worker
-from services.config import ConfigError, dump_config, load_config
+from services.cli import (
+    EXIT_CONFIG,
+    add_common_arguments,
+    configure_logging,
+    load_cli_config,
+    service_parser,
+)
 from services.queue.connection import connect
 
 DESCRIPTION = """\
@@ -42,54 +48,37 @@ exit status: 0 after a clean shutdown, 2 for a configuration error, 1 when the w
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m sandbox_worker",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = service_parser("python -m sandbox_worker", DESCRIPTION, EPILOG)
     p.add_argument("--redis", metavar="URL", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--node", help="node name (default: the host name); one worker per node")
     p.add_argument("--slots", type=int, help="trajectories run at once on this node (1)")
     p.add_argument("--backend", choices=["docker", "bwrap", "simulated"], help="sandbox backend")
-    p.add_argument("--config", metavar="FILE", help="YAML config file (section 'worker')")
     p.add_argument("--grace", type=float, metavar="S", help="shutdown grace period in seconds")
     p.add_argument("--prefix", help="Redis key prefix shared with the manager (swerl:)")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    p.add_argument("--print-config", action="store_true", help="print the effective config, exit")
+    add_common_arguments(p, "worker")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides: dict = {
+    overrides = {
         "redis_url": args.redis,
         "node": args.node,
         "slots": args.slots,
         "backend": args.backend,
         "shutdown_grace_s": args.grace,
-        "log_level": args.log_level,
+        "queue.prefix": args.prefix,
     }
-    if args.prefix is not None:
-        overrides["queue"] = {"prefix": args.prefix}
-    try:
-        cfg = load_config(WorkerConfig, section="worker", path=args.config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(dump_config(cfg), end="")
-        return 0
-    logging.basicConfig(
-        level=cfg.log_level,
-        format=f"%(asctime)s %(levelname)s [{cfg.node}] %(name)s: %(message)s",
-    )
+    cfg = load_cli_config(WorkerConfig, "worker", args, overrides)
+    if isinstance(cfg, int):
+        return cfg
+    configure_logging(cfg.log_level, tag=cfg.node)
     client = connect(cfg.redis_url, cfg.queue)
     try:
         runner, backend = build_runner(cfg, client)
     except RunnerUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     from services.queue.store import TaskQueue
 
     worker = Worker(cfg, runner, backend=backend, queue=TaskQueue(client, cfg.queue))

@@ -10,7 +10,8 @@ import sys
 import threading
 from dataclasses import asdict
 
-from services.config import ConfigError, dump_config, load_config
+from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
+from services.config import dump_config
 from services.manager.config import ManagerConfig
 from services.manager.service import ManagerService
 from services.queue.store import TaskQueue
@@ -39,42 +40,22 @@ examples:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m services.manager",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = service_parser("python -m services.manager", DESCRIPTION, EPILOG)
     p.add_argument("--redis", metavar="URL", help="Redis URL, e.g. redis://127.0.0.1:6379/0")
-    p.add_argument("--config", metavar="FILE", help="YAML config file (section 'manager')")
     p.add_argument("--prefetch", type=int, help="tasks queued per node beyond its slots (1)")
     p.add_argument("--prefix", help="Redis key prefix shared with the workers (swerl:)")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--status", action="store_true", help="print nodes and batches as JSON, exit")
-    p.add_argument("--print-config", action="store_true", help="print the effective config, exit")
+    add_common_arguments(p, "manager")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides: dict = {
-        "redis_url": args.redis,
-        "prefetch": args.prefetch,
-        "log_level": args.log_level,
-    }
-    if args.prefix is not None:
-        overrides["queue"] = {"prefix": args.prefix}
-    try:
-        cfg = load_config(ManagerConfig, section="manager", path=args.config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(dump_config(cfg), end="")
-        return 0
-    logging.basicConfig(
-        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    overrides = {"redis_url": args.redis, "prefetch": args.prefetch, "queue.prefix": args.prefix}
+    cfg = load_cli_config(ManagerConfig, "manager", args, overrides)
+    if isinstance(cfg, int):
+        return cfg
+    configure_logging(cfg.log_level)
     queue = TaskQueue(cfg.redis_url, cfg.queue)
     if args.status:
         status = {
