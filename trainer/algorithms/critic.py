@@ -1,4 +1,5 @@
-"""Critic objectives: group-residual targets, clipped value loss (Eq. 10 / 5), ranking (Eq. 11).
+"""Critic objectives: group-residual targets, clipped value loss (Eq. 10 / 5), ranking (Eq. 11),
+and the BCE (+ MSE) loss of a sigmoid value head (PACT / SR-PPO).
 
 The divergence mask that selects the supervised tokens of the bootstrap phase lives in
 :mod:`.divergence`.
@@ -95,11 +96,7 @@ def clipped_value_loss(
             require_same_shape(values=values, mask=mask)
             require_same_device(values=values, mask=mask)
             mask = action_mask_bool(mask, require_action_per_row=False)
-    weights = (
-        mask.weights(values.dtype)
-        if isinstance(mask, ActionMask)
-        else mask.bool().view(torch.uint8).to(values.dtype)
-    )
+    weights = _mask_weights(mask, values)
     old = old_values.detach()
     target = targets.detach()
     v_clip = old + (values - old).clamp(-eps_v, eps_v)  # Eq. 10: V_bar
@@ -107,6 +104,60 @@ def clipped_value_loss(
         F.mse_loss(values, target, reduction="none"), F.mse_loss(v_clip, target, reduction="none")
     )
     # one fused pass for the masked sum
+    return torch.dot(per_token.reshape(-1), weights.reshape(-1)) / weights.sum().clamp(min=1.0)
+
+
+def _mask_weights(mask: Tensor | ActionMask, like: Tensor) -> Tensor:
+    """0/1 weights of a validated mask (or an ActionMask) in ``like``'s dtype."""
+    if isinstance(mask, ActionMask):
+        return mask.weights(like.dtype)
+    return mask.bool().view(torch.uint8).to(like.dtype)
+
+
+def bce_value_loss(
+    value_logits: Tensor,
+    targets: Tensor,
+    mask: Tensor | ActionMask,
+    bce_coef: float = 1.0,
+    mse_coef: float = 0.0,
+    *,
+    check: bool = True,
+) -> Tensor:
+    """Sigmoid value head loss on logits ``z``: BCE with soft targets, plus an optional MSE.
+
+    ``L = sum_t m_t [a (softplus(z_t) - y_t z_t) + b (sigmoid(z_t) - y_t)^2] / max(1, sum m_t)``
+    with ``a = bce_coef``, ``b = mse_coef`` (PACT_SRPPO_SPEC "Critic": PACT sec. 4.2 / App. C.6
+    uses ``a = 1, b = 0``; SR-PPO sec. 4.3 ``a = b = 1``). ``softplus(z) - y z`` equals
+    ``-y log V - (1 - y) log(1 - V)`` for ``y in [0, 1]``, and its gradient
+    ``sigmoid(z) - y`` makes ``E[y | s]`` the minimiser for any target, also ``y > 1`` (an
+    importance-weighted PACT target), where the loss value may be negative. Targets are
+    constants; gradient flows only into ``value_logits``. Logits off the mask are never read
+    (zeroed first). An empty mask gives 0 with the graph attached.
+    """
+    if check:
+        require_floating("value_logits", value_logits)
+        require_floating("targets", targets)
+        require_ndim("value_logits", value_logits, 2, "[N, T]")
+        require_same_shape(value_logits=value_logits, targets=targets)
+        require_same_device(value_logits=value_logits, targets=targets)
+        require_positive("bce_coef", bce_coef, allow_zero=True)
+        require_positive("mse_coef", mse_coef, allow_zero=True)
+        if bce_coef == 0 and mse_coef == 0:
+            raise ValueError("bce_coef and mse_coef are both 0: the loss would be identically 0")
+        if isinstance(mask, Tensor):
+            require_same_shape(value_logits=value_logits, mask=mask)
+            require_same_device(value_logits=value_logits, mask=mask)
+            mask = action_mask_bool(mask, require_action_per_row=False)
+    weights = _mask_weights(mask, value_logits)
+    z = value_logits * weights  # masked before use: arbitrary logits off the mask read as 0
+    y = targets.detach()
+    # PACT App. C.6: BCE on logits with soft targets; softplus(z) = logaddexp(z, 0), which,
+    # unlike F.softplus's linear branch above z = 20, keeps the gradient sigmoid(z) exact
+    per_token = torch.logaddexp(z, z.new_zeros(())) - y * z
+    if bce_coef != 1.0:
+        per_token = per_token * bce_coef
+    if mse_coef:
+        per_token = per_token + mse_coef * (torch.sigmoid(z) - y).square()  # SR-PPO sec. 4.3
     return torch.dot(per_token.reshape(-1), weights.reshape(-1)) / weights.sum().clamp(min=1.0)
 
 
