@@ -195,7 +195,9 @@ def test_every_algorithm_returns_finite_losses_and_float_metrics(algorithm: str,
     batch = _objective_batch(b, versions=True)
     config = ObjectiveConfig()
     if algorithm in ("pact", "srppo"):  # sigmoid head; rewards of random_batch lie in [-2, 2]
-        batch = dataclasses.replace(batch, values=None, old_values=None, value_logits=b.values)
+        batch = dataclasses.replace(
+            batch, values=None, old_values=None, value_logits=b.values.clone().requires_grad_()
+        )
         config = ObjectiveConfig(reward_min=-2.0, reward_max=2.0)
     result = compute_objective(algorithm, batch, stage=stage, config=config)  # type: ignore[arg-type]
     losses = [x for x in (result.actor_loss, result.critic_loss) if x is not None]
