@@ -570,26 +570,33 @@ def _masked_mean(x: Tensor, weights: Tensor, count: Tensor) -> Tensor:
 
 
 def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) -> dict[str, Tensor]:
-    """Critic calibration on the action tokens: BCE and MSE of ``V_old`` against ``R`` in
-    ``[0, 1]``, and ``Delta_+-`` = mean ``V`` on ``R = 1`` rows minus mean ``V`` on ``R = 0``
-    rows (PACT sec. 5.3; NaN when either kind is missing)."""
+    """Critic calibration on the action tokens (PACT sec. 5.3): BCE and MSE of ``V_old``
+    against ``R`` in ``[0, 1]``, and ``Delta_+-`` = mean ``V`` on ``R = 1`` rows minus mean
+    ``V`` on ``R = 0`` rows (NaN when either kind is missing).
+
+    ``R`` is constant along a row, so both losses follow from per-row sums of ``V``, ``V^2``,
+    ``log V`` and ``log(1 - V)`` (``V`` clamped into ``(0, 1)`` for the logs).
+    """
     with torch.no_grad():
         weights = am.weights(old_values.dtype)
-        count = am.total(torch.float64)
-        r = rewards.to(old_values.dtype)[:, None]
-        v = old_values.clamp(1e-7, 1 - 1e-7)  # a non-sigmoid critic may leave (0, 1)
-        bce = -(r * v.log() + (1 - r) * torch.log1p(-v))
-        mse = (old_values - r).square()
-        row_sums = (old_values * weights).sum(dim=1).to(torch.float64)
         counts = am.row_counts(torch.float64)
-        ones, zeros = rewards == 1, rewards == 0
-        gap = (row_sums * ones).sum() / (counts * ones).sum() - (row_sums * zeros).sum() / (
-            counts * zeros
-        ).sum()
+
+        def row_sums(x: Tensor) -> Tensor:
+            return torch.linalg.vecdot(x, weights, dim=1).to(torch.float64)
+
+        v = old_values.clamp(1e-7, 1 - 1e-7)
+        r = rewards.to(torch.float64)
+        first, second = row_sums(old_values), row_sums(old_values.square())
+        log_v, log_not_v = row_sums(v.log()), row_sums(v.neg_().add_(1.0).log_())
+        count = counts.sum()
+        ones, zeros = r == 1, r == 0
+        mean_one = (first * ones).sum() / (counts * ones).sum()
+        mean_zero = (first * zeros).sum() / (counts * zeros).sum()
+        squares = second - 2 * r * first + r * r * counts  # sum_t (V - R)^2 per row
         return {
-            "critic/bce": _masked_mean(bce, weights, count),
-            "critic/mse": _masked_mean(mse, weights, count),
-            "critic/value_gap": gap,
+            "critic/bce": -(r * log_v + (1 - r) * log_not_v).sum() / count,
+            "critic/mse": squares.sum().clamp(min=0.0) / count,
+            "critic/value_gap": mean_one - mean_zero,
         }
 
 

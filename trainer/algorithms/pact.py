@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.algorithms.gae import skip_observation_gae
+from trainer.algorithms.gae import check_gae_inputs, skip_observation_gae
 from trainer.algorithms.masks import ActionMask
 from trainer.algorithms.policy_losses import _clipped_exp
 from trainer.algorithms.validation import (
@@ -59,13 +61,40 @@ def pact_credit(
     *,
     check: bool = True,
 ) -> Tensor:
-    """Token credit of Theorem 1: the TD residual (``lambda = 0``), ``[N, T]``.
+    """Token credit of Theorem 1: the TD residual (GAE with ``lambda = 0``), ``[N, T]``.
 
-    ``C_{u_j} = gamma V(s_{u_{j+1}}) - V(s_{u_j})`` for ``j < M``, ``C_{u_M} = R - V(s_{u_M})``;
-    with ``gamma = 1`` it telescopes to ``sum_j C_{u_j} = R - V(s_{u_1})`` (Completeness).
-    A diagnostic (``critic/mean_abs_credit``, App. E.2), not an actor advantage.
+    ``C_{u_j} = r_{u_j} + gamma V(s_{u_{j+1}}) - V(s_{u_j})`` with ``V(s_{u_{M+1}}) = 0``: for an
+    outcome reward ``C_{u_M} = R - V(s_{u_M})``, and with ``gamma = 1`` the credit telescopes to
+    ``sum_j C_{u_j} = R - V(s_{u_1})`` (Completeness). A diagnostic
+    (``critic/mean_abs_credit``, App. E.2), not an actor advantage. Equal to
+    ``skip_observation_gae(..., lam=0)[0]`` (tested), computed without the compaction: inside a
+    span of consecutive action tokens the next action is the next position; only the last
+    token of a span looks up the first token of the row's next span (one ``nonzero`` over the
+    span ends and starts, a few per row). 0 off the action tokens, no gradient.
     """
-    credit, _ = skip_observation_gae(rewards, values, action_mask, gamma, 0.0, check=check)
+    am = ActionMask.of(action_mask, check=check)
+    if check:
+        check_gae_inputs(rewards, values, am, gamma)
+    dtype = torch.promote_types(rewards.dtype, values.dtype)
+    v = values.detach().to(dtype)
+    mask = am.mask
+    follows = mask[:, 1:] & mask[:, :-1]  # u_j with u_{j+1} = u_j + 1
+    credit = torch.zeros_like(v)
+    # Thm. 1 inside a span: C_t = gamma V_{t+1} - V_t (x 0 elsewhere: the inputs are finite)
+    credit[:, :-1] = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(follows)
+    ends = (mask & ~F.pad(follows, (0, 1))).nonzero()  # last token of each span, row-major
+    starts = (mask & ~F.pad(follows, (1, 0))).nonzero()  # first token of each span
+    # span k ends at ends[k]; the next action is starts[k + 1] when it lies in the same row
+    same_row = ends[:-1, 0] == starts[1:, 0]
+    next_value = torch.zeros(ends.shape[0], dtype=dtype, device=v.device)
+    next_value[:-1] = v[starts[1:, 0], starts[1:, 1]] * same_row
+    end_rows, end_cols = ends[:, 0], ends[:, 1]
+    credit[end_rows, end_cols] = next_value * gamma - v[end_rows, end_cols]
+    if rewards.ndim == 1:  # r_{u_M} = R
+        rows = torch.arange(mask.shape[0], device=v.device)
+        credit[rows, am.last] += rewards.detach().to(dtype)
+    else:
+        credit += rewards.detach().to(dtype) * am.weights(dtype)
     return credit
 
 

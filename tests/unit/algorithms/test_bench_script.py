@@ -30,7 +30,8 @@ def test_quick_benchmark_reports_ratios_and_agrees_with_the_loop() -> None:
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert "allocator: pinned" in out  # re-executed itself with the timing allocator settings
-    assert re.search(r"ratio li2sao-bootstrap / grpo: forward [\d.]+x", out)
+    for kind in ("li2sao-bootstrap", "li2sao-gae", "pact-actor", "pact-critic", "srppo"):
+        assert re.search(rf"ratio {kind} / grpo: forward [\d.]+x .* fwd\+bwd [\d.]+x", out), kind
     threads = {
         int(t) for t in re.findall(r"GAE \(gamma=1, lambda=0\.95\), torch threads (\d+)", out)
     }

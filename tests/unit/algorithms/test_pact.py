@@ -171,6 +171,21 @@ def test_pact_advantages_hand_example() -> None:
     )
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_credit_is_gae_lambda_zero_on_any_layout(seed: int) -> None:
+    """The span-wise credit equals the TD residual of skip-observation GAE with lambda = 0,
+    for outcome and per-token rewards, any gamma, rows that start with observations, rows with
+    one action, and spans that end the row."""
+    b = random_batch(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dense = torch.randn(b.values.shape, generator=gen, dtype=b.values.dtype) * b.action_mask
+    for rewards in (b.rewards, dense):
+        for gamma in (1.0, 0.8, 0.0):
+            want, _ = skip_observation_gae(rewards, b.values, b.action_mask, gamma, 0.0)
+            got = pact_credit(rewards, b.values, b.action_mask, gamma)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_pact_advantages_are_gae_lambda_one_for_per_token_rewards() -> None:
     b = random_batch(3)
     token_rewards = torch.where(b.action_mask, torch.rand(b.values.shape, dtype=b.values.dtype), 0)
