@@ -68,7 +68,7 @@ def evaluate_objective(model_dir: Path, records: list[tuple[Any, Any]]) -> dict[
     )
     return {
         "max_abs_logprob_diff": max_diff,
-        "actor_loss": float(result.actor_loss),
+        "actor_loss": None if result.actor_loss is None else float(result.actor_loss),
         "critic_loss": None if result.critic_loss is None else float(result.critic_loss),
         "estimator": str(result.estimator),
         "n_trajectories": len(rows),
