@@ -551,10 +551,14 @@ def li2sao_objective(
     return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), estimator, readiness)
 
 
-def _pact_srppo_inputs(batch: ObjectiveBatch, config: ObjectiveConfig, algorithm: str) -> Tensor:
-    """Rewards normalised to ``[0, 1]`` (a ValueError outside the configured range)."""
-    _require_critic(batch, algorithm)
-    return normalize_rewards(batch.rewards, config.reward_min, config.reward_max)
+def _pact_srppo_inputs(
+    batch: ObjectiveBatch, config: ObjectiveConfig, algorithm: str
+) -> tuple[Tensor, Tensor]:
+    """``(R~, V_old)``: the rewards normalised to ``[0, 1]`` (a ValueError outside the
+    configured range) in the critic's dtype, and the frozen critic values."""
+    _, old_values = _require_critic(batch, algorithm)
+    rewards = normalize_rewards(batch.rewards, config.reward_min, config.reward_max)
+    return rewards.to(old_values.dtype), old_values
 
 
 def _require_logits(batch: ObjectiveBatch, what: str) -> Tensor:
@@ -587,7 +591,8 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
         v = old_values.clamp(1e-7, 1 - 1e-7)
         r = rewards.to(torch.float64)
         first, second = row_sums(old_values), row_sums(old_values.square())
-        log_v, log_not_v = row_sums(v.log()), row_sums(v.neg_().add_(1.0).log_())
+        log_v = row_sums(v.log())
+        log_not_v = row_sums(v.neg_().add_(1.0).log_())  # v is ours (the clamp's copy)
         count = counts.sum()
         ones, zeros = r == 1, r == 0
         mean_one = (first * ones).sum() / (counts * ones).sum()
@@ -603,10 +608,8 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
 def _pact_actor(
     batch: ObjectiveBatch, config: ObjectiveConfig, all_reduce: AllReduce | None
 ) -> ObjectiveResult:
-    rewards = _pact_srppo_inputs(batch, config, "pact")
-    assert batch.old_values is not None  # _require_critic
-    old_values, mask = batch.old_values, batch.mask
-    rewards = rewards.to(old_values.dtype)
+    rewards, old_values = _pact_srppo_inputs(batch, config, "pact")
+    mask = batch.mask
     adv = pact_advantages(rewards, old_values, mask, config.gamma, check=False)  # sec. 3.3
     if config.pact_whiten:
         adv = whiten(adv, mask, config.whiten_eps, all_reduce=all_reduce, check=False)
@@ -644,9 +647,8 @@ def _pact_actor(
 
 
 def _pact_critic(batch: ObjectiveBatch, config: ObjectiveConfig) -> ObjectiveResult:
-    rewards = _pact_srppo_inputs(batch, config, "pact")
+    rewards, old_values = _pact_srppo_inputs(batch, config, "pact")
     logits = _require_logits(batch, "the pact critic stage")
-    assert batch.old_values is not None  # _require_critic
     mask = batch.mask
     old = batch.old_logp if batch.old_logp is not None else batch.behavior_logp
     mode = config.pact_critic_is
@@ -664,12 +666,9 @@ def _pact_critic(batch: ObjectiveBatch, config: ObjectiveConfig) -> ObjectiveRes
     metrics["critic/is_weight_mean"] = _masked_mean(
         is_weights, keep.view(torch.uint8).to(is_weights.dtype), kept
     )
-    rewards = rewards.to(batch.old_values.dtype)
-    returns = rewards[:, None] * mask.weights(rewards.dtype)  # lambda = 1, gamma = 1: G = R
-    metrics["critic/explained_variance"] = _critic_explained_variance(
-        returns, batch.old_values, mask
-    )
-    metrics.update(_calibration_metrics(rewards, batch.old_values, mask))
+    returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1: G
+    metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
+    metrics.update(_calibration_metrics(rewards, old_values, mask))
     return ObjectiveResult(None, critic_loss, _to_floats(metrics), "gae")
 
 
@@ -711,11 +710,9 @@ def srppo_objective(
     standard order): ``bce_value_loss`` with ``srppo_bce_coef`` / ``srppo_mse_coef`` on the
     Pass@1 target ``y = R`` at every action token; needs ``batch.value_logits``.
     """
-    rewards = _pact_srppo_inputs(batch, config, "srppo")
+    rewards, old_values = _pact_srppo_inputs(batch, config, "srppo")
     logits = _require_logits(batch, "srppo")
-    assert batch.old_values is not None  # _require_critic
-    old_values, mask = batch.old_values, batch.mask
-    rewards = rewards.to(old_values.dtype)
+    mask = batch.mask
     k = config.srppo_k
     adv = srppo_advantages(rewards, old_values, mask, k, config.gamma, check=False)  # sec. 4.2
     actor_loss, policy_metrics = ppo_clip_policy_loss(
