@@ -194,11 +194,24 @@ def ppo_clip_policy_loss(
             low_frac = _fraction(bounded > rho, count)
             high_frac = _fraction(bounded < rho, count)
     else:
-        clipped = rho.clamp(1.0 - eps_low, 1.0 + eps_high)
-        per_token = torch.minimum(rho * adv, clipped * adv)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
+        # Per-token advantages: min(rho A, clip(rho) A) is the constant clip(rho) A where the
+        # clipped branch is strictly active (A < 0, rho < 1 - eps_low, or A > 0,
+        # rho > 1 + eps_high) and rho A elsewhere, so it is written as rho * slope + const
+        # with both factors constant: the same value and gradient as the min form, and a
+        # backward pass of one product instead of min/clamp/product backwards.
+        with torch.no_grad():
+            ratio = rho.detach()
+            low = (ratio < 1.0 - eps_low) & (adv < 0)
+            high = (ratio > 1.0 + eps_high) & (adv > 0)
+            slope = adv.masked_fill(low | high, 0.0).mul_(weights)  # A on unclipped actions
+            # clip(rho) A on the clipped tokens, 0 elsewhere (rho = 1 off the actions, so no
+            # token there is clipped)
+            bound = torch.zeros_like(adv).masked_fill_(low, 1.0 - eps_low)
+            const = bound.masked_fill_(high, 1.0 + eps_high).mul_(adv)
+        per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
         ones = torch.ones_like(adv[:, :1])
-        loss = -_aggregate(per_token * weights, ones, am, aggregation)
-        low_frac, high_frac = _active_clip_fractions(rho.detach(), adv, eps_low, eps_high, count)
+        loss = -_aggregate(per_token, ones, am, aggregation)
+        low_frac, high_frac = _fraction(low, count), _fraction(high, count)
     metrics = {
         "clip_frac_low": low_frac,
         "clip_frac_high": high_frac,
