@@ -131,8 +131,8 @@ def bce_value_loss(
     ``-y log V - (1 - y) log(1 - V)`` for ``y in [0, 1]``, and its gradient
     ``sigmoid(z) - y`` makes ``E[y | s]`` the minimiser for any target, also ``y > 1`` (an
     importance-weighted PACT target), where the loss value may be negative. Targets are
-    constants; gradient flows only into ``value_logits``. Logits off the mask are never read
-    (zeroed first). An empty mask gives 0 with the graph attached.
+    constants; gradient flows only into ``value_logits``. Entries off the mask add exactly 0
+    to the loss and its gradient. An empty mask gives 0 with the graph attached.
     """
     if check:
         require_floating("value_logits", value_logits)
@@ -148,17 +148,20 @@ def bce_value_loss(
             require_same_shape(value_logits=value_logits, mask=mask)
             require_same_device(value_logits=value_logits, mask=mask)
             mask = action_mask_bool(mask, require_action_per_row=False)
-    weights = _mask_weights(mask, value_logits)
-    z = value_logits * weights  # masked before use: arbitrary logits off the mask read as 0
-    y = targets.detach()
-    # PACT App. C.6: BCE on logits with soft targets; softplus(z) = logaddexp(z, 0), which,
-    # unlike F.softplus's linear branch above z = 20, keeps the gradient sigmoid(z) exact
-    per_token = torch.logaddexp(z, z.new_zeros(())) - y * z
+    weights = _mask_weights(mask, value_logits).reshape(-1)
+    z = value_logits.reshape(-1)
+    y = targets.detach().reshape(-1)
+    # PACT App. C.6: sum_t m_t (softplus(z_t) - y_t z_t) as two masked dot products (the
+    # weighted targets are a constant, so the second one costs one product backwards).
+    # softplus(z) = logaddexp(z, 0): unlike F.softplus's linear branch above z = 20 it keeps
+    # the gradient sigmoid(z) exact. Off the mask the weights are 0 and every factor finite.
+    total = torch.dot(torch.logaddexp(z, z.new_zeros(())), weights) - torch.dot(z, y * weights)
     if bce_coef != 1.0:
-        per_token = per_token * bce_coef
+        total = total * bce_coef
     if mse_coef:
-        per_token = per_token + mse_coef * (torch.sigmoid(z) - y).square()  # SR-PPO sec. 4.3
-    return torch.dot(per_token.reshape(-1), weights.reshape(-1)) / weights.sum().clamp(min=1.0)
+        gap = torch.sigmoid(z) - y  # SR-PPO sec. 4.3: + b (sigmoid(z) - y)^2
+        total = total + mse_coef * torch.dot(gap * gap, weights)
+    return total / weights.sum().clamp(min=1.0)
 
 
 def terminal_ranking_loss(
