@@ -323,3 +323,27 @@ def test_values_instead_of_logits_work_for_the_pact_actor_stage_only() -> None:
         pact_objective(batch, "critic", ObjectiveConfig(**RANGE))
     with pytest.raises(ValueError, match="value_logits"):
         srppo_objective(batch, ObjectiveConfig(**RANGE))
+
+
+def test_value_logits_set_values_and_old_values_defaults() -> None:
+    b = random_batch(3)
+    batch = _batch(b)
+    torch.testing.assert_close(batch.values, torch.sigmoid(batch.value_logits))
+    assert batch.values.requires_grad and not batch.old_values.requires_grad
+    torch.testing.assert_close(batch.old_values, torch.sigmoid(b.values))
+    frozen = torch.full_like(b.values, 0.25)
+    explicit = ObjectiveBatch(
+        tokens=b.tokens,
+        action_mask=b.action_mask,
+        group_ids=b.group_ids,
+        rewards=b.rewards,
+        behavior_logp=b.behavior_logp,
+        logp=b.logp,
+        value_logits=b.values,
+        old_values=frozen,
+    )
+    assert explicit.old_values is frozen  # a given V_old is kept (the actor's advantages use it)
+    result = pact_objective(explicit, "actor", ObjectiveConfig(**RANGE))
+    rewards = torch.tensor(_unit(b), dtype=b.rewards.dtype)
+    want = torch.where(b.action_mask, rewards[:, None] - 0.25, 0.0)[b.action_mask].mean()
+    assert result.metrics["actor/adv_mean"] == pytest.approx(float(want))
