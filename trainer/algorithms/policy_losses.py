@@ -194,24 +194,25 @@ def ppo_clip_policy_loss(
             low_frac = _fraction(bounded > rho, count)
             high_frac = _fraction(bounded < rho, count)
     else:
-        # Per-token advantages: min(rho A, clip(rho) A) is the constant clip(rho) A where the
-        # clipped branch is strictly active (A < 0, rho < 1 - eps_low, or A > 0,
-        # rho > 1 + eps_high) and rho A elsewhere, so it is written as rho * slope + const
-        # with both factors constant: the same value and gradient as the min form, and a
-        # backward pass of one product instead of min/clamp/product backwards.
+        # Per-token advantages: where the clipped branch of min(rho A, clip(rho) A) is
+        # strictly the smaller one the term is the constant clip(rho) A, elsewhere rho A. So
+        # it is written as rho * slope + const with constant factors (slope = A where
+        # unclipped, else 0): the min form's value and gradient, one product backwards. All
+        # float arithmetic (bool masks cost several times more on the CPU).
         with torch.no_grad():
             ratio = rho.detach()
-            low = (ratio < 1.0 - eps_low) & (adv < 0)
-            high = (ratio > 1.0 + eps_high) & (adv > 0)
-            slope = adv.masked_fill(low | high, 0.0).mul_(weights)  # A on unclipped actions
-            # clip(rho) A on the clipped tokens, 0 elsewhere (rho = 1 off the actions, so no
-            # token there is clipped)
-            bound = torch.zeros_like(adv).masked_fill_(low, 1.0 - eps_low)
-            const = bound.masked_fill_(high, 1.0 + eps_high).mul_(adv)
+            gain = ratio * adv  # rho A
+            value = torch.minimum(gain, ratio.clamp(1.0 - eps_low, 1.0 + eps_high).mul_(adv))
+            deficit = gain.sub_(value)  # > 0 exactly where the clipped branch is active
+            slope = (deficit == 0).to(adv.dtype).mul_(adv).mul_(weights)
+            const = torch.addcmul(value, ratio, slope, value=-1.0).mul_(weights)
+            clipped = torch.count_nonzero(deficit)  # 0 off the actions (rho = 1 there)
+            high = torch.count_nonzero(deficit * (adv > 0))  # rho > 1 + eps_high, A > 0
         per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
         ones = torch.ones_like(adv[:, :1])
         loss = -_aggregate(per_token, ones, am, aggregation)
-        low_frac, high_frac = _fraction(low, count), _fraction(high, count)
+        low_frac = (clipped - high).to(torch.float64) / count  # rho < 1 - eps_low, A < 0
+        high_frac = high.to(torch.float64) / count
     metrics = {
         "clip_frac_low": low_frac,
         "clip_frac_high": high_frac,
