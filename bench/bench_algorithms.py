@@ -196,7 +196,7 @@ def run_objective(kind: str, x: Tensors, backward: bool) -> None:
         logp=x.logp,
         values=x.values if critic and not logits else None,
         old_values=x.old_values if critic and not logits else None,
-        old_logp=x.old_logp if logits else None,
+        old_logp=x.old_logp if spec.algorithm == "pact" else None,  # SR-PPO does not read it
         value_logits=x.values if logits else None,
     )
     result = compute_objective(

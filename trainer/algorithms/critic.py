@@ -148,20 +148,51 @@ def bce_value_loss(
             require_same_shape(value_logits=value_logits, mask=mask)
             require_same_device(value_logits=value_logits, mask=mask)
             mask = action_mask_bool(mask, require_action_per_row=False)
-    weights = _mask_weights(mask, value_logits).reshape(-1)
-    z = value_logits.reshape(-1)
-    y = targets.detach().reshape(-1)
-    # PACT App. C.6: sum_t m_t (softplus(z_t) - y_t z_t) as two masked dot products (the
-    # weighted targets are a constant, so the second one costs one product backwards).
-    # softplus(z) = logaddexp(z, 0): unlike F.softplus's linear branch above z = 20 it keeps
-    # the gradient sigmoid(z) exact. Off the mask the weights are 0 and every factor finite.
-    total = torch.dot(torch.logaddexp(z, z.new_zeros(())), weights) - torch.dot(z, y * weights)
+    z, y, weights = _flat_head_inputs(value_logits, targets, mask)
+    total = _bce_sum(z, y, weights)
     if bce_coef != 1.0:
         total = total * bce_coef
     if mse_coef:
-        gap = torch.sigmoid(z) - y  # SR-PPO sec. 4.3: + b (sigmoid(z) - y)^2
-        total = total + mse_coef * torch.dot(gap * gap, weights)
+        total = total + mse_coef * _mse_sum(z, y, weights)  # SR-PPO sec. 4.3: a BCE + b MSE
     return total / weights.sum().clamp(min=1.0)
+
+
+def value_loss_terms(
+    value_logits: Tensor, targets: Tensor, mask: Tensor | ActionMask
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sums behind :func:`bce_value_loss` (inputs already validated).
+
+    ``(sum m (softplus(z) - y z), sum m (sigmoid(z) - y)^2, max(1, sum m))``, the first two
+    with the graph to ``value_logits``; SR-PPO's critic loss is
+    ``(a * first + b * second) / third``, and it reports the two terms as the critic's BCE
+    and MSE.
+    """
+    z, y, weights = _flat_head_inputs(value_logits, targets, mask)
+    return _bce_sum(z, y, weights), _mse_sum(z, y, weights), weights.sum().clamp(min=1.0)
+
+
+def _flat_head_inputs(
+    value_logits: Tensor, targets: Tensor, mask: Tensor | ActionMask
+) -> tuple[Tensor, Tensor, Tensor]:
+    weights = _mask_weights(mask, value_logits).reshape(-1)
+    return value_logits.reshape(-1), targets.detach().reshape(-1), weights
+
+
+def _bce_sum(z: Tensor, y: Tensor, weights: Tensor) -> Tensor:
+    """PACT App. C.6: ``sum_t m_t (softplus(z_t) - y_t z_t)`` as two masked dot products.
+
+    The weighted targets are a constant, so the second product costs one product backwards.
+    ``softplus(z) = logaddexp(z, 0)``: unlike ``F.softplus``'s linear branch above ``z = 20``
+    it keeps the gradient ``sigmoid(z)`` exact. Off the mask the weights are 0 and every
+    factor finite.
+    """
+    return torch.dot(torch.logaddexp(z, z.new_zeros(())), weights) - torch.dot(z, y * weights)
+
+
+def _mse_sum(z: Tensor, y: Tensor, weights: Tensor) -> Tensor:
+    """SR-PPO sec. 4.3: ``sum_t m_t (sigmoid(z_t) - y_t)^2``."""
+    gap = torch.sigmoid(z) - y
+    return torch.dot(gap * gap, weights)
 
 
 def terminal_ranking_loss(

@@ -48,6 +48,7 @@ from trainer.algorithms.critic import (
     clipped_value_loss,
     group_residual_targets,
     terminal_ranking_loss,
+    value_loss_terms,
 )
 from trainer.algorithms.divergence import divergence_mask
 from trainer.algorithms.gae import discounted_returns, gae_advantages_and_returns
@@ -573,10 +574,21 @@ def _masked_mean(x: Tensor, weights: Tensor, count: Tensor) -> Tensor:
         return torch.dot(x.reshape(-1), weights.reshape(-1)).to(torch.float64) / count
 
 
+def _value_gap(rewards: Tensor, old_values: Tensor, am: ActionMask) -> Tensor:
+    """``Delta_+-`` (PACT sec. 5.3): mean ``V`` over the action tokens of ``R = 1`` rows minus
+    that of ``R = 0`` rows; NaN when either kind is missing."""
+    with torch.no_grad():
+        counts = am.row_counts(torch.float64)
+        sums = torch.linalg.vecdot(old_values, am.weights(old_values.dtype), dim=1)
+        sums = sums.to(torch.float64)
+        ones, zeros = rewards == 1, rewards == 0
+        mean_one = (sums * ones).sum() / (counts * ones).sum()
+        return mean_one - (sums * zeros).sum() / (counts * zeros).sum()
+
+
 def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) -> dict[str, Tensor]:
     """Critic calibration on the action tokens (PACT sec. 5.3): BCE and MSE of ``V_old``
-    against ``R`` in ``[0, 1]``, and ``Delta_+-`` = mean ``V`` on ``R = 1`` rows minus mean
-    ``V`` on ``R = 0`` rows (NaN when either kind is missing).
+    against ``R`` in ``[0, 1]``, and :func:`_value_gap`.
 
     ``R`` is constant along a row, so both losses follow from per-row sums of ``V``, ``V^2``,
     ``log V`` and ``log(1 - V)`` (``V`` clamped into ``(0, 1)`` for the logs).
@@ -594,14 +606,11 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
         log_v = row_sums(v.log())
         log_not_v = row_sums(v.neg_().add_(1.0).log_())  # v is ours (the clamp's copy)
         count = counts.sum()
-        ones, zeros = r == 1, r == 0
-        mean_one = (first * ones).sum() / (counts * ones).sum()
-        mean_zero = (first * zeros).sum() / (counts * zeros).sum()
         squares = second - 2 * r * first + r * r * counts  # sum_t (V - R)^2 per row
         return {
             "critic/bce": -(r * log_v + (1 - r) * log_not_v).sum() / count,
             "critic/mse": squares.sum().clamp(min=0.0) / count,
-            "critic/value_gap": mean_one - mean_zero,
+            "critic/value_gap": _value_gap(rewards, old_values, am),
         }
 
 
@@ -631,7 +640,9 @@ def _pact_actor(
     weights = mask.weights(tis.dtype)
     count = mask.total(torch.float64)
     with torch.no_grad():
-        capped = (tis >= config.tis_high) | ((tis <= config.tis_low) & mask.mask)
+        capped = tis >= config.tis_high
+        if config.tis_low > 0:  # (tis_low = 0 is never reached: exp of a clamped log-ratio)
+            capped |= (tis <= config.tis_low) & mask.mask
         credit = pact_credit(rewards, old_values, mask, config.gamma, check=False)  # Thm. 1
     metrics = _batch_metrics(batch)
     metrics.update(_prefixed("actor", policy_metrics))
@@ -720,9 +731,9 @@ def srppo_objective(
         config.aggregation or "seq-mean-token-mean", check=False,
     )  # fmt: skip
     returns = rewards[:, None] * mask.weights(rewards.dtype)  # sec. 4.3: Pass@1 target y = R
-    critic_loss = bce_value_loss(
-        logits, returns, mask, config.srppo_bce_coef, config.srppo_mse_coef, check=False
-    )
+    # sec. 4.3: a BCE + b MSE (= bce_value_loss; the two terms are also the critic's metrics)
+    bce, mse, count = value_loss_terms(logits, returns, mask)
+    critic_loss = (config.srppo_bce_coef * bce + config.srppo_mse_coef * mse) / count
     q_hat = first_action_values(old_values, mask, check=False).clamp(0.0, 1.0)
     passk = srppo_passk_weights(q_hat, k, check=False)
     metrics = _batch_metrics(batch)
@@ -739,7 +750,9 @@ def srppo_objective(
         metrics[f"actor/passk_share_{name}"] = (passk * rows).sum() / total  # NaN if total 0
     metrics["critic/loss"] = critic_loss.detach()
     metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
-    metrics.update(_calibration_metrics(rewards, old_values, mask))
+    metrics["critic/bce"] = bce.detach() / count
+    metrics["critic/mse"] = mse.detach() / count
+    metrics["critic/value_gap"] = _value_gap(rewards, old_values, mask)
     return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), "gae")
 
 

@@ -79,9 +79,11 @@ def pact_credit(
     v = values.detach().to(dtype)
     mask = am.mask
     follows = mask[:, 1:] & mask[:, :-1]  # u_j with u_{j+1} = u_j + 1
+    weights = am.weights(dtype)
     credit = torch.zeros_like(v)
-    # Thm. 1 inside a span: C_t = gamma V_{t+1} - V_t (x 0 elsewhere: the inputs are finite)
-    credit[:, :-1] = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(follows)
+    # Thm. 1 inside a span: C_t = gamma V_{t+1} - V_t (x 0 elsewhere: the inputs are finite;
+    # the product of float weights is the cheap form of ``follows``)
+    credit[:, :-1] = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(weights[:, 1:]).mul_(weights[:, :-1])
     ends = (mask & ~F.pad(follows, (0, 1))).nonzero()  # last token of each span, row-major
     starts = (mask & ~F.pad(follows, (1, 0))).nonzero()  # first token of each span
     # span k ends at ends[k]; the next action is starts[k + 1] when it lies in the same row
@@ -94,7 +96,7 @@ def pact_credit(
         rows = torch.arange(mask.shape[0], device=v.device)
         credit[rows, am.last] += rewards.detach().to(dtype)
     else:
-        credit += rewards.detach().to(dtype) * am.weights(dtype)
+        credit += rewards.detach().to(dtype) * weights
     return credit
 
 
