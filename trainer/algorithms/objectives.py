@@ -57,8 +57,8 @@ from trainer.algorithms.masks import ActionMask
 from trainer.algorithms.pact import (
     CRITIC_IS_MODES,
     CriticIS,
+    mean_abs_credit,
     pact_advantages,
-    pact_credit,
     pact_is_weights,
     targets_from_weights,
     tis_weights,
@@ -418,6 +418,18 @@ def _critic_explained_variance(returns: Tensor, values: Tensor, am: ActionMask) 
         return torch.where(var_g > 0, 1 - variance(residual) / var_g.clamp(min=1e-300), torch.nan)
 
 
+def _outcome_explained_variance(rewards: Tensor, am: ActionMask, residual_var: Tensor) -> Tensor:
+    """``1 - Var(G - V) / Var(G)`` over action tokens for ``G = R`` on every action token:
+    ``Var(G)`` from the ``[N]`` rewards weighted by the rows' action counts."""
+    with torch.no_grad():
+        counts = am.row_counts(torch.float64)
+        r = rewards.to(torch.float64)
+        count = counts.sum()
+        mean = (r * counts).sum() / count
+        var_g = (r * r * counts).sum() / count - mean * mean
+        return torch.where(var_g > 0, 1 - residual_var / var_g.clamp(min=1e-300), torch.nan)
+
+
 def _gae_actor_and_returns(
     batch: ObjectiveBatch, old_values: Tensor, config: ObjectiveConfig, all_reduce: AllReduce | None
 ) -> tuple[Tensor, Tensor]:
@@ -643,7 +655,6 @@ def _pact_actor(
         capped = tis >= config.tis_high
         if config.tis_low > 0:  # (tis_low = 0 is never reached: exp of a clamped log-ratio)
             capped |= (tis <= config.tis_low) & mask.mask
-        credit = pact_credit(rewards, old_values, mask, config.gamma, check=False)  # Thm. 1
     metrics = _batch_metrics(batch)
     metrics.update(_prefixed("actor", policy_metrics))
     metrics.update(_advantage_metrics(adv, mask))
@@ -651,9 +662,17 @@ def _pact_actor(
     metrics["actor/estimator_is_grpo"] = 0.0
     metrics["actor/tis_mean"] = _masked_mean(tis, weights, count)
     metrics["actor/tis_capped_frac"] = torch.count_nonzero(capped).to(torch.float64) / count
-    metrics["critic/mean_abs_credit"] = _masked_mean(credit.abs(), weights, count)
-    returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1: G
-    metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
+    # Thm. 1 / App. E.2: mean |C| of the TD-residual credit
+    metrics["critic/mean_abs_credit"] = mean_abs_credit(rewards, old_values, mask, config.gamma)
+    if config.gamma == 1.0 and not config.pact_whiten:
+        # G = R and A = G - V_old: the residual's variance is the advantages' (computed above)
+        residual_var = metrics["actor/adv_std"] ** 2  # type: ignore[operator]
+        metrics["critic/explained_variance"] = _outcome_explained_variance(
+            rewards, mask, residual_var
+        )
+    else:
+        returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1
+        metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
     return ObjectiveResult(loss, None, _to_floats(metrics), "gae")
 
 

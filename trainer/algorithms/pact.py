@@ -76,28 +76,57 @@ def pact_credit(
     if check:
         check_gae_inputs(rewards, values, am, gamma)
     dtype = torch.promote_types(rewards.dtype, values.dtype)
-    v = values.detach().to(dtype)
+    rewards = rewards.detach().to(dtype)
+    inner, ends, at_ends = _span_credit(rewards, values.detach().to(dtype), am, gamma)
+    credit = F.pad(inner, (0, 1))
+    credit[ends[:, 0], ends[:, 1]] = at_ends
+    if rewards.ndim == 2:  # per-token rewards: r_t on every action token
+        credit += rewards * am.weights(dtype)
+    return credit
+
+
+def _span_credit(
+    rewards: Tensor, v: Tensor, am: ActionMask, gamma: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The credit of :func:`pact_credit` in two parts (inputs validated, one dtype).
+
+    ``inner`` ``[N, T - 1]``: ``gamma V_{t+1} - V_t`` at action tokens followed by one, 0
+    elsewhere. ``ends`` ``[E, 2]``: (row, position) of the last token of each span of
+    consecutive action tokens, row-major; ``at_ends`` ``[E]``: their credit,
+    ``gamma V(first token of the row's next span) - V_t``, or ``R - V_t`` (``[N]`` outcome
+    rewards; 0 for per-token rewards, which the caller adds) at the row's last span.
+    """
     mask = am.mask
-    follows = mask[:, 1:] & mask[:, :-1]  # u_j with u_{j+1} = u_j + 1
-    weights = am.weights(dtype)
-    credit = torch.zeros_like(v)
+    weights = am.weights(v.dtype)
     # Thm. 1 inside a span: C_t = gamma V_{t+1} - V_t (x 0 elsewhere: the inputs are finite;
-    # the product of float weights is the cheap form of ``follows``)
-    credit[:, :-1] = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(weights[:, 1:]).mul_(weights[:, :-1])
+    # a product of float weights is the cheap form of the bool mask ``follows``)
+    inner = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(weights[:, 1:]).mul_(weights[:, :-1])
+    follows = mask[:, 1:] & mask[:, :-1]  # u_j with u_{j+1} = u_j + 1
     ends = (mask & ~F.pad(follows, (0, 1))).nonzero()  # last token of each span, row-major
     starts = (mask & ~F.pad(follows, (1, 0))).nonzero()  # first token of each span
     # span k ends at ends[k]; the next action is starts[k + 1] when it lies in the same row
     same_row = ends[:-1, 0] == starts[1:, 0]
-    next_value = torch.zeros(ends.shape[0], dtype=dtype, device=v.device)
-    next_value[:-1] = v[starts[1:, 0], starts[1:, 1]] * same_row
-    end_rows, end_cols = ends[:, 0], ends[:, 1]
-    credit[end_rows, end_cols] = next_value * gamma - v[end_rows, end_cols]
-    if rewards.ndim == 1:  # r_{u_M} = R
-        rows = torch.arange(mask.shape[0], device=v.device)
-        credit[rows, am.last] += rewards.detach().to(dtype)
-    else:
-        credit += rewards.detach().to(dtype) * weights
-    return credit
+    following = torch.zeros(ends.shape[0], dtype=v.dtype, device=v.device)
+    following[:-1] = torch.where(same_row, v[starts[1:, 0], starts[1:, 1]] * gamma, 0.0)
+    if rewards.ndim == 1:  # r_{u_M} = R after the row's last span (no bootstrap after u_M)
+        last_span = torch.ones_like(following, dtype=torch.bool)
+        last_span[:-1] = ~same_row
+        following += torch.where(last_span, rewards[ends[:, 0]], 0.0)
+    return inner, ends, following - v[ends[:, 0], ends[:, 1]]
+
+
+def mean_abs_credit(rewards: Tensor, values: Tensor, am: ActionMask, gamma: float = 1.0) -> Tensor:
+    """``critic/mean_abs_credit``: mean ``|C|`` over the action tokens (App. E.2), float64.
+
+    :func:`pact_credit` for ``[N]`` outcome rewards without building the ``[N, T]`` tensor
+    (inputs validated).
+    """
+    count = am.total(torch.float64)
+    dtype = torch.promote_types(rewards.dtype, values.dtype)
+    rewards = rewards.detach().to(dtype)
+    inner, _, at_ends = _span_credit(rewards, values.detach().to(dtype), am, gamma)
+    total = torch.linalg.vector_norm(inner, 1) + at_ends.abs().sum()  # sum |C|
+    return total.to(torch.float64) / count
 
 
 def _check_log_probs(am: ActionMask, **named: Tensor) -> None:

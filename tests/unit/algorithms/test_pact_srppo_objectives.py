@@ -90,6 +90,17 @@ def test_pact_actor_stage_matches_reference(seed, dtype, device, loss, with_old)
     assert m["actor/adv_mean"] == pytest.approx(
         sum(adv[i][t] for i, t in picked) / len(picked), rel=rel, abs=rel
     )
+    # explained variance of G = R by V_old over the action tokens: 1 - Var(R - V) / Var(R)
+    g = [rewards[i] for i, _ in picked]
+    resid = [rewards[i] - old_values[i][t] for i, t in picked]
+
+    def pvar(xs: list[float]) -> float:
+        mean = sum(xs) / len(xs)
+        return sum((x - mean) ** 2 for x in xs) / len(xs)
+
+    if pvar(g) > 0:
+        want_ev = 1 - pvar(resid) / pvar(g)
+        assert m["critic/explained_variance"] == pytest.approx(want_ev, rel=rel * 10, abs=rel)
 
 
 def test_pact_actor_ratio_is_on_old_logp_and_tis_folds_into_the_advantage() -> None:
