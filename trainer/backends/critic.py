@@ -39,12 +39,11 @@ class ValueModel(nn.Module):
             self.value_head.weight.normal_(0.0, init_std, generator=generator)
             self.value_head.bias.zero_()
 
-    def hidden_states(self, input_ids: Tensor) -> Tensor:
-        return self.body(input_ids=input_ids, use_cache=False).last_hidden_state
-
-    def values(self, hidden: Tensor) -> Tensor:
-        """Values of gathered hidden states ``[..., H] -> [...]`` in float32."""
-        out = self.value_head(hidden).squeeze(-1).float()
+    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        """``[n, t]`` float32 values of the hidden states at ``positions`` (``[n, t]``)."""
+        hidden = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        out = self.value_head(picked).squeeze(-1).float()
         return torch.sigmoid(out) if self.head_kind == "sigmoid" else out
 
 

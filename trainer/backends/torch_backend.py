@@ -14,6 +14,9 @@ One step (docs/trainer.md "One train step"):
 4. ``K`` critic passes the same way; passes after the first recompute ``V`` (no grad) and the
    critic loss against the frozen ``V_old``.
 
+With ``torch.distributed`` initialised, FSDP2 shards both models over the ranks and each rank
+trains its share of the groups (:mod:`trainer.backends.parallel`).
+
 fp32 everywhere by default; ``precision="bf16"`` autocasts the forwards to bfloat16 on the GPU
 while the parameters and AdamW states (the master weights) stay float32.
 """
@@ -26,15 +29,18 @@ import json
 import random
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.algorithms import ObjectiveBatch, compute_objective
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
+from trainer.backends.parallel import DataParallel, full_tensor, shard
 from trainer.checkpoint import (
     CheckpointError,
     atomic_directory,
@@ -97,8 +103,34 @@ def _positions(mb: TrainBatch) -> Tensor:
     return pos.clamp(max=mb.input_ids.shape[1] - 1)
 
 
-def _gather(hidden: Tensor, positions: Tensor) -> Tensor:
-    return hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+class PolicyScorer(nn.Module):
+    """The actor as one module: logits at given positions only (FSDP2 shards it as a root)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        body = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        return self.lm.get_output_embeddings()(picked)
+
+
+@dataclass(frozen=True)
+class _Micro:
+    """Global row indices of one micro-batch; ``real`` False: a pass that only keeps this
+    rank's collectives in step with ranks that have more micro-batches (its output unused)."""
+
+    rows: Tensor
+    real: bool = True
+
+
+def _layers(module: nn.Module) -> nn.ModuleList:
+    layers = getattr(module, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise BackendError(f"{type(module).__name__} has no 'layers' list to shard with FSDP2")
+    return layers
 
 
 def _fingerprint(*modules: nn.Module) -> str:
@@ -111,7 +143,7 @@ def _fingerprint(*modules: nn.Module) -> str:
 
 
 class TorchBackend:
-    """Actor + critic in one process (CPU fp32 or one GPU); see the module docstring."""
+    """Actor + critic in one process per rank (CPU or GPU); see the module docstring."""
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         source = model_dir if model_dir is not None else config.model
@@ -135,11 +167,17 @@ class TorchBackend:
             raise BackendError(str(exc)) from exc
         self.actor = actor.to(self.device)
         self.critic = critic.to(self.device)
+        self.scorer = PolicyScorer(self.actor)
         if config.activation_checkpointing:
             self.actor.gradient_checkpointing_enable()
             self.critic.body.gradient_checkpointing_enable()
         self.actor.train()
         self.critic.train()
+        self.fingerprint = _fingerprint(self.actor, self.critic)
+        self.dp = DataParallel.current()
+        if self.dp.enabled:
+            shard(self.scorer, _layers(getattr(self.actor, self.actor.base_model_prefix)))
+            shard(self.critic, _layers(self.critic.body))
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
@@ -151,7 +189,6 @@ class TorchBackend:
         )
         self.version = 0
         self.steps = 0
-        self.fingerprint = _fingerprint(self.actor, self.critic)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else 0)
         self.vocab_size = int(actor.config.vocab_size)
@@ -165,10 +202,8 @@ class TorchBackend:
 
     def _actor_logprobs(self, mb: TrainBatch, entropy: bool = False) -> tuple[Tensor, Tensor]:
         """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy."""
-        body = getattr(self.actor, self.actor.base_model_prefix)
         with self._autocast():
-            hidden = body(input_ids=mb.input_ids, use_cache=False).last_hidden_state
-            logits = self.actor.get_output_embeddings()(_gather(hidden, _positions(mb)))
+            logits = self.scorer(mb.input_ids, _positions(mb))
         logits = logits.float()
         if self.config.rollout_temperature != 1.0:
             logits = logits / self.config.rollout_temperature
@@ -183,42 +218,51 @@ class TorchBackend:
 
     def _critic_values(self, mb: TrainBatch) -> Tensor:
         with self._autocast():
-            hidden = self.critic.hidden_states(mb.input_ids)
-            values = self.critic.values(_gather(hidden, _positions(mb)))
+            values = self.critic(mb.input_ids, _positions(mb))
         return torch.where(mb.action_mask, values, torch.zeros_like(values))
 
-    def _plan(self, batch: TrainBatch) -> list[Tensor]:
-        plan = plan_micro_batches(batch, self.config.batch.micro_batch_tokens)
-        self._last_plan = plan
-        return [torch.tensor(rows, dtype=torch.long) for rows in plan.micro_batches]
-
-    @staticmethod
-    def _scatter(parts: list[tuple[Tensor, Tensor]], shape: tuple[int, int]) -> Tensor:
-        out = torch.zeros(shape, dtype=torch.float32, device=parts[0][1].device)
-        for rows, value in parts:
-            out[rows.to(out.device), : value.shape[1]] = value
-        return out
+    def _plan(self, batch: TrainBatch) -> list[_Micro]:
+        """This rank's micro-batches (global row indices), as many on every rank."""
+        mine = self.dp.rows(batch)
+        micro: list[_Micro] = []
+        self._padding_fraction = 0.0
+        if mine:
+            plan = plan_micro_batches(batch.select(mine), self.config.batch.micro_batch_tokens)
+            self._padding_fraction = plan.padding_fraction
+            index = torch.tensor(mine, dtype=torch.long)
+            micro = [_Micro(index[list(rows)]) for rows in plan.micro_batches]
+        for _ in range(self.dp.max_int(len(micro)) - len(micro)):
+            micro.append(_Micro(torch.zeros(1, dtype=torch.long), real=False))
+        return micro
 
     @torch.no_grad()
     def _forward(
-        self, batch: TrainBatch, plan: list[Tensor], actor: bool, critic: bool
+        self, batch: TrainBatch, plan: list[_Micro], actor: bool, critic: bool
     ) -> ForwardResult:
         shape = tuple(batch.tokens.shape)
-        logps, ents, values = [], [], []
-        for rows in plan:
-            mb = batch.select(rows)
+
+        def zeros() -> Tensor:
+            return torch.zeros(shape, dtype=torch.float32, device=batch.tokens.device)
+
+        logps, ents = zeros(), zeros()
+        values = zeros() if critic else None
+        for m in plan:
+            mb = batch.select(m.rows)
+            rows = m.rows.to(batch.tokens.device)
+            width = mb.tokens.shape[1]
             if actor:
                 logp, ent = self._actor_logprobs(mb, entropy=True)
-                logps.append((rows, logp))
-                ents.append((rows, ent))
-            if critic:
-                values.append((rows, self._critic_values(mb)))
-        zeros = torch.zeros(shape, dtype=torch.float32, device=batch.tokens.device)
-        return ForwardResult(
-            logprobs=self._scatter(logps, shape) if actor else zeros,
-            values=self._scatter(values, shape) if critic else None,
-            entropy=self._scatter(ents, shape) if actor else zeros,
-        )
+                if m.real:
+                    logps[rows, :width] = logp
+                    ents[rows, :width] = ent
+            if values is not None:
+                value = self._critic_values(mb)
+                if m.real:
+                    values[rows, :width] = value
+        for tensor in (logps, ents, values):
+            if tensor is not None:
+                self.dp.sum(tensor)  # each row is non-zero on exactly one rank
+        return ForwardResult(logprobs=logps, values=values, entropy=ents)
 
     def logprobs_and_values(self, batch: TrainBatch) -> ForwardResult:
         """No-grad forward of actor and critic over ``batch`` (micro-batched)."""
@@ -254,15 +298,17 @@ class TorchBackend:
     def _backprop(
         self,
         batch: TrainBatch,
-        plan: list[Tensor],
+        plan: list[_Micro],
         grad: Tensor,
         forward: Callable[[TrainBatch], Tensor],
     ) -> None:
         """Accumulate ``d/dtheta sum(out * grad)`` over the micro-batches."""
-        for rows in plan:
-            mb = batch.select(rows)
+        for m in plan:
+            mb = batch.select(m.rows)
             out = forward(mb)
-            g = grad.index_select(0, rows.to(grad.device))[:, : out.shape[1]]
+            g = grad.index_select(0, m.rows.to(grad.device))[:, : out.shape[1]]
+            if not m.real:
+                g = torch.zeros_like(g)
             (out * g).sum().backward()
 
     @staticmethod
@@ -276,7 +322,7 @@ class TorchBackend:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return float(full_tensor(norm))
 
     def _mismatch(self, batch: TrainBatch, logp: Tensor) -> dict[str, float]:
         """|recomputed - behaviour| on action tokens sampled by the trainer's own version."""
@@ -302,7 +348,7 @@ class TorchBackend:
         mask = batch.action_mask
         metrics: dict[str, float] = {
             "data/micro_batches": float(len(plan)),
-            "data/padding_fraction": self._last_plan.padding_fraction,
+            "data/padding_fraction": self._padding_fraction,
             "actor/entropy": float(first.entropy[mask].mean()),
             **self._mismatch(batch, first.logprobs),
         }
@@ -345,7 +391,7 @@ class TorchBackend:
         self,
         batch: TrainBatch,
         objective: StepObjective,
-        plan: list[Tensor],
+        plan: list[_Micro],
         first: ForwardResult,
         grad: Tensor | None,
         passes: int,
@@ -375,28 +421,26 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ weights out
 
-    def _tied_names(self) -> set[str]:
-        """State-dict names that alias an earlier tensor (a tied ``lm_head.weight``)."""
-        seen: set[int] = set()
-        tied = set()
-        for name, tensor in self.actor.state_dict(keep_vars=True).items():
-            ptr = tensor.data_ptr()
-            if ptr in seen:
-                tied.add(name)
-            seen.add(ptr)
-        return tied
-
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The actor's tensors under their HF names (tied aliases once), detached."""
-        tied = self._tied_names()
-        for name, tensor in self.actor.state_dict().items():
-            if name not in tied:
-                yield name, tensor.detach()
+        """The actor's tensors under their HF names (tied aliases once), whole and detached.
+
+        Under data parallel every rank must iterate (each tensor is gathered collectively).
+        """
+        seen: set[int] = set()
+        for name, tensor in self.actor.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:  # a tied alias (lm_head.weight of tied embeddings)
+                continue
+            seen.add(id(tensor))
+            yield name, full_tensor(tensor.detach())
 
     def export_hf(self, directory: str | Path) -> Path:
         """Write the actor as a HF model directory (safetensors, config, tokenizer), atomically."""
+        weights = dict(self.named_weights())  # collective under data parallel
+        if self.dp.rank != 0:
+            dist.barrier()
+            return Path(directory).resolve()
         with atomic_directory(directory) as staging:
-            self.actor.save_pretrained(staging)
+            self.actor.save_pretrained(staging, state_dict=weights)
             for item in self.model_dir.iterdir():
                 if item.is_file() and item.name.startswith(TOKENIZER_FILES):
                     shutil.copy2(item, staging / item.name)
@@ -406,12 +450,21 @@ class TorchBackend:
                 "source": str(self.model_dir),
             }
             (staging / EXPORT_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if self.dp.enabled:
+            dist.barrier()
         return Path(directory).resolve()
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _single_process(self, what: str) -> None:
+        if self.dp.enabled:
+            raise BackendError(
+                f"{what} under data parallel needs sharded checkpoints (not implemented yet)"
+            )
+
     def save(self, directory: str | Path) -> Path:
         """Full checkpoint: actor, critic, both optimisers and schedulers, version, RNG."""
+        self._single_process("save")
         rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -437,6 +490,7 @@ class TorchBackend:
 
     def load(self, directory: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
+        self._single_process("load")
         manifest, parts = read_checkpoint(directory)
         if manifest.get("backend") != "torch":
             raise CheckpointError(f"{directory}: a {manifest.get('backend')!r} checkpoint")
