@@ -20,7 +20,13 @@ from services.protocol import Outcome, OutcomeStatus, TrajectoryMeta, Trajectory
 
 
 async def _converse(
-    engine_url: str, renderer: Renderer, tid: str, turns: int, version: int, seed: int
+    engine_url: str,
+    renderer: Renderer,
+    tid: str,
+    turns: int,
+    version: int,
+    seed: int,
+    temperature: float,
 ) -> TrajectoryRecord:
     recorder = Recorder(renderer)
     record = TrajectoryRecord(meta=TrajectoryMeta(trajectory_id=tid, group_id="g0"))
@@ -34,7 +40,9 @@ async def _converse(
             messages = [ChatMessage.model_validate(m) for m in raw]
             plan = recorder.plan(state, messages, template_messages(messages, False), None,
                                  len(record.segments))  # fmt: skip
-            sampling = SamplingParams(max_new_tokens=6, temperature=1.0, sampling_seed=seed + n)
+            sampling = SamplingParams(
+                max_new_tokens=6, temperature=temperature, sampling_seed=seed + n
+            )
             out = await client.generate(plan.input_ids, sampling)
             result = TurnResult(
                 out.output_ids, out.output_logprobs, version, out.finish_reason.type
@@ -50,14 +58,20 @@ async def _converse(
 
 
 def record_conversations(
-    engine_url: str, model_dir: Path, n: int, turns: int = 2, version: int = 0, tag: str = "t"
+    engine_url: str,
+    model_dir: Path,
+    n: int,
+    turns: int = 2,
+    version: int = 0,
+    tag: str = "t",
+    temperature: float = 1.0,
 ) -> list[TrajectoryRecord]:
     """``n`` recorded multi-turn trajectories (one prompt group, rewards alternate 0 / 1)."""
     renderer = Renderer(model_dir)
 
     async def run() -> list[TrajectoryRecord]:
         return [
-            await _converse(engine_url, renderer, f"{tag}-{i}", turns, version, seed=i)
+            await _converse(engine_url, renderer, f"{tag}-{i}", turns, version, i, temperature)
             for i in range(n)
         ]
 

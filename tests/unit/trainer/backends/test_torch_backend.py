@@ -44,6 +44,18 @@ def test_recomputed_logprobs_match_the_engine_on_recorded_trajectories(
     assert fwd.values is not None and fwd.values.shape == batch.tokens.shape
 
 
+def test_logprobs_match_an_engine_sampling_at_another_temperature(
+    tiny_model_dir: Path, engine_url: str
+) -> None:
+    records = record_conversations(engine_url, tiny_model_dir, n=2, tag="warm", temperature=0.7)
+    batch, _ = build_batch(records, trainer_version=0)
+    mask = batch.action_mask
+    scaled = backend(tiny_model_dir, rollout_temperature=0.7).logprobs_and_values(batch)
+    assert float((scaled.logprobs - batch.behavior_logp)[mask].abs().max()) < 1e-5
+    plain = backend(tiny_model_dir).logprobs_and_values(batch)  # the wrong temperature
+    assert float((plain.logprobs - batch.behavior_logp)[mask].abs().max()) > 1e-3
+
+
 def constructed_batch(b: TorchBackend, rewards=(1.0, 0.0)) -> TrainBatch:
     """Rows in groups of two whose behaviour logprobs are the current policy's (ratio 1)."""
     records = [
@@ -99,6 +111,23 @@ def test_critic_attention_and_embeddings_stay_bit_identical(tiny_model_dir: Path
     for layer in range(2):
         assert f"body.layers.{layer}.mlp.gate_proj.weight" in changed
         assert f"body.layers.{layer}.input_layernorm.weight" in changed
+
+
+def test_warm_up_steps_leave_the_actor_and_critic_free_algorithms_the_critic(
+    tiny_model_dir: Path,
+) -> None:
+    b = backend(tiny_model_dir, critic={"optimizer": {"lr": 1e-3}})
+    batch = constructed_batch(b)
+    actor = {n: p.detach().clone() for n, p in b.actor.named_parameters()}
+    head = b.critic.value_head.weight.detach().clone()
+    metrics = b.train_step(batch, StepObjective(algorithm="lisao", update_actor=False))
+    assert b.version == 0 and "actor/grad_norm" not in metrics
+    assert all(torch.equal(actor[n], p) for n, p in b.actor.named_parameters())
+    assert not torch.equal(head, b.critic.value_head.weight)
+    head = b.critic.value_head.weight.detach().clone()
+    metrics = b.train_step(batch, StepObjective(algorithm="grpo"))
+    assert b.version == 1 and "critic/lr" not in metrics
+    assert torch.equal(head, b.critic.value_head.weight)
 
 
 def test_micro_batching_accumulates_the_whole_batch_gradient(tiny_model_dir: Path) -> None:
