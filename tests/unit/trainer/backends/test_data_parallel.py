@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from tests.support.engines import REPO_ROOT, free_port
 from tests.unit.trainer.backends.dp_worker import run
@@ -55,6 +56,7 @@ def test_two_rank_fsdp_step_equals_one_process(tiny_model_dir: Path, tmp_path: P
                 str(tiny_model_dir),
                 str(tmp_path / "batch.pt"),
                 str(tmp_path / "dp.pt"),
+                str(tmp_path / "export"),
             ],
             cwd=REPO_ROOT,
             env=env,
@@ -83,3 +85,7 @@ def test_two_rank_fsdp_step_equals_one_process(tiny_model_dir: Path, tmp_path: P
             assert torch.allclose(d_two, d_one, atol=3e-7, rtol=1e-3), (part, name)
             largest = max(largest, float(d_one.abs().max()))
     assert largest > 1e-4  # the step moved the weights
+    # the sharded actor exports whole: the files hold exactly the gathered weights
+    exported = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert set(exported) == set(two["actor"])
+    assert all(torch.equal(exported[k], two["actor"][k]) for k in exported)
