@@ -3,7 +3,7 @@
 See :mod:`trainer.data.batch` for the layout and docs/trainer.md for the choices.
 """
 
-from trainer.data.batch import BatchError, BuildReport, TrainBatch, build_batch
+from trainer.data.batch import BatchError, BuildReport, TrainBatch, batch_from_rows, build_batch
 from trainer.data.micro import MicroBatchPlan, plan_micro_batches
 from trainer.data.rows import RecordError, SegmentRow, check_record, segment_rows
 
@@ -14,6 +14,7 @@ __all__ = [
     "RecordError",
     "SegmentRow",
     "TrainBatch",
+    "batch_from_rows",
     "build_batch",
     "check_record",
     "plan_micro_batches",

@@ -166,6 +166,22 @@ def _dense_ids(names: list[str]) -> tuple[Tensor, tuple[str, ...]]:
     return torch.tensor(ids, dtype=torch.long), tuple(order)
 
 
+def batch_from_rows(rows: Sequence[SegmentRow], pad_id: int = 0) -> TrainBatch:
+    """Pad checked rows into a :class:`TrainBatch` (dense group and trajectory indices)."""
+    if not rows:
+        raise BatchError("a batch needs at least one row")
+    rows = list(rows)
+    trajectory_index, trajectory_ids = _dense_ids([r.trajectory_id for r in rows])
+    group_ids, _ = _dense_ids([r.group_id for r in rows])
+    return TrainBatch(
+        **_tensors(rows, pad_id),
+        group_ids=group_ids,
+        trajectory_index=trajectory_index,
+        trajectory_ids=trajectory_ids,
+        pad_id=pad_id,
+    )
+
+
 def build_batch(
     records: Sequence[TrajectoryRecord],
     trainer_version: int,
@@ -235,16 +251,7 @@ def build_batch(
             f"behind version {trainer_version}"
         )
     kept = [rows[i] for i in keep_rows]
-    tensors = {k: v.index_select(0, torch.tensor(keep_rows)) for k, v in tensors.items()}
-    trajectory_index, trajectory_ids = _dense_ids([r.trajectory_id for r in kept])
-    group_ids, _ = _dense_ids([r.group_id for r in kept])
-    batch = TrainBatch(
-        **tensors,
-        group_ids=group_ids,
-        trajectory_index=trajectory_index,
-        trajectory_ids=trajectory_ids,
-        pad_id=pad_id,
-    ).select(list(range(len(kept))))  # trim the widths the dropped rows set
+    batch = batch_from_rows(kept, pad_id)
     kept_lag = lag[keep_trajectory]
     truncated_trajectories = {r.trajectory_id for r in kept if r.truncated}
     report = BuildReport(
@@ -254,7 +261,7 @@ def build_batch(
         overlong_rows=overlong,
         empty_rows=empty,
         rows=len(kept),
-        trajectories=len(trajectory_ids),
+        trajectories=batch.num_trajectories,
         truncated=len(truncated_trajectories),
         mean_lag=float(kept_lag.to(torch.float64).mean()),
     )
