@@ -127,3 +127,28 @@ def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, An
         for name in manifest["files"]
     }
     return manifest, parts
+
+
+def keep_last(root: str | Path, keep: int, prefix: str = "step-") -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints ``root/<prefix>N`` (by N); return them.
+
+    Only complete checkpoints (a manifest present) count and are deleted; staging leftovers of
+    a killed save (``.<name>.tmp-*``) are removed too.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    steps = []
+    for path in base.iterdir():
+        number = path.name[len(prefix) :]
+        if path.name.startswith(prefix) and number.isdigit() and (path / MANIFEST).is_file():
+            steps.append((int(number), path))
+        elif path.name.startswith(".") and ".tmp-" in path.name and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+    steps.sort()
+    doomed = [path for _, path in steps[:-keep]]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed

@@ -10,18 +10,19 @@ backend only through :class:`TrainerBackend`:
 * ``export_hf(dir)`` -- the actor as a Hugging Face directory (safetensors, config, tokenizer)
   that transformers and the engines' ``/update_weights_from_disk`` load;
 * ``named_weights()`` -- the actor's tensors under their HF names (distributed weight sync);
-* ``save(dir)`` / ``load(dir)`` -- a full checkpoint: actor, critic, both optimisers, the
-  policy version, the step counter and RNG states;
+* ``save(dir, extra)`` / ``load(dir) -> extra`` -- a full checkpoint: actor, critic, both
+  optimisers, the policy version, the step counter and RNG states, plus the caller's own
+  JSON state (the driver's readiness gate, data cursor);
 * ``version`` -- the policy version of the actor's weights: one counter, advanced by one per
   actor update, saved in checkpoints and sent with every publish (nobody keeps another).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -84,6 +85,6 @@ class TrainerBackend(Protocol):
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]: ...
 
-    def save(self, directory: str | Path) -> Path: ...
+    def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path: ...
 
-    def load(self, directory: str | Path) -> None: ...
+    def load(self, directory: str | Path) -> dict[str, Any]: ...

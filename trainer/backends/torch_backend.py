@@ -28,7 +28,7 @@ import hashlib
 import json
 import random
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -462,8 +462,9 @@ class TorchBackend:
                 f"{what} under data parallel needs sharded checkpoints (not implemented yet)"
             )
 
-    def save(self, directory: str | Path) -> Path:
-        """Full checkpoint: actor, critic, both optimisers and schedulers, version, RNG."""
+    def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
+        """Full checkpoint: actor, critic, both optimisers and schedulers, version, RNG, and the
+        caller's JSON-serialisable ``extra`` state (returned by :meth:`load`)."""
         self._single_process("save")
         rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -485,10 +486,15 @@ class TorchBackend:
             "steps": self.steps,
             "fingerprint": self.fingerprint,
             "source_model": str(self.model_dir),
+            "extra": dict(extra or {}),
         }
+        try:
+            json.dumps(meta["extra"])
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
         return write_checkpoint(directory, parts, meta)
 
-    def load(self, directory: str | Path) -> None:
+    def load(self, directory: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
         self._single_process("load")
         manifest, parts = read_checkpoint(directory)
@@ -512,3 +518,4 @@ class TorchBackend:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.version = int(manifest["policy_version"])
         self.steps = int(manifest["steps"])
+        return dict(manifest.get("extra") or {})

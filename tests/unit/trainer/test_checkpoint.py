@@ -15,7 +15,7 @@ import torch
 
 from tests.support.engines import REPO_ROOT
 from trainer import checkpoint
-from trainer.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from trainer.checkpoint import CheckpointError, keep_last, read_checkpoint, write_checkpoint
 
 CHILD = textwrap.dedent("""
     import sys, time, torch
@@ -76,3 +76,15 @@ def test_a_missing_part_or_a_bad_format_is_named(tmp_path: Path) -> None:
     (target / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="checkpoint format 99"):
         read_checkpoint(target)
+
+
+def test_keep_last_prunes_old_checkpoints_and_dead_staging(tmp_path: Path) -> None:
+    for step in (1, 2, 10, 3):
+        write_checkpoint(tmp_path / f"step-{step}", {"a.pt": [step]}, {"policy_version": step})
+    (tmp_path / ".step-11.tmp-dead").mkdir()  # left by a killed save
+    (tmp_path / "step-12").mkdir()  # no manifest: not a checkpoint, left alone
+    removed = keep_last(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["step-1", "step-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-12", "step-3"]
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        keep_last(tmp_path, keep=0)

@@ -193,11 +193,12 @@ def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> No
     a = backend(tiny_model_dir, **cfg)
     first, second = constructed_batch(a), constructed_batch(a, rewards=(0.0, 1.0))
     a.train_step(first, StepObjective())
-    a.save(tmp_path / "ckpt")
+    a.save(tmp_path / "ckpt", extra={"gate": {"counter": 3}, "cursor": "batch-7"})
     m_a = a.train_step(second, StepObjective())
     b = backend(tiny_model_dir, **cfg, seed=7)  # another value-head init: load must replace it
-    b.load(tmp_path / "ckpt")
+    extra = b.load(tmp_path / "ckpt")
     assert (b.version, b.steps) == (1, 1)
+    assert extra == {"gate": {"counter": 3}, "cursor": "batch-7"}
     m_b = b.train_step(second, StepObjective())
     assert m_a == m_b
     for model_a, model_b in ((a.actor, b.actor), (a.critic, b.critic)):
@@ -214,6 +215,8 @@ def test_bad_checkpoints_and_models_give_clear_errors(tiny_model_dir: Path, tmp_
     from trainer.checkpoint import CheckpointError
 
     b = backend(tiny_model_dir)
+    with pytest.raises(BackendError, match="not JSON-serialisable"):
+        b.save(tmp_path / "ckpt", extra={"tensor": torch.zeros(1)})
     ckpt = b.save(tmp_path / "ckpt")
     (ckpt / "critic.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"checksum mismatch in critic\.pt"):
