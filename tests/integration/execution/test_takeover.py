@@ -47,7 +47,10 @@ def _log(procs: Procs, node: str, n: int) -> str:
 def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
     redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
 ) -> None:
-    first = procs.worker(redis_url, "mover", slots=1, fake=True, wrap=on_host("box-a"))
+    # A TTL long enough that the restarted worker surely starts (python, imports) before the
+    # dead worker's heartbeat expires, even on a loaded machine: it must see it and wait.
+    ttl = {"SWERL_WORKER__QUEUE__HEARTBEAT_TTL_S": "10"}
+    first = procs.worker(redis_url, "mover", 1, fake=True, wrap=on_host("box-a"), **ttl)
     wait_nodes(queue, {"mover"}, procs)
     batch = manager.submit(RolloutRequest(instance_ids=["t.sleep20000"], n_samples=1))
     wait_for(probe.starts, 20, "the task to start", procs.logs)
@@ -55,8 +58,8 @@ def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
 
-    second = procs.worker(redis_url, "mover", slots=1, fake=True, wrap=on_host("box-b"))
-    wait_for(lambda: "taking over" in _log(procs, "mover", 1), 30, "the takeover", procs.logs)
+    second = procs.worker(redis_url, "mover", 1, fake=True, wrap=on_host("box-b"), **ttl)
+    wait_for(lambda: "taking over" in _log(procs, "mover", 1), 40, "the takeover", procs.logs)
     assert second.poll() is None, procs.logs()
     log = _log(procs, "mover", 1)
     assert "waiting up to" in log and "expired" in log, log
@@ -97,9 +100,9 @@ def test_restart_with_the_same_pid_in_a_new_pid_namespace_takes_over_at_once(
 
 
 @pytest.fixture(scope="module")
-def sandbox_image() -> str:
+def sandbox_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     ensure_dockerd()
-    return build_test_images(Path("/tmp/swerl-takeover-images"))
+    return build_test_images(tmp_path_factory.mktemp("images"))
 
 
 @pytest.fixture(params=["docker", "bwrap"])
@@ -131,7 +134,10 @@ def test_killed_workers_sandboxes_are_reaped_at_takeover(
         str(real_backend.config.state_root),  # type: ignore[attr-defined]
     ]
     node = "reaped"
-    first = procs.worker(redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-a"))
+    ttl = {"SWERL_WORKER__QUEUE__HEARTBEAT_TTL_S": "10"}  # the restart sees the heartbeat
+    first = procs.worker(
+        redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-a"), **ttl
+    )
     wait_nodes(queue, {node}, procs, timeout=60)
     batch = manager.submit(RolloutRequest(instance_ids=["t.sleep60000"], n_samples=1))
     wait_for(probe.starts, 60, "the task to start", procs.logs)
@@ -140,12 +146,13 @@ def test_killed_workers_sandboxes_are_reaped_at_takeover(
     first.wait(timeout=10)
     assert real_backend.list_sandboxes(node) == [old]  # outlived the worker
 
-    procs.worker(redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-b"))
-    wait_for(lambda: "taking over" in _log(procs, node, 1), 60, "the takeover", procs.logs)
+    procs.worker(redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-b"), **ttl)
+    # reaped when the restarted worker takes the node over, before it serves: the marker and
+    # the real sandbox
+    cleanup_key = f"{queue.cfg.prefix}test:cleanup"
+    wait_for(lambda: queue.redis.llen(cleanup_key) == 2, 60, "the takeover", procs.logs)
+    assert queue.redis.lindex(cleanup_key, -1) == f"{node}:2".encode()
+    assert old not in real_backend.list_sandboxes(node)
     wait_for(lambda: len(probe.starts()) == 2, 60, "the second attempt", procs.logs)
-    # reaped at takeover (not at some later clean start): only the new attempt's sandbox is left
-    wait_for(lambda: old not in real_backend.list_sandboxes(node), 30, "the reap", procs.logs)
-    cleanups = [c.decode() for c in queue.redis.lrange(f"{queue.cfg.prefix}test:cleanup", 0, -1)]
-    assert cleanups[-1] == f"{node}:2"  # the marker and the real sandbox
     manager.cancel(batch)
     wait_for(lambda: not real_backend.list_sandboxes(node), 60, "the cancelled run's sandbox")
