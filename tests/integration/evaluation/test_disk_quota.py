@@ -33,36 +33,35 @@ def _binary_patch_of_a_big_file(work: Path, size_mb: int) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("kind", ["docker", "bwrap"])
+@pytest.fixture(params=["docker", "bwrap"])
+def backend(
+    request: pytest.FixtureRequest, eval_backends: dict[str, SandboxBackend]
+) -> SandboxBackend:
+    return eval_backends[request.param]
+
+
+@pytest.fixture
+def inst(instances: dict[str, SWEInstance]) -> SWEInstance:
+    return instances["swerl__strkit-1"]
+
+
 def test_a_patch_that_expands_beyond_the_quota_does_not_apply(
-    eval_backends: dict[str, SandboxBackend],
-    instances: dict[str, SWEInstance],
-    node: str,
-    kind: str,
-    tmp_path: Path,
+    backend: SandboxBackend, inst: SWEInstance, node: str, tmp_path: Path
 ) -> None:
-    inst = instances["swerl__strkit-1"]
     bomb = _binary_patch_of_a_big_file(tmp_path / "repo", 96)
     assert len(bomb) < 1024 * 1024  # small as a patch, 96 MiB once applied
     image = images.instance_image(inst.instance_id)
     config = EvalConfig(limits=QUOTA)
-    report = evaluate_patch(
-        eval_backends[kind], inst, inst.patch + bomb, image, node=node, config=config
-    )
+    report = evaluate_patch(backend, inst, inst.patch + bomb, image, node=node, config=config)
     assert report.infra_error is None, report.infra_error
     assert not report.applied and not report.resolved
     assert report.reward == 0.0
     assert "No space left on device" in report.log_tail, report.log_tail
 
 
-@pytest.mark.parametrize("kind", ["docker", "bwrap"])
 def test_code_that_fills_the_disk_during_the_tests_is_reward_zero(
-    eval_backends: dict[str, SandboxBackend],
-    instances: dict[str, SWEInstance],
-    node: str,
-    kind: str,
+    backend: SandboxBackend, inst: SWEInstance, node: str
 ) -> None:
-    inst = instances["swerl__strkit-1"]
     filler = inst.patch.replace(
         "+    if width <= len(suffix):\n",
         "+    open('/tmp/fill', 'wb').write(bytes(64 * 1024 * 1024))\n"
@@ -71,7 +70,7 @@ def test_code_that_fills_the_disk_during_the_tests_is_reward_zero(
     assert filler != inst.patch
     image = images.instance_image(inst.instance_id)
     config = EvalConfig(limits=QUOTA)
-    report = evaluate_patch(eval_backends[kind], inst, filler, image, node=node, config=config)
+    report = evaluate_patch(backend, inst, filler, image, node=node, config=config)
     assert report.infra_error is None, report.infra_error
     assert report.applied and report.tests_run and not report.resolved
     assert report.reward == 0.0
