@@ -24,6 +24,7 @@ cgroup namespaces, all capabilities dropped, ``--die-with-parent``, ``--new-sess
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
@@ -251,7 +252,15 @@ class BwrapSandbox(hostdir.HostDirSandbox):
             start_new_session=True,
         )
         pid_file = self._pids / str(proc.pid)
-        pid_file.write_text(str(self._state))
+        try:
+            pid_file.write_text(str(self._state))
+        except OSError as exc:
+            # The state dir is the sandbox's quota'd tmpfs: an agent that filled it must not
+            # make every later command (the patch extraction, the evaluation) an infra failure.
+            # The pid file is only a fallback (--die-with-parent and the cgroups reach it too).
+            if exc.errno != errno.ENOSPC:
+                raise
+            pid_file.unlink(missing_ok=True)
         return proc, pid_file
 
     @staticmethod

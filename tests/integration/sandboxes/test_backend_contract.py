@@ -562,6 +562,36 @@ def test_inode_quota_bounds_the_number_of_files(make) -> None:
     assert sb.exec("echo still-alive").output.strip() == "still-alive"
 
 
+def test_a_sandbox_whose_quota_a_background_process_filled_still_works(make) -> None:
+    """Bytes and inodes exhausted by a process that stays alive (an agent's shell, say): later
+    commands, file reads and the patch extraction still run -- a full disk is graded, never
+    turned into an infrastructure failure."""
+    sb = make(limits=SandboxLimits(disk_mb=24, inodes=1024, memory_mb=512))
+    sb.exec("echo change >> README.md || echo change > new.txt", timeout_s=30)
+    base = sb.exec("git rev-parse HEAD").output.strip()
+    sb.write_file("/tmp/flood.py", _until_oserror("open(f'/tmp/f{n}', 'w').close()", 5000).encode())
+    sb.spawn("dd if=/dev/zero of=/tmp/big bs=1M count=64; python3 /tmp/flood.py; sleep 600")
+
+    def full() -> bool:
+        fs = os.statvfs(sb._state)
+        return fs.f_favail == 0 and fs.f_bavail * fs.f_frsize < 64 * 1024
+
+    deadline = time.monotonic() + 60
+    while not full() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert full(), os.statvfs(sb._state)
+    assert sb.exec("echo ok").output.strip() == "ok"
+    assert sb.read_file("/testbed/.git/HEAD").startswith(b"ref:")
+    try:
+        patch = sb.diff(base)
+    except SandboxInfraError as exc:  # git cannot write its index: the runner's empty patch
+        assert "git diff failed" in str(exc)
+    else:
+        assert "change" in patch
+    res = sb.exec("touch /tmp/one-more 2>&1")
+    assert res.exit_code != 0 and "No space left on device" in res.output, res.output
+
+
 # -- the read-only Python bundle the OpenHands agent server will run from ---------------------
 
 
