@@ -394,6 +394,8 @@ class TaskQueue:
         (:func:`services.store.trajectories.abort_lost_trajectory`; an outcome its worker
         recorded is kept). Trajectory records share the queue's key prefix.
         """
+        if kind == "rebalance":  # an entry no worker has read: no attempt ran, no record
+            return self._requeue(task_id, entry, node, reason, kind)
         before = self.redis.hmget(self.keys.task(task_id), "entry", "attempt")
         status = self._requeue(task_id, entry, node, reason, kind)
         if status in ("requeued", "dead") and _s(before[0]) == entry and _s(before[1]).isdigit():

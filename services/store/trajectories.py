@@ -232,8 +232,9 @@ def abort_lost_trajectory(
     keys = TrajectoryKeys(prefix, trajectory_id)
     reason = f"{WORKER_LOST}: {detail}" if detail else WORKER_LOST
     outcome = Outcome(status=OutcomeStatus.ABORTED, abort_reason=reason[:2000])
-    result = client.eval(
-        _ABORT_LOST, 2, keys.info, keys.counters, outcome.model_dump_json(), str(time.time())
+    script = client.register_script(_ABORT_LOST)  # EVALSHA, loading the script when missing
+    result = script(
+        keys=[keys.info, keys.counters], args=[outcome.model_dump_json(), str(time.time())]
     )
     return str(_text(result))
 
