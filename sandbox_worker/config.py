@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from sandbox_worker.backends.base import MIN_DISK_MB, MIN_INODES
 from sandbox_worker.openhands.config import OpenHandsConfig
 from services.config import StrictModel
 from services.queue.config import QueueConfig
@@ -42,11 +43,16 @@ class SimulatedRunnerConfig(StrictModel):
 
 
 class SandboxLimitsConfig(StrictModel):
-    """CPU, memory and pids limits of one sandbox (``SandboxLimits`` in config form)."""
+    """CPU, memory, pids, disk and inode limits of one sandbox (``SandboxLimits`` in config
+    form). ``disk_mb`` / ``inodes`` bound what the sandbox holds in its writable places
+    (/testbed with the image's checkout, /tmp, the control dir) on a tmpfs: those bytes also
+    count against ``memory_mb`` (docs/sandboxes.md, "Disk quota")."""
 
     cpus: float = Field(1.0, gt=0.0, le=256.0)
     memory_mb: int = Field(4096, ge=16)
     pids: int = Field(512, ge=8)
+    disk_mb: int = Field(2048, ge=MIN_DISK_MB)
+    inodes: int = Field(100_000, ge=MIN_INODES)
 
 
 class BackendSettings(StrictModel):

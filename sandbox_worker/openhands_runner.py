@@ -48,7 +48,13 @@ class NodeCleanup:
 
 
 def sandbox_limits(cfg: SandboxLimitsConfig) -> SandboxLimits:
-    return SandboxLimits(cpus=cfg.cpus, memory_mb=cfg.memory_mb, pids=cfg.pids)
+    return SandboxLimits(
+        cpus=cfg.cpus,
+        memory_mb=cfg.memory_mb,
+        pids=cfg.pids,
+        disk_mb=cfg.disk_mb,
+        inodes=cfg.inodes,
+    )
 
 
 def backend_kwargs(name: str, cfg: TrajectoryRunnerConfig) -> dict[str, Any]:

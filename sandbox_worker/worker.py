@@ -5,11 +5,15 @@ calls the runner, a heartbeat thread keeps the node alive in Redis (and keeps th
 entries' idle time at zero so they are never taken back from a live worker), and a listener
 thread stops the runs of a cancelled batch the moment the cancel is published.
 
-Life cycle: refuse to start if another live worker holds the node name; clean up what a
-crashed previous run of this node left (``backend.cleanup_node``) and hand back the tasks it
-had taken (new attempts, so new trajectory ids); serve; on SIGTERM/SIGINT stop taking work,
-hand back what was queued for this node, let running trajectories finish within the grace
-period, then stop the rest and hand them back; remove the heartbeat.
+Life cycle: take the node name over -- at once when the previous worker of the node is provably
+gone (same host, its pid dead), else after waiting (bounded, logged) for its heartbeat to
+expire; refuse to start if the heartbeat is renewed meanwhile (a live worker holds the name);
+clean up what a crashed previous run of this node left (``backend.cleanup_node``: its
+sandboxes, at takeover) and hand back the tasks it had taken (new attempts, so new trajectory
+ids; the queue closes the old attempts' open trajectory records as aborted); serve; on
+SIGTERM/SIGINT stop taking work, hand back what was queued for this node, let running
+trajectories finish within the grace period, then stop the rest and hand them back; remove the
+heartbeat.
 """
 
 from __future__ import annotations
@@ -119,7 +123,9 @@ class Worker:
             if not self._wait_for_redis():
                 return 0
             try:
-                self._start_up()
+                if not self._start_up():
+                    log.info("stop requested while waiting to take node %s over", self.node)
+                    return 0
                 break
             except TRANSIENT_ERRORS as exc:
                 failures += 1
@@ -155,14 +161,17 @@ class Worker:
         log.info("worker %s stopped after %d task(s)", self.instance, self.completed)
         return 0
 
-    def _start_up(self) -> None:
-        self._claim_node()
+    def _start_up(self) -> bool:
+        """Claim the node, reap and recover what a previous run left; False if stopped."""
+        if not self._claim_node():
+            return False
         if self.backend is not None:
             removed = self.backend.cleanup_node(self.node)
             log.info("cleanup_node(%s): removed %d leftover sandbox(es)", self.node, removed)
         self.queue.ensure_group(self.node)
         self._recover_previous_run()
         self._beat()
+        return True
 
     def _wait_for_redis(self) -> bool:
         failures = 0
@@ -177,23 +186,65 @@ class Worker:
                 backoff_sleep(failures, self._stopping, self.cfg.queue.backoff_cap_s)
         return False
 
-    def _claim_node(self) -> None:
+    def _claim_node(self) -> bool:
+        """Make sure no other live worker serves the node; False if a stop came meanwhile.
+
+        A previous worker killed without shutting down leaves its heartbeat for up to
+        ``heartbeat_ttl_s``. On the same host with its pid gone (or reused by this very
+        process, as a supervisor restarting a container's pid 1 does) it is taken over at
+        once; otherwise (another host or container, a pid now used by someone else) the
+        heartbeat is watched: expired -> take over; renewed -> a live worker holds the name.
+        """
         hb = self.queue.node_heartbeat(self.node)
         if not hb or hb.get("instance") == self.instance:
-            return
-        pid = int(hb.get("pid") or 0)
-        if hb.get("host") == self.host and not _pid_alive(pid):
+            return True
+        pid = int(hb["pid"]) if hb.get("pid", "").isdigit() else 0
+        if hb.get("host") == self.host and (pid == os.getpid() or not _pid_alive(pid)):
             log.warning(
                 "node %s: previous worker (pid %d) is gone without shutting down; taking over",
                 self.node,
                 pid,
             )
-            return
-        raise NodeConflictError(
-            f"node {self.node!r} is already served by a live worker (host {hb.get('host')}, "
-            f"pid {pid}); use another --node name, stop that worker first, or wait "
-            f"{self.cfg.queue.heartbeat_ttl_s:g} s for its heartbeat to expire if it is gone"
+            return True
+        return self._await_heartbeat_expiry(hb)
+
+    def _await_heartbeat_expiry(self, seen: dict[str, str]) -> bool:
+        """Wait (bounded) for the heartbeat ``seen`` to expire: True to take over, False if a
+        stop was requested; :class:`NodeConflictError` when it is renewed (or outlives the
+        bound: TTL plus two heartbeat intervals and a second of slack)."""
+        ttl = self.cfg.queue.heartbeat_ttl_s
+        interval = self.cfg.heartbeat_interval_s
+        bound = ttl + 2 * interval + 1.0
+        who = f"host {seen.get('host')}, pid {seen.get('pid')}, instance {seen.get('instance')}"
+        log.warning(
+            "node %s has the heartbeat of another worker (%s); waiting up to %.1f s for it to "
+            "expire (then this worker takes the node over) or be renewed (then it refuses)",
+            self.node,
+            who,
+            bound,
         )
+        started = time.monotonic()
+        while not self._stopping.wait(min(0.2, interval / 2)):
+            hb = self.queue.node_heartbeat(self.node)
+            waited = time.monotonic() - started
+            if not hb:
+                log.warning(
+                    "node %s: the heartbeat of the previous worker (%s) expired after %.1f s of "
+                    "waiting; taking over",
+                    self.node,
+                    who,
+                    waited,
+                )
+                return True
+            renewed = hb.get("instance") != seen.get("instance") or hb.get("ts") != seen.get("ts")
+            if renewed or waited > bound:
+                raise NodeConflictError(
+                    f"node {self.node!r} is already served by a live worker (host "
+                    f"{hb.get('host')}, pid {hb.get('pid')}): its heartbeat was "
+                    f"{'renewed' if renewed else f'not expired after {waited:.1f} s'}; use "
+                    "another --node name or stop that worker first"
+                )
+        return False
 
     def _recover_previous_run(self) -> None:
         """Entries a previous run of this node took and never acknowledged: hand them back."""

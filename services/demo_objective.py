@@ -1,8 +1,9 @@
 """The demo's last step: recorded trajectories -> padded batch -> Li2SAO bootstrap objective.
 
-The tiny model recomputes the log-probability of every generated token with a plain forward
-pass (``max_abs_logprob_diff`` must stay below 1e-5: the engine and the trainer agree), the
-critic is a zero-initialised value head on the model's last hidden state, and
+The trainer's own parts do the work: :func:`trainer.data.build_batch` turns the records into a
+batch (one row per segment), the torch backend recomputes the log-probability of every
+generated token (``max_abs_logprob_diff`` must stay below 1e-5: the engine and the trainer
+agree) and the critic's values (a zero-initialised value head), and
 ``trainer.algorithms.li2sao_objective`` evaluates actor and critic losses. No weights change.
 """
 
@@ -11,68 +12,55 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoModelForCausalLM
-
 from trainer.algorithms import ObjectiveBatch, li2sao_objective
+from trainer.backends.torch_backend import TorchBackend
+from trainer.config import BatchConfig, TrainerConfig
+from trainer.data import build_batch
 
 
-@torch.no_grad()
 def evaluate_objective(model_dir: Path, records: list[tuple[Any, Any]]) -> dict[str, Any]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    value_head = torch.nn.Linear(model.config.hidden_size, 1)
-    torch.nn.init.zeros_(value_head.weight)
-    torch.nn.init.zeros_(value_head.bias)
-    rows, group_of = [], {}
-    max_diff = 0.0
+    """``records`` are ``(task result, trajectory record)`` pairs; the result's outcome counts."""
+    trajectories = []
     for res, rec in records:
-        seg = rec.segments[0]  # a new segment (history rewritten) would be its own row
-        flat = seg.flatten()
-        prompt = list(seg.prompt_ids)
-        ids = torch.tensor([prompt + flat["tokens"]])
-        out = model(input_ids=ids, output_hidden_states=True)
-        logp_all = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
-        post = torch.tensor(flat["tokens"])
-        start = len(prompt) - 1
-        logp = logp_all[start:].gather(1, post[:, None])[:, 0]
-        values = value_head(out.hidden_states[-1][0, start : -1 + len(ids[0]) or None])[:, 0]
-        mask = torch.tensor(flat["action_mask"], dtype=torch.bool)
-        behaviour = torch.tensor(flat["logprobs"])
-        if mask.any():
-            max_diff = max(max_diff, float((logp - behaviour)[mask].abs().max()))
-        group_of.setdefault(rec.meta.group_id, len(group_of))
-        rows.append((post, mask, behaviour, logp, values,
-                     group_of[rec.meta.group_id], float(res.outcome.reward)))  # fmt: skip
-    t_max = max(len(r[0]) for r in rows)
-
-    def pad(i: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.full((len(rows), t_max), fill, dtype=dtype)
-        for n, r in enumerate(rows):
-            out[n, : len(r[i])] = r[i]
-        return out
-
-    batch = ObjectiveBatch(
-        tokens=pad(0, -1, torch.long),
-        action_mask=pad(1, 0, torch.bool),
-        group_ids=torch.tensor([r[5] for r in rows]),
-        rewards=torch.tensor([r[6] for r in rows]),
-        behavior_logp=pad(2, 0.0, torch.float32),
-        logp=pad(3, 0.0, torch.float32),
-        values=pad(4, 0.0, torch.float32),
-        old_values=pad(4, 0.0, torch.float32),
+        rec.outcome = res.outcome
+        trajectories.append(rec)
+    versions = [t.weight_version for r in trajectories for s in r.segments for t in s.turns]
+    version = max(versions, default=0)
+    backend = TorchBackend(TrainerConfig(model=str(model_dir), critic={"head_init_std": 0.0}))
+    batch, report = build_batch(
+        trajectories,
+        trainer_version=version,
+        config=BatchConfig(max_policy_lag=version),
+        pad_id=backend.pad_id,
+        vocab_size=backend.vocab_size,
     )
-    result = li2sao_objective(batch, phase="bootstrap")
-    rewards = batch.rewards
-    mixed = sum(
-        1 for g in set(group_of.values()) if rewards[batch.group_ids == g].unique().numel() > 1
+    forward = backend.logprobs_and_values(batch)
+    assert forward.values is not None
+    mask = batch.action_mask
+    diff = (forward.logprobs - batch.behavior_logp).abs()[mask]
+    result = li2sao_objective(
+        ObjectiveBatch(
+            tokens=batch.tokens,
+            action_mask=mask,
+            group_ids=batch.group_ids,
+            rewards=batch.rewards,
+            behavior_logp=batch.behavior_logp,
+            logp=forward.logprobs,
+            values=forward.values,
+        ),
+        phase="bootstrap",
     )
+    rewards, groups = batch.rewards, batch.group_ids
+    mixed = sum(1 for g in groups.unique() if rewards[groups == g].unique().numel() > 1)
     return {
-        "max_abs_logprob_diff": max_diff,
+        "max_abs_logprob_diff": float(diff.max()) if diff.numel() else 0.0,
         "actor_loss": None if result.actor_loss is None else float(result.actor_loss),
         "critic_loss": None if result.critic_loss is None else float(result.critic_loss),
         "estimator": str(result.estimator),
-        "n_trajectories": len(rows),
-        "n_action_tokens": int(batch.action_mask.sum()),
+        "n_trajectories": batch.num_trajectories,
+        "n_rows": batch.num_rows,
+        "n_action_tokens": int(mask.sum()),
         "mixed_groups": mixed,
         **{f"m/{k}": v for k, v in result.metrics.items()},
+        **{f"m/{k}": v for k, v in report.metrics().items()},
     }

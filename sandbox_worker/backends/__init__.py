@@ -13,6 +13,7 @@ from typing import Any
 
 from sandbox_worker.backends.base import (
     BackgroundProcess,
+    DiskQuotaError,
     ExecResult,
     ImageNotFoundError,
     LlmRelay,
@@ -29,6 +30,7 @@ BACKENDS = ("docker", "bwrap")
 __all__ = [
     "BACKENDS",
     "BackgroundProcess",
+    "DiskQuotaError",
     "ExecResult",
     "ImageNotFoundError",
     "LlmRelay",

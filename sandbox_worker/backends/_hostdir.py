@@ -2,7 +2,10 @@
 
 Both backends give every sandbox a host *state dir* ``<state_root>/<node>.<sandbox_id>/`` with
 ``owner.json`` (ownership marker), ``ctl/`` (mounted at :data:`CONTROL_DIR`: the relay script,
-its unix sockets and the pid files) and ``tmp/`` (mounted at ``/tmp``). Everything that only
+its unix sockets and the pid files), ``tmp/`` (mounted at ``/tmp``) and ``testbed/`` (the
+writable ``spec.workdir``). The state dir is the mount point of a tmpfs of its own, limited to
+``spec.limits.disk_mb`` bytes and ``spec.limits.inodes`` inodes (:func:`mount_disk_quota`), so
+what a sandbox writes can never fill the host disk. Everything that only
 goes through that dir is backend-independent and lives here, once: the in-sandbox relays
 (:meth:`HostDirSandbox.expose`, the LLM relay), the writable-place rule of the file helpers,
 the bookkeeping of background processes and the idempotent start of ``destroy``.
@@ -17,6 +20,8 @@ from __future__ import annotations
 import abc
 import json
 import os
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -25,6 +30,7 @@ from sandbox_worker.backends import _common as common
 from sandbox_worker.backends.base import (
     CONTROL_DIR,
     BackgroundProcess,
+    DiskQuotaError,
     NetworkPolicy,
     Sandbox,
     SandboxBackend,
@@ -53,11 +59,60 @@ def claim_state_dir(state: Path, spec: SandboxSpec) -> None:
         raise SandboxInfraError(f"sandbox {spec.sandbox_id} already exists ({state})") from None
 
 
+# The tmpfs source name of a sandbox's disk (shows in /proc/mounts; cleanup checks it).
+QUOTA_FS_NAME = "swerl-sandbox"
+_HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def mount_disk_quota(state: Path, spec: SandboxSpec) -> None:
+    """Mount a tmpfs of ``disk_mb`` bytes and ``inodes`` inodes on the (empty) state dir.
+
+    Needs root (CAP_SYS_ADMIN), as the backends do anyway. A tmpfs rather than a host-disk
+    quota: the host's ext4 has no project quotas, and docker's ``--storage-opt size`` needs them.
+    Its pages are charged to the memory cgroup of the process that writes them (docs).
+    """
+    limits = spec.limits
+    options = f"size={limits.disk_mb}m,nr_inodes={limits.inodes},mode=0755"
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, QUOTA_FS_NAME, str(state)],
+        capture_output=True,
+        text=True,
+        env=_HOST_ENV,
+    )
+    if res.returncode != 0:
+        raise SandboxInfraError(
+            f"cannot mount the disk quota of sandbox {spec.sandbox_id} on {state} "
+            f"(root needed): {res.stderr.strip()[-300:]}"
+        )
+
+
+def release_state_dir(state: Path) -> None:
+    """Remove a state dir: detach its tmpfs (lazily: a dying process may still hold it; the
+    memory is freed with the last reference) and delete the mount point. Idempotent."""
+    if os.path.ismount(state):
+        subprocess.run(
+            ["umount", "--lazy", str(state)], capture_output=True, text=True, env=_HOST_ENV
+        )
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def out_of_space(text: str) -> bool:
+    """Whether an error text says the sandbox's disk or inode quota is exhausted."""
+    return "No space left on device" in text or "ENOSPC" in text or "no space left" in text
+
+
+def raise_if_out_of_space(text: str, path: str) -> None:
+    if out_of_space(text):
+        raise DiskQuotaError(f"{path}: the sandbox's disk quota is exhausted: {text[-300:]}")
+
+
 def fill_state_dir(state: Path, spec: SandboxSpec) -> None:
     """Write the ownership marker and make ``ctl/`` (with the relay script) and ``tmp/``.
 
     ``tmp/`` is world-writable and sticky like a real ``/tmp``: the image's user may not be root.
+    First the state dir gets its disk quota (:func:`mount_disk_quota`): all of this lives in it.
     """
+    mount_disk_quota(state, spec)
     (state / "owner.json").write_text(
         json.dumps({"node": spec.node, "sandbox_id": spec.sandbox_id, "image": spec.image})
     )

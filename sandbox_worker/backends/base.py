@@ -7,7 +7,10 @@ so both backends pass one contract test suite (``tests/integration/sandboxes``).
 
 Filesystem policy (both backends): the root filesystem is read-only; ``spec.workdir`` (a private
 copy of the image's ``/testbed``), ``/tmp`` (also ``$HOME``) and :data:`CONTROL_DIR` are the
-only writable places; ``spec.ro_mounts`` add read-only host directories.
+only writable places; ``spec.ro_mounts`` add read-only host directories. The three writable
+places share one size- and inode-limited tmpfs per sandbox (``SandboxLimits.disk_mb`` and
+``inodes``): a write beyond it fails inside the sandbox with ``ENOSPC``, the host disk is never
+touched, and the file helpers raise :class:`DiskQuotaError` (an ``OSError`` with ``ENOSPC``).
 
 Errors: anything that means *the infrastructure failed* (image missing, daemon down, sandbox
 could not be created) raises :class:`SandboxInfraError`; the worker turns it into an ``aborted``
@@ -20,6 +23,7 @@ sandbox path and ``PermissionError`` for a write outside the writable places; a 
 from __future__ import annotations
 
 import abc
+import errno
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -40,6 +44,17 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 class SandboxInfraError(RuntimeError):
     """The sandbox infrastructure failed (not the agent, not the tests)."""
+
+
+class DiskQuotaError(OSError):
+    """A file helper's write exceeded the sandbox's disk or inode quota (``errno.ENOSPC``).
+
+    Not a :class:`SandboxInfraError`: the quota is a limit of the sandbox, like its memory, and
+    whoever filled it (an agent, a patch under evaluation) owns the failure.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
 
 
 class ImageNotFoundError(SandboxInfraError):
@@ -89,19 +104,39 @@ def check_timeout(timeout_s: float | None) -> float | None:
     return timeout_s
 
 
+# Smallest disk quota and inode count a sandbox may get: the relay script, a patch file and a
+# small checkout must fit (a quota below the image's /testbed fails at create, naming it).
+MIN_DISK_MB = 16
+MIN_INODES = 1024
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
+    """Per-sandbox bounds. ``disk_mb`` and ``inodes`` bound the writable places together
+    (``/testbed`` with the image's checkout, ``/tmp``, the control dir): a tmpfs, so the bytes a
+    sandbox writes there also count against ``memory_mb`` (docs/sandboxes.md, "Disk quota")."""
+
     cpus: float = 1.0
     memory_mb: int = 4096
     pids: int = 512
+    disk_mb: int = 2048
+    inodes: int = 100_000
 
     def __post_init__(self) -> None:
+        for name in ("memory_mb", "pids", "disk_mb", "inodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"SandboxLimits.{name} must be an integer, got {value!r}")
         if not self.cpus > 0:
             raise ValueError(f"SandboxLimits.cpus must be > 0, got {self.cpus}")
         if self.memory_mb < 16:
             raise ValueError(f"SandboxLimits.memory_mb must be >= 16, got {self.memory_mb}")
         if self.pids < 8:
             raise ValueError(f"SandboxLimits.pids must be >= 8, got {self.pids}")
+        if self.disk_mb < MIN_DISK_MB:
+            raise ValueError(f"SandboxLimits.disk_mb must be >= {MIN_DISK_MB}, got {self.disk_mb}")
+        if self.inodes < MIN_INODES:
+            raise ValueError(f"SandboxLimits.inodes must be >= {MIN_INODES}, got {self.inodes}")
 
 
 @dataclass(frozen=True)

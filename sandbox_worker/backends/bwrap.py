@@ -6,7 +6,10 @@ command of the sandbox shares (docs/sandboxes.md, "bwrap"):
 * a state dir ``<state_root>/<node>.<sandbox_id>/`` with ``owner.json`` (ownership marker),
   ``testbed/`` (a private, writable copy of the image's ``/testbed``), ``tmp/`` (``/tmp`` and
   ``$HOME``), ``ctl/`` (mounted at ``/swerl/ctl``: relay script and sockets) and ``pids/``
-  (one file per running bwrap process, so a restarted worker can kill strays);
+  (one file per running bwrap process, so a restarted worker can kill strays); the state dir
+  is a tmpfs of ``disk_mb`` / ``inodes`` (``_hostdir.mount_disk_quota``), a quota shared by
+  the three writable places -- a per-command ``bwrap --tmpfs --size`` would not outlive the
+  command;
 * a persistent network namespace ``swerl.<node>.<sandbox_id>`` with only loopback (up), so the
   LLM relay, the agent server and tool commands of one sandbox see the same 127.0.0.1 --
   ``bwrap --unshare-all`` would give every command its own loopback;
@@ -21,6 +24,7 @@ cgroup namespaces, all capabilities dropped, ``--die-with-parent``, ``--new-sess
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
@@ -248,7 +252,15 @@ class BwrapSandbox(hostdir.HostDirSandbox):
             start_new_session=True,
         )
         pid_file = self._pids / str(proc.pid)
-        pid_file.write_text(str(self._state))
+        try:
+            pid_file.write_text(str(self._state))
+        except OSError as exc:
+            # The state dir is the sandbox's quota'd tmpfs: an agent that filled it must not
+            # make every later command (the patch extraction, the evaluation) an infra failure.
+            # The pid file is only a fallback (--die-with-parent and the cgroups reach it too).
+            if exc.errno != errno.ENOSPC:
+                raise
+            pid_file.unlink(missing_ok=True)
         return proc, pid_file
 
     @staticmethod
@@ -343,6 +355,8 @@ class BwrapSandbox(hostdir.HostDirSandbox):
             raise IsADirectoryError(path)
         if "Read-only file system" in err or "Permission denied" in err:
             raise PermissionError(f"{path}: {err.strip()[-300:]}")
+        if code != 0:
+            hostdir.raise_if_out_of_space(err, path)
         if code != 0:
             raise SandboxInfraError(f"file operation on {path} failed ({code}): {err[-300:]}")
 
@@ -469,11 +483,20 @@ class BwrapBackend(hostdir.HostDirBackend):
     def _copy_testbed(info: images.RootfsInfo, spec: SandboxSpec, dest: Path) -> None:
         src = info.testbed if info.testbed is not None else info.root / spec.workdir.lstrip("/")
         if src.is_dir():
-            subprocess.run(
+            res = subprocess.run(
                 ["cp", "-a", "--reflink=auto", "--", str(src), str(dest)],
-                check=True,
                 capture_output=True,
+                text=True,
             )
+            if res.returncode != 0:
+                limits = spec.limits
+                hint = (
+                    f"the image's {spec.workdir} does not fit disk_mb={limits.disk_mb} / "
+                    f"inodes={limits.inodes}"
+                    if hostdir.out_of_space(res.stderr)
+                    else f"copying {src} failed"
+                )
+                raise SandboxInfraError(f"{hint}: {res.stderr.strip()[-300:]}")
         else:
             dest.mkdir()
 
@@ -504,7 +527,7 @@ class BwrapBackend(hostdir.HostDirBackend):
             )
             if res.returncode != 0:
                 errors.append(f"ip netns delete {netns}: {res.stderr.strip()}")
-        shutil.rmtree(state, ignore_errors=True)
+        hostdir.release_state_dir(state)
         if state.exists():
             errors.append(f"cannot remove {state}")
         if errors:

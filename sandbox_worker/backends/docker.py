@@ -8,10 +8,14 @@ removes what a crashed run of the same node left behind.
 Layout of a container (docs/sandboxes.md has the rationale):
 
 * read-only root filesystem; network mode ``none`` (loopback only);
-* ``spec.workdir`` (``/testbed``) is an anonymous volume, which docker initialises with the
-  image's content, so the agent edits a private copy and the archive API (copy in/out) works;
-* ``/tmp`` and ``/swerl/ctl`` are bind mounts of a per-sandbox host dir
-  ``<state_root>/<node>.<sandbox_id>/``; ``ctl`` carries the relay's unix socket;
+* ``spec.workdir`` (``/testbed``) is an anonymous volume of the ``local`` driver bound to
+  ``<state>/testbed``, which docker initialises with the image's content (as any empty
+  volume), so the agent edits a private copy and the archive API (copy in/out) works;
+* ``/tmp`` and ``/swerl/ctl`` are bind mounts of ``<state>/tmp`` and ``<state>/ctl``, where
+  ``<state>`` is the per-sandbox host dir ``<state_root>/<node>.<sandbox_id>/``; ``ctl``
+  carries the relay's unix socket;
+* ``<state>`` is a tmpfs of ``disk_mb`` / ``inodes`` (``_hostdir.mount_disk_quota``): the
+  three writable places share that quota and nothing a sandbox writes reaches the host disk;
 * cpu (``nano_cpus``), memory (no swap) and pids limits from ``spec.limits``.
 """
 
@@ -22,7 +26,6 @@ import io
 import itertools
 import logging
 import select
-import shutil
 import socket
 import struct
 import tarfile
@@ -32,7 +35,7 @@ from typing import Any
 
 import docker
 import docker.errors
-from docker.types import Mount
+from docker.types import DriverConfig, Mount
 from pydantic import Field
 
 from sandbox_worker.backends import _common as common
@@ -210,6 +213,7 @@ class DockerSandbox(hostdir.HostDirSandbox):
         except docker.errors.APIError as exc:
             if "read-only" in str(exc):
                 raise PermissionError(f"{path}: {exc.explanation}") from exc
+            hostdir.raise_if_out_of_space(str(exc), path)
             raise SandboxInfraError(f"put_archive failed: {exc}") from exc
         if not ok:
             raise SandboxInfraError(f"put_archive to {path} failed")
@@ -264,7 +268,7 @@ class DockerSandbox(hostdir.HostDirSandbox):
             pass
         except docker.errors.APIError as exc:
             errors.append(str(exc))
-        shutil.rmtree(self._state, ignore_errors=True)
+        hostdir.release_state_dir(self._state)
         if errors:
             raise SandboxInfraError(f"destroy {self.spec.sandbox_id}: {'; '.join(errors)}")
 
@@ -364,8 +368,14 @@ class DockerBackend(hostdir.HostDirBackend):
 
     def _create_container(self, spec: SandboxSpec, state: Path) -> Any:
         limits = spec.limits
+        # An anonymous volume (removed with the container) whose data lives in the quota'd
+        # state dir; docker copies the image's /testbed into it because it starts empty.
+        (state / "testbed").mkdir()
+        testbed = DriverConfig(
+            "local", options={"type": "none", "o": "bind", "device": str(state / "testbed")}
+        )
         mounts = [
-            Mount(target=spec.workdir, source=None, type="volume"),
+            Mount(target=spec.workdir, source=None, type="volume", driver_config=testbed),
             Mount(target="/tmp", source=str(state / "tmp"), type="bind"),
             Mount(target=CONTROL_DIR, source=str(state / "ctl"), type="bind"),
         ]
@@ -403,7 +413,13 @@ class DockerBackend(hostdir.HostDirBackend):
         except docker.errors.ImageNotFound as exc:
             raise ImageNotFoundError(str(exc)) from exc
         except docker.errors.APIError as exc:
-            raise SandboxInfraError(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
+            hint = (
+                f" (the image's {spec.workdir} does not fit disk_mb={limits.disk_mb} / "
+                f"inodes={limits.inodes})"
+                if hostdir.out_of_space(str(exc))
+                else ""
+            )
+            raise SandboxInfraError(f"cannot start sandbox {spec.sandbox_id}{hint}: {exc}") from exc
         return container
 
     def _owned_containers(self, node: str | None = None) -> list[Any]:
@@ -418,7 +434,7 @@ class DockerBackend(hostdir.HostDirBackend):
     def _remove(self, node: str, sandbox_id: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             self.client.containers.get(_container_name(node, sandbox_id)).remove(force=True, v=True)
-        shutil.rmtree(self._state_dir(node, sandbox_id), ignore_errors=True)
+        hostdir.release_state_dir(self._state_dir(node, sandbox_id))
 
     def list_sandboxes(self, node: str) -> list[str]:
         validate_name("node", node)
@@ -435,7 +451,7 @@ class DockerBackend(hostdir.HostDirBackend):
         if root.is_dir():
             for state in root.glob(f"{node}.*"):
                 sandbox_id = state.name[len(node) + 1 :]
-                shutil.rmtree(state, ignore_errors=True)
+                hostdir.release_state_dir(state)
                 removed.add(sandbox_id)
         if removed:
             log.info("cleanup_node %s: removed %d sandboxes", node, len(removed))

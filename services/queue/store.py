@@ -31,6 +31,7 @@ from services.queue.models import (
     TaskState,
 )
 from services.queue.scripts import Scripts
+from services.store.trajectories import abort_lost_trajectory
 
 log = logging.getLogger("swerl.queue")
 
@@ -386,7 +387,30 @@ class TaskQueue:
         )
 
     def requeue(self, task_id: str, entry: str, node: str, reason: str, kind: RequeueKind) -> str:
-        """Hand a task back (front of the pending list). See the REQUEUE script."""
+        """Hand a task back (front of the pending list). See the REQUEUE script.
+
+        The attempt that held ``entry`` is over: its trajectory record, if it is still open,
+        is closed as ``aborted`` ("worker lost") so that no record stays open forever
+        (:func:`services.store.trajectories.abort_lost_trajectory`; an outcome its worker
+        recorded is kept). Trajectory records share the queue's key prefix.
+        """
+        if kind == "rebalance":  # an entry no worker has read: no attempt ran, no record
+            return self._requeue(task_id, entry, node, reason, kind)
+        before = self.redis.hmget(self.keys.task(task_id), "entry", "attempt")
+        status = self._requeue(task_id, entry, node, reason, kind)
+        if status in ("requeued", "dead") and _s(before[0]) == entry and _s(before[1]).isdigit():
+            # RolloutTask.trajectory_id: one trajectory per attempt
+            trajectory_id = f"{task_id}.a{_s(before[1])}"
+            try:
+                closed = abort_lost_trajectory(self.redis, trajectory_id, reason, self._p())
+            except redis.RedisError as exc:
+                log.warning("could not close the record of %s (%s)", trajectory_id, exc)
+            else:
+                if closed == "closed":
+                    log.info("closed the open record of %s as aborted (worker lost)", trajectory_id)
+        return status
+
+    def _requeue(self, task_id: str, entry: str, node: str, reason: str, kind: RequeueKind) -> str:
         return _s(
             self.scripts.requeue(
                 args=[

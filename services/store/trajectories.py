@@ -197,6 +197,48 @@ def load_trajectory(
     return _build(info, entries, counters)
 
 
+# KEYS: info hash, counters hash. ARGV: aborted Outcome JSON, now.
+# Closes a record whose worker is gone: the outcome becomes the given abort unless one is
+# already recorded (a worker's outcome, or the adapter's own infrastructure abort, is kept).
+# Returns 'closed' (this call wrote the abort), 'kept' (an outcome was there: only the status
+# is closed) or 'missing' (no record: the attempt never opened one).
+_ABORT_LOST = r"""
+if redis.call('HEXISTS', KEYS[1], 'meta') == 0 then return 'missing' end
+local h = redis.call('HMGET', KEYS[1], 'status', 'outcome', 'closed_at')
+if h[2] and h[2] ~= '' then
+  if h[1] ~= 'closed' then
+    redis.call('HSET', KEYS[1], 'status', 'closed', 'closed_at', h[3] or ARGV[2])
+  end
+  return 'kept'
+end
+redis.call('HSET', KEYS[1], 'status', 'closed', 'outcome', ARGV[1], 'closed_at', h[3] or ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'worker_lost', 1)
+return 'closed'
+"""
+
+WORKER_LOST = "worker lost"
+
+
+def abort_lost_trajectory(
+    client: redis.Redis, trajectory_id: str, detail: str, prefix: str = DEFAULT_PREFIX
+) -> str:
+    """Close the record of an attempt whose worker is gone as ``aborted`` ("worker lost").
+
+    Called when the attempt is re-queued (its worker died or was stopped), so no record stays
+    ``open`` forever. Atomic and idempotent; an outcome already recorded (by the worker, or the
+    adapter's infrastructure abort) is never overwritten. Returns ``closed``, ``kept`` or
+    ``missing`` (see :data:`_ABORT_LOST`).
+    """
+    keys = TrajectoryKeys(prefix, trajectory_id)
+    reason = f"{WORKER_LOST}: {detail}" if detail else WORKER_LOST
+    outcome = Outcome(status=OutcomeStatus.ABORTED, abort_reason=reason[:2000])
+    script = client.register_script(_ABORT_LOST)  # EVALSHA, loading the script when missing
+    result = script(
+        keys=[keys.info, keys.counters], args=[outcome.model_dump_json(), str(time.time())]
+    )
+    return str(_text(result))
+
+
 def list_trajectories(client: redis.Redis, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Ids of all recorded trajectories, oldest first."""
     ids = client.zrange(TrajectoryKeys.index(prefix), 0, -1)

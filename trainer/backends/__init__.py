@@ -1,0 +1,35 @@
+"""Trainer backends behind one interface (:class:`TrainerBackend`); ``create_backend`` picks one.
+
+``torch``: transformers actor + critic, AdamW, micro-batching
+(:mod:`trainer.backends.torch_backend`). The megatron backend is not written yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.backends.base import (
+    BackendError,
+    ForwardResult,
+    StepObjective,
+    TrainerBackend,
+)
+from trainer.config import TrainerConfig
+
+
+def create_backend(config: TrainerConfig, model_dir: str | Path | None = None) -> TrainerBackend:
+    """The backend ``config.backend`` names, initialised from ``model_dir`` (or config.model)."""
+    if config.backend == "torch":
+        from trainer.backends.torch_backend import TorchBackend
+
+        return TorchBackend(config, model_dir)
+    raise BackendError(f"unknown trainer backend {config.backend!r}")
+
+
+__all__ = [
+    "BackendError",
+    "ForwardResult",
+    "StepObjective",
+    "TrainerBackend",
+    "create_backend",
+]

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,12 @@ QUEUE_CFG = QueueConfig(heartbeat_ttl_s=HEARTBEAT_TTL_S, claim_min_idle_s=CLAIM_
 MANAGER_CFG = ManagerConfig(poll_interval_s=0.1, reclaim_interval_s=0.3, queue=QUEUE_CFG)
 
 
+def on_host(hostname: str) -> list[str]:
+    """A command prefix that runs a process in a UTS namespace of its own named ``hostname``
+    (a worker restarted by a supervisor in a new container, or on another machine)."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
+
+
 class Procs:
     """Starts worker and manager processes; every one is killed at teardown."""
 
@@ -44,10 +50,12 @@ class Procs:
         self.tmp = tmp
         self.started: list[tuple[str, subprocess.Popen]] = []
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str], wrap: Sequence[str] = ()
+    ) -> subprocess.Popen:
         log = open(self.tmp / f"{name}-{len(self.started)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, *argv],
+            [*wrap, sys.executable, *argv],
             cwd=REPO,
             env={**os.environ, **WORKER_ENV, **env},
             stdout=log,
@@ -58,15 +66,25 @@ class Procs:
         return proc
 
     def worker(
-        self, url: str, node: str, slots: int = 2, *, fake: bool = False, **env: str
+        self,
+        url: str,
+        node: str,
+        slots: int = 2,
+        *,
+        fake: bool = False,
+        fake_args: Sequence[str] = (),
+        wrap: Sequence[str] = (),
+        **env: str,
     ) -> subprocess.Popen:
-        """``python -m sandbox_worker`` (simulated), or the fake-backend worker with ``fake``."""
+        """``python -m sandbox_worker`` (simulated), or the fake-backend worker with ``fake``
+        (``fake_args`` go to it). ``wrap`` prefixes the command (e.g. :func:`on_host`)."""
         if fake:
             argv = ["-m", "tests.integration.execution.fake_worker", "--dir", str(self.tmp / "sb")]
+            argv += fake_args
         else:
             argv = ["-m", "sandbox_worker", "--backend", "simulated"]
         argv += ["--redis", url, "--node", node, "--slots", str(slots)]
-        return self._spawn(node, argv, env)
+        return self._spawn(node, argv, env, wrap)
 
     def manager(self, url: str, *args: str) -> subprocess.Popen:
         env = {

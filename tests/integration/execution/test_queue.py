@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -14,11 +15,17 @@ from sandbox_worker.worker import Worker
 from services.manager.api import RolloutManager, tasks_for_request
 from services.manager.service import ManagerService
 from services.protocol import RolloutRequest, TaskResult
-from services.protocol.trajectory import Outcome, OutcomeStatus
+from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
 from services.queue.config import QueueConfig
 from services.queue.entries import decode_task_entry
 from services.queue.keys import WORKER_GROUP
 from services.queue.store import BatchConflictError, QueueError, TaskQueue, UnknownBatchError
+from services.store.trajectories import (
+    TrajectoryKeys,
+    TrajectoryStore,
+    abort_lost_trajectory,
+    load_trajectory,
+)
 from tests.integration.execution.conftest import MANAGER_CFG, wait_for
 
 NODE = "n1"
@@ -320,3 +327,75 @@ def test_submit_rejects_a_batch_id_too_long_for_trajectory_ids(q: TaskQueue) -> 
     with pytest.raises(ValueError, match="instance_ids"):
         mgr.submit({"instance_ids": []})
     assert q.batch_ids() == []
+
+
+def _open_record(redis_url: str, trajectory_id: str) -> None:
+    """Open a trajectory record in the store, as the adapter does when a worker starts a run."""
+
+    async def _open() -> None:
+        store = TrajectoryStore.from_url(redis_url)
+        try:
+            await store.open(TrajectoryMeta(trajectory_id=trajectory_id))
+        finally:
+            await store.close_connection()
+
+    asyncio.run(_open())
+
+
+def _record(q: TaskQueue, trajectory_id: str) -> tuple[str, Outcome | None]:
+    info = q.redis.hgetall(TrajectoryKeys(q.cfg.prefix, trajectory_id).info)
+    raw = info.get(b"outcome")
+    status = info[b"status"].decode()
+    return status, Outcome.model_validate_json(raw) if raw else None
+
+
+def test_requeued_attempt_closes_its_open_record_as_aborted_worker_lost(
+    q: TaskQueue, redis_url: str
+) -> None:
+    [t_lost, t_done] = submit(q, 2)
+    beat(q, node="dead", slots=2)
+    q.ensure_group("dead")
+    q.dispatch("dead", 2, 2)
+    entries = {tid: eid for eid, tid, _ in take(q, node="dead")}
+    for tid, eid in entries.items():
+        q.start(tid, eid, "dead")
+        _open_record(redis_url, f"{tid}.a1")
+    # t_done's worker recorded its outcome before it died (its result never reached the queue)
+    done_outcome = Outcome(status=OutcomeStatus.COMPLETED, reward=1.0)
+    q.redis.hset(
+        TrajectoryKeys(q.cfg.prefix, f"{t_done}.a1").info,
+        mapping={"status": "closed", "outcome": done_outcome.model_dump_json()},
+    )
+    q.drop_heartbeat("dead")  # as if its TTL expired
+    time.sleep(0.3)  # > claim_min_idle_s: XAUTOCLAIM takes the running entries
+    assert ManagerService(q, MANAGER_CFG).reclaim_once() == 2
+
+    status, outcome = _record(q, f"{t_lost}.a1")
+    assert status == "closed" and outcome is not None
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None
+    assert outcome.abort_reason is not None and outcome.abort_reason.startswith("worker lost")
+    record = load_trajectory(q.redis, f"{t_lost}.a1", q.cfg.prefix)
+    assert record.outcome == outcome and record.counters["worker_lost"] == 1
+    # the worker-written outcome is kept
+    assert _record(q, f"{t_done}.a1") == ("closed", done_outcome)
+    # idempotent: a second close (another requeue path racing) changes nothing
+    assert abort_lost_trajectory(q.redis, f"{t_lost}.a1", "again", q.cfg.prefix) == "kept"
+    assert _record(q, f"{t_lost}.a1") == ("closed", outcome)
+    # an attempt that never opened a record gets none
+    assert abort_lost_trajectory(q.redis, f"{t_lost}.a2", "x", q.cfg.prefix) == "missing"
+    assert not q.redis.exists(TrajectoryKeys(q.cfg.prefix, f"{t_lost}.a2").info)
+
+
+def test_an_adapter_abort_on_an_open_record_is_kept(q: TaskQueue, redis_url: str) -> None:
+    [tid] = submit(q)
+    beat(q)
+    q.dispatch(NODE, 2, 1)
+    [(eid, _, _)] = take(q)
+    q.start(tid, eid, NODE)
+    _open_record(redis_url, f"{tid}.a1")
+    adapter_abort = Outcome(status=OutcomeStatus.ABORTED, abort_reason="no engine")
+    q.redis.hset(
+        TrajectoryKeys(q.cfg.prefix, f"{tid}.a1").info, "outcome", adapter_abort.model_dump_json()
+    )
+    assert q.requeue(tid, eid, NODE, "worker of node n1 restarted", kind="lost") == "requeued"
+    assert _record(q, f"{tid}.a1") == ("closed", adapter_abort)

@@ -8,6 +8,7 @@ exceed its pids, memory and cpu limits.
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker.backends import (
+    DiskQuotaError,
     ImageNotFoundError,
     LlmRelay,
     NetworkPolicy,
@@ -319,6 +321,9 @@ def test_invalid_specs_are_rejected(sandbox_env: SessionEnv) -> None:
         SandboxSpec(image=image, node="n", sandbox_id="s1", ro_mounts={"rel": "/x"})
     with pytest.raises(ValueError):
         SandboxLimits(pids=1)
+    for bad in ({"disk_mb": 0}, {"disk_mb": 15}, {"inodes": 100}, {"disk_mb": True}):
+        with pytest.raises(ValueError):
+            SandboxLimits(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         LlmRelay("127.0.0.1", 0)
 
@@ -446,23 +451,28 @@ def test_cannot_write_outside_workspace(make) -> None:
     assert sb.exec("echo x > /etc/passwd").exit_code != 0
 
 
-def test_pids_limit_bounds_a_fork_bomb(make) -> None:
-    limit = 48
-    sb = make(limits=SandboxLimits(pids=limit, memory_mb=512))
-    bomb = (
-        "import os, time\n"
+def _until_oserror(statement: str, attempts: int) -> str:
+    """A Python program running ``statement`` (one line; ``n`` counts) up to ``attempts``
+    times; it prints ``STOPPED <n> <errno name>`` at the first OSError, else ``UNBOUNDED <n>``."""
+    return (
+        "import errno, os, time\n"
         "n = 0\n"
         "try:\n"
-        "    while n < 1000:\n"
-        "        if os.fork() == 0:\n"
-        "            os.close(1); os.close(2); time.sleep(30); os._exit(0)\n"
+        f"    while n < {attempts}:\n"
+        f"        {statement}\n"
         "        n += 1\n"
         "except OSError as exc:\n"
-        "    print('STOPPED', n, exc.errno)\n"
+        "    print('STOPPED', n, errno.errorcode.get(exc.errno, exc.errno))\n"
         "else:\n"
         "    print('UNBOUNDED', n)\n"
     )
-    res = sb.exec(["python3", "-c", bomb], timeout_s=60)
+
+
+def test_pids_limit_bounds_a_fork_bomb(make) -> None:
+    limit = 48
+    sb = make(limits=SandboxLimits(pids=limit, memory_mb=512))
+    bomb = "if os.fork() == 0: os.close(1); os.close(2); time.sleep(30); os._exit(0)"
+    res = sb.exec(["python3", "-c", _until_oserror(bomb, 1000)], timeout_s=60)
     words = res.output.split()
     assert words[0] == "STOPPED", res.output
     forked = int(words[1])
@@ -499,6 +509,87 @@ def test_cpu_limit_is_enforced(make) -> None:
     cpu_s = float(sb.exec(["python3", "-c", spin], timeout_s=60).output.strip())
     # 0.25 cpus over 2 s is 0.5 cpu-seconds; unthrottled it would be close to 2.0
     assert cpu_s < 0.9, cpu_s
+
+
+# -- disk and inode quota ---------------------------------------------------------------------
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(filesystem type, super options) of the mount at exactly ``path`` (mountinfo)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            sep = fields.index("-")
+            return fields[sep + 1], fields[sep + 3]
+    raise AssertionError(f"{path} is not a mount point")
+
+
+def test_disk_quota_gives_enospc_and_spares_the_host_disk(make) -> None:
+    quota_mb = 32
+    sb = make(limits=SandboxLimits(disk_mb=quota_mb, memory_mb=512))
+    state = sb._state  # the per-sandbox host dir that holds /testbed, /tmp and the control dir
+    fstype, options = _mount_of(state)
+    assert fstype == "tmpfs" and f"size={quota_mb * 1024}k" in options, (fstype, options)
+    # /tmp first: 48 MiB do not fit in 32 MiB, and the sandbox says so with ENOSPC.
+    res = sb.exec("dd if=/dev/zero of=/tmp/big bs=1M count=48 2>&1", timeout_s=60)
+    assert res.exit_code != 0 and "No space left on device" in res.output, res.output
+    # The quota is shared: /testbed and the control dir are full too.
+    res = sb.exec("dd if=/dev/zero of=/testbed/more bs=1M count=8 2>&1", timeout_s=60)
+    assert res.exit_code != 0 and "No space left on device" in res.output, res.output
+    res = sb.exec("du -sm --total /tmp /testbed /swerl/ctl | tail -1", timeout_s=60)
+    assert int(res.output.split()[0]) <= quota_mb, res.output
+    # What the sandbox wrote filled its own tmpfs, so none of it is on the host's disk.
+    fs = os.statvfs(state)
+    assert fs.f_blocks * fs.f_frsize == quota_mb * 1024 * 1024
+    assert fs.f_bavail * fs.f_frsize < 1024 * 1024, fs
+    # The file helpers report it as the quota (ENOSPC), not as an infrastructure failure.
+    with pytest.raises(DiskQuotaError) as info:
+        sb.write_file("/tmp/helper", b"x" * (4 * 1024 * 1024))
+    assert info.value.errno == errno.ENOSPC
+    # The sandbox still works, and deleting frees the space again.
+    assert sb.exec("rm -f /tmp/big /testbed/more && echo freed").output.strip() == "freed"
+    assert sb.exec("dd if=/dev/zero of=/tmp/again bs=1M count=8 2>&1").exit_code == 0
+
+
+def test_inode_quota_bounds_the_number_of_files(make) -> None:
+    inodes = 2048
+    sb = make(limits=SandboxLimits(inodes=inodes, memory_mb=512))
+    flood = _until_oserror("open(f'/tmp/f{n}', 'w').close()", 20000)
+    res = sb.exec(["python3", "-c", flood], timeout_s=120)
+    words = res.output.split()
+    assert words[0] == "STOPPED" and words[2] == "ENOSPC", res.output
+    assert 0 < int(words[1]) < inodes
+    assert sb.exec("echo still-alive").output.strip() == "still-alive"
+
+
+def test_a_sandbox_whose_quota_a_background_process_filled_still_works(make) -> None:
+    """Bytes and inodes exhausted by a process that stays alive (an agent's shell, say): later
+    commands, file reads and the patch extraction still run -- a full disk is graded, never
+    turned into an infrastructure failure."""
+    sb = make(limits=SandboxLimits(disk_mb=24, inodes=1024, memory_mb=512))
+    sb.exec("echo change >> README.md || echo change > new.txt", timeout_s=30)
+    base = sb.exec("git rev-parse HEAD").output.strip()
+    sb.write_file("/tmp/flood.py", _until_oserror("open(f'/tmp/f{n}', 'w').close()", 5000).encode())
+    sb.spawn("dd if=/dev/zero of=/tmp/big bs=1M count=64; python3 /tmp/flood.py; sleep 600")
+
+    def full() -> bool:
+        fs = os.statvfs(sb._state)
+        return fs.f_favail == 0 and fs.f_bavail * fs.f_frsize < 64 * 1024
+
+    deadline = time.monotonic() + 60
+    while not full() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert full(), os.statvfs(sb._state)
+    assert sb.exec("echo ok").output.strip() == "ok"
+    assert sb.read_file("/testbed/.git/HEAD").startswith(b"ref:")
+    try:
+        patch = sb.diff(base)
+    except SandboxInfraError as exc:  # git cannot write its index: the runner's empty patch
+        assert "git diff failed" in str(exc)
+    else:
+        assert "change" in patch
+    res = sb.exec("touch /tmp/one-more 2>&1")
+    assert res.exit_code != 0 and "No space left on device" in res.output, res.output
 
 
 # -- the read-only Python bundle the OpenHands agent server will run from ---------------------

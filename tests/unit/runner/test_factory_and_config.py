@@ -54,6 +54,10 @@ def test_rollout_config_is_strict() -> None:
         cfg(adapter_ur="http://a:1")
     with pytest.raises(ValidationError, match="memory_mb"):
         cfg(sandbox={"memory_mb": 1})
+    with pytest.raises(ValidationError, match="disk_mb"):
+        cfg(sandbox={"disk_mb": 8})
+    with pytest.raises(ValidationError, match="inodes"):
+        cfg(evaluation={"limits": {"inodes": 10}})
     with pytest.raises(ValidationError, match="cgroups"):
         cfg(backend={"cgroups": "maybe"})
 
@@ -62,13 +66,15 @@ def test_settings_follow_the_config() -> None:
     c = cfg(
         adapter_url="http://10.1.2.3:8200/",
         relay_port=19000,
-        sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64},
-        evaluation={"test_timeout_s": 60, "limits": {"cpus": 0.5}},
+        sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64, "disk_mb": 512, "inodes": 5000},
+        evaluation={"test_timeout_s": 60, "limits": {"cpus": 0.5, "disk_mb": 300}},
     )
     s = runner_settings(c.rollout)
     assert (s.adapter_host, s.adapter_port, s.relay_port) == ("10.1.2.3", 8200, 19000)
     assert (s.limits.cpus, s.limits.memory_mb, s.limits.pids) == (2.0, 1024, 64)
+    assert (s.limits.disk_mb, s.limits.inodes) == (512, 5000)
     assert (s.evaluation.test_timeout_s, s.evaluation.limits.cpus) == (60, 0.5)
+    assert s.evaluation.limits.disk_mb == 300
     assert s.evaluation.workdir == s.workdir == "/testbed"
     assert runner_settings(cfg(adapter_url="https://adapter").rollout).adapter_port == 443
 

@@ -1,0 +1,25 @@
+"""Fixtures of the backend tests: the tiny model and a reference engine serving it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers.utils import logging as hf_logging
+
+from tests.support.engines import reference_server_in_thread, tiny_model_for_session
+
+hf_logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Iterator[Path]:
+    with tiny_model_for_session() as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    with reference_server_in_thread(tiny_model_dir) as server:
+        yield server.url

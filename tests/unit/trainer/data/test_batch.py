@@ -1,0 +1,145 @@
+"""Records -> padded batch: one row per segment, masks on generated tokens only, drops counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.protocol import OutcomeStatus
+from tests.unit.trainer.records import record, turn
+from trainer.config import BatchConfig
+from trainer.data import BatchError, RecordError, build_batch
+
+
+def two_segment_record():
+    # segment 0: prompt [5, 6], turn (obs [], out [7, 8]), turn (obs [9], out [10]);
+    # segment 1 (history rewritten): prompt [5, 11, 12], turn (obs [], out [13, 14, 15])
+    return record(
+        "t-a",
+        [
+            ([5, 6], [turn([], [7, 8], 2), turn([9], [10], 3)]),
+            ([5, 11, 12], [turn([], [13, 14, 15], 3)]),
+        ],
+        reward=1.0,
+    )
+
+
+def test_segments_become_rows_and_masks_cover_exactly_the_generated_tokens() -> None:
+    other = record("t-b", [([5, 6, 20], [turn([], [21], 3)])], reward=0.0)
+    batch, report = build_batch([two_segment_record(), other], trainer_version=3, pad_id=0)
+    assert batch.num_rows == 3 and batch.num_trajectories == 2
+    assert batch.trajectory_ids == ("t-a", "t-b")
+    assert batch.trajectory_index.tolist() == [0, 0, 1]
+    assert batch.segment_index.tolist() == [0, 1, 0]
+    assert batch.group_ids.tolist() == [0, 0, 0]
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0]  # a trajectory's segments share its reward
+    # full sequences: prompt + post-prompt, right-padded with pad_id
+    assert batch.input_ids.tolist() == [
+        [5, 6, 7, 8, 9, 10],
+        [5, 11, 12, 13, 14, 15],
+        [5, 6, 20, 21, 0, 0],
+    ]
+    assert batch.prompt_lengths.tolist() == [2, 3, 3]
+    assert batch.seq_lengths.tolist() == [6, 6, 4]
+    assert batch.attention_mask.tolist() == [[True] * 6, [True] * 6, [True] * 4 + [False] * 2]
+    # post-prompt view of trainer.algorithms
+    assert batch.tokens.tolist() == [[7, 8, 9, 10], [13, 14, 15, -1], [21, -1, -1, -1]]
+    assert batch.action_mask.tolist() == [
+        [True, True, False, True],
+        [True, True, True, False],
+        [True, False, False, False],
+    ]
+    assert batch.token_versions.tolist() == [[2, 2, -1, 3], [3, 3, 3, -1], [3, -1, -1, -1]]
+    # behaviour logprobs line up with their tokens (turn(): -0.1 * (i + 1) - 0.01 * version)
+    expected = [[-0.12, -0.22, 0.0, -0.13], [-0.13, -0.23, -0.33, 0.0], [-0.13, 0.0, 0.0, 0.0]]
+    assert torch.allclose(batch.behavior_logp, torch.tensor(expected), atol=1e-6)
+    assert report.rows == 3 and report.trajectories == 2 and report.aborted == 0
+    assert math.isclose(report.mean_lag, 0.5)  # t-a's oldest token is version 2
+
+
+def test_aborted_trajectories_never_enter_and_are_counted() -> None:
+    aborted = record("t-x", [([1, 2], [turn([], [3, 4], 0)])], status=OutcomeStatus.ABORTED)
+    kept = record("t-y", [([1, 2], [turn([], [3], 0)])], reward=0.0)
+    batch, report = build_batch([aborted, kept], trainer_version=0)
+    assert batch.trajectory_ids == ("t-y",)
+    assert (report.aborted, report.trajectories_in, report.trajectories) == (1, 2, 1)
+    with pytest.raises(BatchError, match="1 aborted"):
+        build_batch([aborted], trainer_version=0)
+
+
+def test_policy_lag_filter_drops_whole_trajectories_by_their_oldest_token() -> None:
+    # t-old's second segment is fresh but its first holds a version-1 token: lag 6 > 4
+    old = record("t-old", [([1], [turn([], [2], 1)]), ([1, 3], [turn([], [4], 7)])])
+    fresh = record("t-new", [([1], [turn([], [2], 3)])], reward=0.0)
+    batch, report = build_batch([old, fresh], trainer_version=7, config=BatchConfig())
+    assert batch.trajectory_ids == ("t-new",) and batch.num_rows == 1
+    assert report.over_lag == 1 and report.mean_lag == 4.0
+    batch, report = build_batch([old, fresh], 7, BatchConfig(max_policy_lag=6))
+    assert batch.num_rows == 3 and report.over_lag == 0
+
+
+def test_a_token_from_a_future_policy_is_an_error() -> None:
+    rec = record("t-f", [([1], [turn([], [2], 5)])])
+    with pytest.raises(BatchError, match="future policy"):
+        build_batch([rec], trainer_version=4)
+
+
+def test_truncated_trajectories_are_flagged() -> None:
+    timeout = record("t-1", [([1], [turn([], [2], 0)])], status=OutcomeStatus.TIMEOUT, reward=0.0)
+    length = record("t-2", [([1], [turn([], [2, 3], 0, finish="length")])], reward=0.0)
+    done = record("t-3", [([1], [turn([], [2], 0)])])
+    batch, report = build_batch([timeout, length, done], trainer_version=0)
+    assert batch.truncated.tolist() == [True, True, False] and report.truncated == 2
+
+
+def test_overlong_segments_are_dropped_or_rejected() -> None:
+    long = record("t-l", [([1] * 8, [turn([], [2, 3], 0)]), ([1], [turn([], [2], 0)])])
+    batch, report = build_batch([long], 0, BatchConfig(max_seq_len=9))
+    assert batch.num_rows == 1 and batch.segment_index.tolist() == [1]
+    assert report.overlong_rows == 1
+    with pytest.raises(RecordError, match="t-l segment 0: 10 tokens exceed max_seq_len=9"):
+        build_batch([long], 0, BatchConfig(max_seq_len=9, overlong="error"))
+
+
+def test_segments_without_generated_tokens_give_no_row() -> None:
+    rec = record("t-e", [([1, 2], [turn([3], [], 0)]), ([1], [turn([], [4], 0)])])
+    batch, report = build_batch([rec], 0)
+    assert batch.segment_index.tolist() == [1] and report.empty_rows == 1
+
+
+def test_bad_records_are_rejected_with_a_clear_error() -> None:
+    unfinished = record("t-u", [([1], [turn([], [2], 0)])])
+    unfinished.outcome = None
+    with pytest.raises(RecordError, match="t-u: no outcome"):
+        build_batch([unfinished], 0)
+    mismatched = record("t-m", [([1], [turn([], [2, 3], 0)])])
+    mismatched.segments[0].turns[0].output_logprobs.append(-0.5)
+    with pytest.raises(RecordError, match="t-m segment 0 turn 0: 2 output ids but 3 logprobs"):
+        build_batch([mismatched], 0)
+    nan = record("t-n", [([1], [turn([], [2], 0)])])
+    nan.segments[0].turns[0].output_logprobs[0] = float("nan")
+    with pytest.raises(RecordError, match="t-n segment 0 turn 0: logprob nan"):
+        build_batch([nan], 0)
+    positive = record("t-p", [([1], [turn([], [2], 0)])])
+    positive.segments[0].turns[0].output_logprobs[0] = 0.5
+    with pytest.raises(RecordError, match=r"logprob 0\.5 is not finite and <= 0"):
+        build_batch([positive], 0)
+    vocab = record("t-v", [([1], [turn([], [2, 99], 0)])])
+    with pytest.raises(RecordError, match=r"token id 99 outside the vocabulary \[0, 50\)"):
+        build_batch([vocab], 0, vocab_size=50)
+    empty_prompt = record("t-0", [([], [turn([], [2], 0)])])
+    with pytest.raises(RecordError, match="t-0 segment 0: empty prompt"):
+        build_batch([empty_prompt], 0)
+    twice = record("t-2", [([1], [turn([], [2], 0)])])
+    with pytest.raises(BatchError, match="t-2 appears twice"):
+        build_batch([twice, twice], 0)
+
+
+def test_select_trims_to_the_rows_own_widths() -> None:
+    short = record("t-s", [([1], [turn([], [2], 0)])], group="g1")
+    batch, _ = build_batch([two_segment_record(), short], trainer_version=3)
+    part = batch.select([2])
+    assert part.input_ids.tolist() == [[1, 2]] and part.tokens.tolist() == [[2]]
+    assert part.action_mask.tolist() == [[True]] and part.group_ids.tolist() == [1]

@@ -1,0 +1,50 @@
+"""The ``trainer`` config section: spec defaults, env overrides, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.config import ConfigError
+from trainer.config import TrainerConfig, load_trainer_config
+
+
+def test_defaults_are_the_spec_values() -> None:
+    cfg = load_trainer_config(environ={})
+    assert cfg == TrainerConfig()
+    assert (cfg.actor.lr, cfg.critic.optimizer.lr, cfg.critic.updates_per_step) == (1e-6, 5e-6, 2)
+    assert cfg.objective.value_clip == 0.2
+    assert cfg.batch.max_policy_lag == 4
+    assert (cfg.device, cfg.precision) == ("cpu", "fp32")
+
+
+def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
+    f = tmp_path / "swerl.yaml"
+    f.write_text(
+        "trainer:\n  model: /m\n  critic: {updates_per_step: 3}\n  objective: {dis_high: 5}\n"
+    )
+    env = {"SWERL_TRAINER__ACTOR__LR": "2e-6", "SWERL_TRAINER__OBJECTIVE__VALUE_CLIP": "0.3"}
+    cfg = load_trainer_config(f, environ=env)
+    assert cfg.model == "/m" and cfg.critic.updates_per_step == 3
+    assert (cfg.actor.lr, cfg.objective.value_clip, cfg.objective.dis_high) == (2e-6, 0.3, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"SWERL_TRAINER__ALGORITHM": "ppo2"}, "unknown algorithm 'ppo2'"),
+        ({"SWERL_TRAINER__OBJECTIVE__BOGUS": "1"}, "trainer.objective.bogus"),
+        ({"SWERL_TRAINER__OBJECTIVE__DIS_LOW": "7"}, "dis_low must be < dis_high"),
+        ({"SWERL_TRAINER__ACTOR__LR": "0"}, "trainer.actor.lr"),
+        ({"SWERL_TRAINER__ACTOR__BETAS": "[0.9, 1.5]"}, "betas must lie in [0, 1)"),
+        ({"SWERL_TRAINER__PRECISION": "bf16"}, "bf16 is the GPU path"),
+        ({"SWERL_TRAINER__DEVICE": "tpu"}, "device must be cpu, cuda"),
+        ({"SWERL_TRAINER__CRITIC__HEAD": "tanh"}, "trainer.critic.head"),
+        ({"SWERL_TRAINER__BATCH__OVERLONG": "cut"}, "trainer.batch.overlong"),
+    ],
+)
+def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_trainer_config(environ=env)
+    assert needle in str(err.value)

@@ -1,0 +1,21 @@
+"""``python -m trainer COMMAND``: the trainer's command-line tools (``score``)."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = ("score",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in COMMANDS:
+        print(f"usage: python -m trainer {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        return 2
+    from trainer.score import main as score
+
+    return score(args[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

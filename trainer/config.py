@@ -1,0 +1,119 @@
+"""Settings of the trainer engine (section ``trainer`` of the swerl configuration).
+
+Loaded with :func:`load_trainer_config` (:func:`services.config.load_config` with
+``section="trainer"``): defaults < YAML < ``SWERL_TRAINER__*`` environment < explicit
+overrides. Defaults are LI2SAO_SPEC's: actor lr 1e-6, critic lr 5e-6, ``K = 2`` critic updates
+per batch, value clip 0.2 (``objective.value_clip``), maximum policy lag 4. See
+docs/trainer.md for what each key does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from services.config import StrictModel, load_config
+from trainer.algorithms import ALGORITHMS, ObjectiveConfig
+
+SECTION = "trainer"
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW with global grad-norm clipping and a linear warm-up of the learning rate."""
+
+    lr: float = Field(gt=0, description="peak learning rate")
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0, description="max global grad norm; 0 = off")
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up from lr/warmup")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        return betas
+
+
+class CriticConfig(StrictModel):
+    """The critic: a copy of the policy with a scalar value head and frozen attention."""
+
+    optimizer: OptimizerConfig = OptimizerConfig(lr=5e-6)
+    updates_per_step: int = Field(default=2, ge=0, description="K critic passes per batch")
+    head: Literal["linear", "sigmoid"] = Field(
+        default="linear", description="linear value (Li2SAO) or sigmoid of a logit (PACT)"
+    )
+    head_init_std: float = Field(default=0.02, ge=0, description="std of the head's weights")
+
+
+class BatchConfig(StrictModel):
+    """Turning trajectory records into padded batches and micro-batches."""
+
+    max_seq_len: int = Field(default=32768, ge=2, description="prompt + post-prompt tokens")
+    overlong: Literal["drop", "error"] = Field(
+        default="drop", description="a segment longer than max_seq_len: drop it, or fail"
+    )
+    max_policy_lag: int = Field(default=4, ge=0, description="drop trajectories lagging more")
+    micro_batch_tokens: int = Field(
+        default=16384, ge=1, description="padded tokens (rows x length) per micro-batch"
+    )
+
+
+class TrainerConfig(StrictModel):
+    """Everything the trainer engine needs."""
+
+    backend: Literal["torch"] = "torch"
+    model: str = Field(default="", description="HF model directory (actor and critic init)")
+    algorithm: str = Field(default="li2sao", description=f"one of {', '.join(ALGORITHMS)}")
+    objective: ObjectiveConfig = Field(
+        default_factory=ObjectiveConfig, description="trainer.algorithms.ObjectiveConfig"
+    )
+    actor: OptimizerConfig = OptimizerConfig(lr=1e-6)
+    critic: CriticConfig = CriticConfig()
+    batch: BatchConfig = BatchConfig()
+    device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: autocast compute with fp32 master weights (GPU)"
+    )
+    rollout_temperature: float = Field(
+        default=1.0, gt=0, description="temperature the engines scaled logits by"
+    )
+    activation_checkpointing: bool = False
+    seed: int = Field(default=0, ge=0)
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, name: str) -> str:
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}, expected one of {ALGORITHMS}")
+        return name
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        kind = device.split(":", 1)[0]
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+        return device
+
+    @model_validator(mode="after")
+    def _bf16_needs_gpu(self) -> TrainerConfig:
+        if self.precision == "bf16" and not self.device.startswith("cuda"):
+            raise ValueError("precision bf16 is the GPU path; on the CPU use fp32")
+        return self
+
+
+def load_trainer_config(
+    path: str | Path | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TrainerConfig:
+    """The ``trainer`` section from YAML / ``SWERL_TRAINER__*`` / overrides, validated."""
+    return load_config(
+        TrainerConfig, section=SECTION, path=path, overrides=overrides, environ=environ
+    )
