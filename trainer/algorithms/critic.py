@@ -158,17 +158,22 @@ def bce_value_loss(
 
 
 def value_loss_terms(
-    value_logits: Tensor, targets: Tensor, mask: Tensor | ActionMask
+    value_logits: Tensor,
+    targets: Tensor,
+    mask: Tensor | ActionMask,
+    probabilities: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The sums behind :func:`bce_value_loss` (inputs already validated).
 
     ``(sum m (softplus(z) - y z), sum m (sigmoid(z) - y)^2, max(1, sum m))``, the first two
     with the graph to ``value_logits``; SR-PPO's critic loss is
     ``(a * first + b * second) / third``, and it reports the two terms as the critic's BCE
-    and MSE.
+    and MSE. ``probabilities``: ``sigmoid(value_logits)`` with its graph, when the caller
+    has it already (an ``ObjectiveBatch``'s ``values``).
     """
     z, y, weights = _flat_head_inputs(value_logits, targets, mask)
-    return _bce_sum(z, y, weights), _mse_sum(z, y, weights), weights.sum().clamp(min=1.0)
+    v = None if probabilities is None else probabilities.reshape(-1)
+    return _bce_sum(z, y, weights), _mse_sum(z, y, weights, v), weights.sum().clamp(min=1.0)
 
 
 def _flat_head_inputs(
@@ -189,9 +194,9 @@ def _bce_sum(z: Tensor, y: Tensor, weights: Tensor) -> Tensor:
     return torch.dot(torch.logaddexp(z, z.new_zeros(())), weights) - torch.dot(z, y * weights)
 
 
-def _mse_sum(z: Tensor, y: Tensor, weights: Tensor) -> Tensor:
-    """SR-PPO sec. 4.3: ``sum_t m_t (sigmoid(z_t) - y_t)^2``."""
-    gap = torch.sigmoid(z) - y
+def _mse_sum(z: Tensor, y: Tensor, weights: Tensor, v: Tensor | None = None) -> Tensor:
+    """SR-PPO sec. 4.3: ``sum_t m_t (sigmoid(z_t) - y_t)^2`` (``v``: ``sigmoid(z)`` if known)."""
+    gap = (torch.sigmoid(z) if v is None else v) - y
     return torch.dot(gap * gap, weights)
 
 

@@ -742,6 +742,7 @@ def srppo_objective(
     """
     rewards, old_values = _pact_srppo_inputs(batch, config, "srppo")
     logits = _require_logits(batch, "srppo")
+    values = batch.values  # sigmoid(value_logits), with its graph
     mask = batch.mask
     k = config.srppo_k
     adv = srppo_advantages(rewards, old_values, mask, k, config.gamma, check=False)  # sec. 4.2
@@ -751,7 +752,7 @@ def srppo_objective(
     )  # fmt: skip
     returns = rewards[:, None] * mask.weights(rewards.dtype)  # sec. 4.3: Pass@1 target y = R
     # sec. 4.3: a BCE + b MSE (= bce_value_loss; the two terms are also the critic's metrics)
-    bce, mse, count = value_loss_terms(logits, returns, mask)
+    bce, mse, count = value_loss_terms(logits, returns, mask, values)
     critic_loss = (config.srppo_bce_coef * bce + config.srppo_mse_coef * mse) / count
     q_hat = first_action_values(old_values, mask, check=False).clamp(0.0, 1.0)
     passk = srppo_passk_weights(q_hat, k, check=False)
