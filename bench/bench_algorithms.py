@@ -17,6 +17,9 @@ What it measures, all in one run so the ratios compare like with like:
   BCE + MSE critic), these three on the GRPO batch with a sigmoid value head.
   One warm-up each, then ``--reps`` rounds in which every candidate runs once (interleaved,
   so a shared machine's background load hits all of them alike); min and median reported.
+  ``--clock cpu`` times this thread's CPU time instead of wall time (with ``--threads 1``):
+  on a machine loaded by other processes the wall-clock minima still jump by 2x between runs,
+  the CPU-time figures do not (min and median agree within ~10 %).
 * **GAE vs loop**: ``skip_observation_gae`` (the public API: raw mask, inputs validated)
   against a plain per-row, per-token Python loop (written from the spec in this file, on
   Python lists) on the same ``--gae-rows`` rows, plus the vectorised time per row on the full
@@ -212,11 +215,14 @@ def run_objective(kind: str, x: Tensors, backward: bool) -> None:
         x.values.grad = None
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], reps: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, list[float]]:
     """Time every function ``reps`` times, round-robin, after one warm-up call each.
 
     Interleaving exposes all candidates to the same background load (this machine is shared),
-    so their ratios stay meaningful even when absolute times drift.
+    so their ratios stay meaningful even when absolute times drift. ``clock``: wall time by
+    default; ``time.thread_time`` counts only this thread's CPU time (see ``--clock``).
     """
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     for fn in fns.values():
@@ -225,10 +231,10 @@ def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[s
     for _ in range(reps):
         for name, fn in fns.items():
             sync()
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync()  # a CUDA call returns before the kernels finish
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 
@@ -384,6 +390,13 @@ def main() -> None:
         help="where the vectorised code runs, e.g. cuda (the loop reference always runs on the "
         "host; peak memory is then torch's CUDA peak instead of RSS)",
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="objective timings: wall time, or this thread's CPU time (steady on a loaded "
+        "machine, where other processes preempt the run; needs --threads 1 on the CPU)",
+    )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument(
         "--system-malloc",
@@ -405,6 +418,8 @@ def main() -> None:
     gae_rows = args.gae_rows or (8 if args.quick else 16)
     if n % GROUP_SIZE:
         parser.error(f"--n must be a multiple of {GROUP_SIZE}")
+    if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
+        parser.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, N={n}, T={t}")
     grouped = make_tensors(n, t, args.seed, max_prefix=args.shared_prefix).to(args.device)
@@ -417,13 +432,16 @@ def main() -> None:
     print(f"load average before timing: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     pinned = "pinned" if os.environ.get(PINNED_FLAG) else "glibc defaults"
     print(f"allocator: {pinned}; torch default threads {default_threads}")
-    print(f"\nobjective time, seconds: min / median of {reps} interleaved runs")
+    print(
+        f"\nobjective time ({args.clock} clock), seconds: min / median of {reps} interleaved runs"
+    )
     fns: dict[str, Callable[[], object]] = {}
     for kind, spec in KINDS.items():
         x = single if spec.singleton else grouped
         fns[f"{kind}:fwd"] = lambda k=kind, x=x: run_objective(k, x, backward=False)
         fns[f"{kind}:both"] = lambda k=kind, x=x: run_objective(k, x, backward=True)
-    times = interleaved_times(fns, reps)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    times = interleaved_times(fns, reps, clock)
     best = {k: min(v) for k, v in times.items()}
     mid = {k: statistics.median(v) for k, v in times.items()}
     print(f"{'objective':<20}{'forward':>22}{'forward + backward':>24}")
