@@ -1,4 +1,4 @@
-"""Benchmark of the Li2SAO objective layer against GRPO, and of vectorised GAE against a loop.
+"""Benchmark of the objective layer (Li2SAO, PACT, SR-PPO) against GRPO, and of GAE vs a loop.
 
 Usage (from the repository root)::
 
@@ -11,9 +11,16 @@ What it measures, all in one run so the ratios compare like with like:
   (forward only, and forward + backward of actor and critic losses) for GRPO + PPO clip, the
   Li2SAO bootstrap objective (GRPO advantages, DIS, lambda = 1 returns, divergence mask,
   residual targets, clipped value loss, ranking loss, readiness statistics) and the Li2SAO
-  GAE-phase objective (singleton groups, whitened adaptive GAE + DIS, clipped value loss).
+  GAE-phase objective (singleton groups, whitened adaptive GAE + DIS, clipped value loss),
+  and PACT's actor stage (lambda = 1 advantages, TIS, DIS, credit metric), PACT's critic stage
+  (token IS targets, acceptance mask, BCE on logits) and SR-PPO (Pass@k advantages, PPO clip,
+  BCE + MSE critic), these three on the GRPO batch with a sigmoid value head.
   One warm-up each, then ``--reps`` rounds in which every candidate runs once (interleaved,
   so a shared machine's background load hits all of them alike); min and median reported.
+  ``--clock cpu`` times this thread's CPU time instead of wall time (with ``--threads 1``):
+  on a machine loaded by other processes the wall-clock minima still jump by 2x between runs,
+  the CPU-time figures much less (at 128 x 4,096 min and median agreed within ~10 %; at the
+  ``--quick`` size, a few milliseconds per call, within ~50 %).
 * **GAE vs loop**: ``skip_observation_gae`` (the public API: raw mask, inputs validated)
   against a plain per-row, per-token Python loop (written from the spec in this file, on
   Python lists) on the same ``--gae-rows`` rows, plus the vectorised time per row on the full
@@ -52,6 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -89,6 +97,7 @@ class Tensors:
     logp: Tensor
     values: Tensor
     old_values: Tensor
+    old_logp: Tensor
 
     def to(self, device: str) -> Tensors:
         """The same batch on ``device`` (leaf tensors stay leaves that require grad)."""
@@ -141,6 +150,7 @@ def make_tensors(
     behavior_logp = logp + 0.05 * torch.randn(n, t, generator=gen)
     values = 0.5 * torch.randn(n, t, generator=gen)
     old_values = values + 0.01 * torch.randn(n, t, generator=gen)
+    old_logp = logp + 0.02 * torch.randn(n, t, generator=gen)  # the trainer's recomputation
     return Tensors(
         tokens=tokens,
         action_mask=mask,
@@ -150,21 +160,37 @@ def make_tensors(
         logp=logp.requires_grad_(),
         values=values.requires_grad_(),
         old_values=old_values,
+        old_logp=old_logp,
     )
 
 
-KINDS: dict[str, tuple[str, str, bool]] = {
-    # kind: (algorithm, phase, singleton groups)
-    "grpo": ("grpo", "bootstrap", False),
-    "li2sao-bootstrap": ("li2sao", "bootstrap", False),
-    "li2sao-gae": ("li2sao", "switched", True),
+class Kind(NamedTuple):
+    """One timed objective: the algorithm, its phase / stage, and the batch it runs on."""
+
+    algorithm: str
+    phase: str = "bootstrap"
+    singleton: bool = False
+    stage: str = "actor"
+
+
+KINDS: dict[str, Kind] = {
+    "grpo": Kind("grpo"),
+    "li2sao-bootstrap": Kind("li2sao"),
+    "li2sao-gae": Kind("li2sao", "switched", singleton=True),
+    # PACT / SR-PPO on the GRPO batch (their losses ignore groups); values are the sigmoid
+    # head's logits there
+    "pact-actor": Kind("pact"),
+    "pact-critic": Kind("pact", stage="critic"),
+    "srppo": Kind("srppo"),
 }
+SIGMOID_HEAD = ("pact", "srppo")
 
 
 def run_objective(kind: str, x: Tensors, backward: bool) -> None:
     """Build the batch (validation included) and evaluate one objective."""
-    algorithm, phase, _ = KINDS[kind]
-    critic = algorithm != "grpo"
+    spec = KINDS[kind]
+    critic = spec.algorithm != "grpo"
+    logits = spec.algorithm in SIGMOID_HEAD
     batch = ObjectiveBatch(
         tokens=x.tokens,
         action_mask=x.action_mask,
@@ -172,24 +198,32 @@ def run_objective(kind: str, x: Tensors, backward: bool) -> None:
         rewards=x.rewards,
         behavior_logp=x.behavior_logp,
         logp=x.logp,
-        values=x.values if critic else None,
-        old_values=x.old_values if critic else None,
+        values=x.values if critic and not logits else None,
+        old_values=x.old_values if critic and not logits else None,
+        old_logp=x.old_logp if spec.algorithm == "pact" else None,  # SR-PPO does not read it
+        value_logits=x.values if logits else None,
     )
-    result = compute_objective(algorithm, batch, phase=phase)  # type: ignore[arg-type]
+    result = compute_objective(
+        spec.algorithm,  # type: ignore[arg-type]
+        batch,
+        phase=spec.phase,  # type: ignore[arg-type]
+        stage=spec.stage,  # type: ignore[arg-type]
+    )
     if backward:
-        loss = result.actor_loss
-        if result.critic_loss is not None:
-            loss = loss + result.critic_loss
-        loss.backward()
+        losses = [loss for loss in (result.actor_loss, result.critic_loss) if loss is not None]
+        sum(losses).backward()  # type: ignore[union-attr]
         x.logp.grad = None
         x.values.grad = None
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], reps: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, list[float]]:
     """Time every function ``reps`` times, round-robin, after one warm-up call each.
 
     Interleaving exposes all candidates to the same background load (this machine is shared),
-    so their ratios stay meaningful even when absolute times drift.
+    so their ratios stay meaningful even when absolute times drift. ``clock``: wall time by
+    default; ``time.thread_time`` counts only this thread's CPU time (see ``--clock``).
     """
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     for fn in fns.values():
@@ -198,10 +232,10 @@ def interleaved_times(fns: dict[str, Callable[[], object]], reps: int) -> dict[s
     for _ in range(reps):
         for name, fn in fns.items():
             sync()
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync()  # a CUDA call returns before the kernels finish
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 
@@ -289,8 +323,8 @@ def child_memory(n: int, t: int, seed: int, max_prefix: int) -> None:
     to the kernel (pinned mmap threshold), so one objective does not inflate the next.
     """
     peaks: dict[str, int] = {}
-    for kind, (_, _, singleton) in KINDS.items():
-        x = make_tensors(n, t, seed, singleton_groups=singleton, max_prefix=max_prefix)
+    for kind, spec in KINDS.items():
+        x = make_tensors(n, t, seed, singleton_groups=spec.singleton, max_prefix=max_prefix)
         run_objective(kind, x, backward=True)
         gc.collect()
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
@@ -319,8 +353,8 @@ def report_cuda_memory(n: int, t: int, args: argparse.Namespace) -> None:
     peaks: list[dict[str, int]] = []
     for a, b in sizes:
         row: dict[str, int] = {}
-        for kind, (_, _, singleton) in KINDS.items():
-            x = make_tensors(a, b, args.seed, singleton, args.shared_prefix).to(args.device)
+        for kind, spec in KINDS.items():
+            x = make_tensors(a, b, args.seed, spec.singleton, args.shared_prefix).to(args.device)
             run_objective(kind, x, backward=True)
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
@@ -357,6 +391,13 @@ def main() -> None:
         help="where the vectorised code runs, e.g. cuda (the loop reference always runs on the "
         "host; peak memory is then torch's CUDA peak instead of RSS)",
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="objective timings: wall time, or this thread's CPU time (steady on a loaded "
+        "machine, where other processes preempt the run; needs --threads 1 on the CPU)",
+    )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument(
         "--system-malloc",
@@ -378,6 +419,8 @@ def main() -> None:
     gae_rows = args.gae_rows or (8 if args.quick else 16)
     if n % GROUP_SIZE:
         parser.error(f"--n must be a multiple of {GROUP_SIZE}")
+    if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
+        parser.error("--clock cpu measures one CPU thread: use it with --threads 1 on the CPU")
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, N={n}, T={t}")
     grouped = make_tensors(n, t, args.seed, max_prefix=args.shared_prefix).to(args.device)
@@ -390,13 +433,16 @@ def main() -> None:
     print(f"load average before timing: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     pinned = "pinned" if os.environ.get(PINNED_FLAG) else "glibc defaults"
     print(f"allocator: {pinned}; torch default threads {default_threads}")
-    print(f"\nobjective time, seconds: min / median of {reps} interleaved runs")
+    print(
+        f"\nobjective time ({args.clock} clock), seconds: min / median of {reps} interleaved runs"
+    )
     fns: dict[str, Callable[[], object]] = {}
-    for kind, (_, _, singleton) in KINDS.items():
-        x = single if singleton else grouped
+    for kind, spec in KINDS.items():
+        x = single if spec.singleton else grouped
         fns[f"{kind}:fwd"] = lambda k=kind, x=x: run_objective(k, x, backward=False)
         fns[f"{kind}:both"] = lambda k=kind, x=x: run_objective(k, x, backward=True)
-    times = interleaved_times(fns, reps)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    times = interleaved_times(fns, reps, clock)
     best = {k: min(v) for k, v in times.items()}
     mid = {k: statistics.median(v) for k, v in times.items()}
     print(f"{'objective':<20}{'forward':>22}{'forward + backward':>24}")
@@ -404,7 +450,7 @@ def main() -> None:
         fwd = f"{best[kind + ':fwd']:.4f} / {mid[kind + ':fwd']:.4f}"
         both = f"{best[kind + ':both']:.4f} / {mid[kind + ':both']:.4f}"
         print(f"{kind:<20}{fwd:>22}{both:>24}")
-    for kind in ("li2sao-bootstrap", "li2sao-gae"):
+    for kind in [k for k in KINDS if k != "grpo"]:
         ratios = [
             f"{stat[kind + ':' + part] / stat['grpo:' + part]:.2f}x"
             for part in ("fwd", "both")
@@ -414,7 +460,7 @@ def main() -> None:
             f"ratio {kind} / grpo: forward {ratios[0]} (min) {ratios[1]} (median), "
             f"fwd+bwd {ratios[2]} (min) {ratios[3]} (median)"
         )
-    print("target: li2sao-bootstrap / grpo <= 2x")
+    print("target: li2sao-bootstrap / grpo <= 2x; pact-actor, pact-critic, srppo / grpo <= 2x each")
 
     gae_threads = sorted({1, default_threads}) if args.device == "cpu" else [args.threads]
     for threads in gae_threads:

@@ -54,7 +54,7 @@ def evaluate_objective(model_dir: Path, records: list[tuple[Any, Any]]) -> dict[
     mixed = sum(1 for g in groups.unique() if rewards[groups == g].unique().numel() > 1)
     return {
         "max_abs_logprob_diff": float(diff.max()) if diff.numel() else 0.0,
-        "actor_loss": float(result.actor_loss),
+        "actor_loss": None if result.actor_loss is None else float(result.actor_loss),
         "critic_loss": None if result.critic_loss is None else float(result.critic_loss),
         "estimator": str(result.estimator),
         "n_trajectories": batch.num_trajectories,

@@ -1,4 +1,4 @@
-"""Li2SAO and its baselines as pure, vectorised torch functions (tensors in, tensors out).
+"""Li2SAO, its baselines, PACT and SR-PPO as pure, vectorised torch functions.
 
 Batch layout: padded ``[N, T]`` tensors, one row per trajectory holding the post-prompt
 sequence; ``action_mask`` is 1 on model-generated tokens; ``group_ids`` ``[N]`` long (same
@@ -12,9 +12,11 @@ from trainer.algorithms.advantages import (
     adaptive_lambda,
     grpo_advantages,
     masked_moments,
+    normalize_rewards,
     whiten,
 )
 from trainer.algorithms.critic import (
+    bce_value_loss,
     clipped_value_loss,
     group_residual_targets,
     terminal_ranking_loss,
@@ -29,19 +31,34 @@ from trainer.algorithms.gae import (
 from trainer.algorithms.masks import ActionMask, last_action_index
 from trainer.algorithms.objectives import (
     ALGORITHMS,
+    PACT_POLICY_LOSSES,
     PHASES,
+    STAGES,
     AlgorithmName,
     Estimator,
     ObjectiveBatch,
     ObjectiveConfig,
     ObjectiveResult,
+    PactPolicyLoss,
     Phase,
+    Stage,
     compute_objective,
     dapo_objective,
     grpo_objective,
     gspo_objective,
     li2sao_objective,
     lisao_objective,
+    pact_objective,
+    srppo_objective,
+)
+from trainer.algorithms.pact import (
+    CRITIC_IS_MODES,
+    CriticIS,
+    pact_advantages,
+    pact_credit,
+    pact_critic_targets,
+    pact_is_weights,
+    tis_weights,
 )
 from trainer.algorithms.policy_losses import (
     AGGREGATIONS,
@@ -50,7 +67,11 @@ from trainer.algorithms.policy_losses import (
     gspo_policy_loss,
     ppo_clip_policy_loss,
 )
-from trainer.algorithms.positions import terminal_reward_tokens, terminal_values
+from trainer.algorithms.positions import (
+    first_action_values,
+    terminal_reward_tokens,
+    terminal_values,
+)
 from trainer.algorithms.readiness import (
     GateConfig,
     ReadinessGate,
@@ -58,6 +79,7 @@ from trainer.algorithms.readiness import (
     readiness_statistics,
 )
 from trainer.algorithms.sampling import DynamicSamplingResult, dynamic_sampling_filter
+from trainer.algorithms.srppo import srppo_advantages, srppo_passk_weights
 from trainer.algorithms.staleness import (
     LagFilter,
     filter_by_lag,
@@ -68,11 +90,15 @@ from trainer.algorithms.staleness import (
 __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
+    "CRITIC_IS_MODES",
+    "PACT_POLICY_LOSSES",
     "PHASES",
+    "STAGES",
     "ActionMask",
     "Aggregation",
     "AlgorithmName",
     "AllReduce",
+    "CriticIS",
     "DynamicSamplingResult",
     "Estimator",
     "GateConfig",
@@ -80,10 +106,13 @@ __all__ = [
     "ObjectiveBatch",
     "ObjectiveConfig",
     "ObjectiveResult",
+    "PactPolicyLoss",
     "Phase",
     "ReadinessGate",
     "ReadinessStats",
+    "Stage",
     "adaptive_lambda",
+    "bce_value_loss",
     "clipped_value_loss",
     "compute_objective",
     "dapo_objective",
@@ -92,6 +121,7 @@ __all__ = [
     "divergence_mask",
     "dynamic_sampling_filter",
     "filter_by_lag",
+    "first_action_values",
     "first_difference",
     "gae_advantages_and_returns",
     "group_residual_targets",
@@ -103,14 +133,24 @@ __all__ = [
     "li2sao_objective",
     "lisao_objective",
     "masked_moments",
+    "normalize_rewards",
     "off_policy_token_ratio",
+    "pact_advantages",
+    "pact_credit",
+    "pact_critic_targets",
+    "pact_is_weights",
+    "pact_objective",
     "policy_lag",
     "ppo_clip_policy_loss",
     "readiness_statistics",
     "reverse_discounted_cumsum",
     "skip_observation_gae",
+    "srppo_advantages",
+    "srppo_objective",
+    "srppo_passk_weights",
     "terminal_ranking_loss",
     "terminal_reward_tokens",
     "terminal_values",
+    "tis_weights",
     "whiten",
 ]

@@ -5,6 +5,7 @@ The token-level estimator (skip-observation GAE, Eq. 6-7) lives in :mod:`.gae`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,7 @@ from trainer.algorithms.validation import (
     require_group_ids,
     require_positive,
     require_rewards,
+    require_rewards_in,
     require_same_device,
     require_same_shape,
 )
@@ -52,6 +54,35 @@ def grpo_advantages(
     adv = (rewards - mu[index.inverse]) / (sigma[index.inverse] + eps)
     constant = group_all_equal(rewards, index)[index.inverse]
     return torch.where(constant, torch.zeros_like(adv), adv)
+
+
+def normalize_rewards(
+    rewards: Tensor, reward_min: float = 0.0, reward_max: float = 1.0, *, check: bool = True
+) -> Tensor:
+    """Outcome rewards mapped to ``[0, 1]``: ``R~ = (R - R_min) / (R_max - R_min)``, ``[N]``.
+
+    PACT and SR-PPO need ``R in [0, 1]`` (PACT_SRPPO_SPEC "Notation", PACT appendix C.1: a
+    positive affine map leaves the optimal policy unchanged). A reward outside
+    ``[reward_min, reward_max]``, or ``reward_max <= reward_min``, is a ``ValueError``: never a
+    silent clamp. The result carries no gradient.
+    """
+    if check:
+        require_rewards(rewards)
+        for name, bound in (("reward_min", reward_min), ("reward_max", reward_max)):
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+                raise ValueError(f"{name} must be a number, got {bound!r}")
+            if not math.isfinite(bound):
+                raise ValueError(f"{name} must be finite, got {bound!r}")
+        if not reward_max > reward_min:
+            raise ValueError(
+                f"reward_max must be > reward_min, got reward_min={reward_min}, "
+                f"reward_max={reward_max}"
+            )
+        require_rewards_in(
+            rewards, reward_min, reward_max, "set reward_min / reward_max to the reward's range"
+        )
+    scaled = (rewards.detach() - reward_min) / (reward_max - reward_min)  # PACT App. C.1
+    return scaled.clamp_(0.0, 1.0)  # rounding only: the inputs lie in range (checked above)
 
 
 def adaptive_lambda(

@@ -1,4 +1,5 @@
-"""Critic objectives: group-residual targets, clipped value loss (Eq. 10 / 5), ranking (Eq. 11).
+"""Critic objectives: group-residual targets, clipped value loss (Eq. 10 / 5), ranking (Eq. 11),
+and the BCE (+ MSE) loss of a sigmoid value head (PACT / SR-PPO).
 
 The divergence mask that selects the supervised tokens of the bootstrap phase lives in
 :mod:`.divergence`.
@@ -95,11 +96,7 @@ def clipped_value_loss(
             require_same_shape(values=values, mask=mask)
             require_same_device(values=values, mask=mask)
             mask = action_mask_bool(mask, require_action_per_row=False)
-    weights = (
-        mask.weights(values.dtype)
-        if isinstance(mask, ActionMask)
-        else mask.bool().view(torch.uint8).to(values.dtype)
-    )
+    weights = _mask_weights(mask, values)
     old = old_values.detach()
     target = targets.detach()
     v_clip = old + (values - old).clamp(-eps_v, eps_v)  # Eq. 10: V_bar
@@ -108,6 +105,99 @@ def clipped_value_loss(
     )
     # one fused pass for the masked sum
     return torch.dot(per_token.reshape(-1), weights.reshape(-1)) / weights.sum().clamp(min=1.0)
+
+
+def _mask_weights(mask: Tensor | ActionMask, like: Tensor) -> Tensor:
+    """0/1 weights of a validated mask (or an ActionMask) in ``like``'s dtype."""
+    if isinstance(mask, ActionMask):
+        return mask.weights(like.dtype)
+    return mask.bool().view(torch.uint8).to(like.dtype)
+
+
+def bce_value_loss(
+    value_logits: Tensor,
+    targets: Tensor,
+    mask: Tensor | ActionMask,
+    bce_coef: float = 1.0,
+    mse_coef: float = 0.0,
+    *,
+    check: bool = True,
+) -> Tensor:
+    """Sigmoid value head loss on logits ``z``: BCE with soft targets, plus an optional MSE.
+
+    ``L = sum_t m_t [a (softplus(z_t) - y_t z_t) + b (sigmoid(z_t) - y_t)^2] / max(1, sum m_t)``
+    with ``a = bce_coef``, ``b = mse_coef`` (PACT_SRPPO_SPEC "Critic": PACT sec. 4.2 / App. C.6
+    uses ``a = 1, b = 0``; SR-PPO sec. 4.3 ``a = b = 1``). ``softplus(z) - y z`` equals
+    ``-y log V - (1 - y) log(1 - V)`` for ``y in [0, 1]``, and its gradient
+    ``sigmoid(z) - y`` makes ``E[y | s]`` the minimiser for any target, also ``y > 1`` (an
+    importance-weighted PACT target), where the loss value may be negative. Targets are
+    constants; gradient flows only into ``value_logits``. Entries off the mask add exactly 0
+    to the loss and its gradient. An empty mask gives 0 with the graph attached.
+    """
+    if check:
+        require_floating("value_logits", value_logits)
+        require_floating("targets", targets)
+        require_ndim("value_logits", value_logits, 2, "[N, T]")
+        require_same_shape(value_logits=value_logits, targets=targets)
+        require_same_device(value_logits=value_logits, targets=targets)
+        require_positive("bce_coef", bce_coef, allow_zero=True)
+        require_positive("mse_coef", mse_coef, allow_zero=True)
+        if bce_coef == 0 and mse_coef == 0:
+            raise ValueError("bce_coef and mse_coef are both 0: the loss would be identically 0")
+        if isinstance(mask, Tensor):
+            require_same_shape(value_logits=value_logits, mask=mask)
+            require_same_device(value_logits=value_logits, mask=mask)
+            mask = action_mask_bool(mask, require_action_per_row=False)
+    z, y, weights = _flat_head_inputs(value_logits, targets, mask)
+    total = _bce_sum(z, y, weights)
+    if bce_coef != 1.0:
+        total = total * bce_coef
+    if mse_coef:
+        total = total + mse_coef * _mse_sum(z, y, weights)  # SR-PPO sec. 4.3: a BCE + b MSE
+    return total / weights.sum().clamp(min=1.0)
+
+
+def value_loss_terms(
+    value_logits: Tensor,
+    targets: Tensor,
+    mask: Tensor | ActionMask,
+    probabilities: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sums behind :func:`bce_value_loss` (inputs already validated).
+
+    ``(sum m (softplus(z) - y z), sum m (sigmoid(z) - y)^2, max(1, sum m))``, the first two
+    with the graph to ``value_logits``; SR-PPO's critic loss is
+    ``(a * first + b * second) / third``, and it reports the two terms as the critic's BCE
+    and MSE. ``probabilities``: ``sigmoid(value_logits)`` with its graph, when the caller
+    has it already (an ``ObjectiveBatch``'s ``values``).
+    """
+    z, y, weights = _flat_head_inputs(value_logits, targets, mask)
+    v = None if probabilities is None else probabilities.reshape(-1)
+    return _bce_sum(z, y, weights), _mse_sum(z, y, weights, v), weights.sum().clamp(min=1.0)
+
+
+def _flat_head_inputs(
+    value_logits: Tensor, targets: Tensor, mask: Tensor | ActionMask
+) -> tuple[Tensor, Tensor, Tensor]:
+    weights = _mask_weights(mask, value_logits).reshape(-1)
+    return value_logits.reshape(-1), targets.detach().reshape(-1), weights
+
+
+def _bce_sum(z: Tensor, y: Tensor, weights: Tensor) -> Tensor:
+    """PACT App. C.6: ``sum_t m_t (softplus(z_t) - y_t z_t)`` as two masked dot products.
+
+    The weighted targets are a constant, so the second product costs one product backwards.
+    ``softplus(z) = logaddexp(z, 0)``: unlike ``F.softplus``'s linear branch above ``z = 20``
+    it keeps the gradient ``sigmoid(z)`` exact. Off the mask the weights are 0 and every
+    factor finite.
+    """
+    return torch.dot(torch.logaddexp(z, z.new_zeros(())), weights) - torch.dot(z, y * weights)
+
+
+def _mse_sum(z: Tensor, y: Tensor, weights: Tensor, v: Tensor | None = None) -> Tensor:
+    """SR-PPO sec. 4.3: ``sum_t m_t (sigmoid(z_t) - y_t)^2`` (``v``: ``sigmoid(z)`` if known)."""
+    gap = (torch.sigmoid(z) if v is None else v) - y
+    return torch.dot(gap * gap, weights)
 
 
 def terminal_ranking_loss(

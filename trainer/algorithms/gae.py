@@ -159,7 +159,7 @@ def _trace_factor(lam: float | Tensor, n: int, like: Tensor, check: bool) -> Ten
     return like.new_full((n,), float(lam))
 
 
-def _checked_inputs(rewards: Tensor, values: Tensor | None, am: ActionMask, gamma: float) -> None:
+def check_gae_inputs(rewards: Tensor, values: Tensor | None, am: ActionMask, gamma: float) -> None:
     """Validate outcome (``[N]``) or per-token rewards, values and gamma against the mask."""
     require_floating("rewards", rewards)
     require_unit_interval("gamma", gamma)
@@ -210,7 +210,7 @@ def skip_observation_gae(
     """
     am = ActionMask.of(action_mask, check=check)
     if check:
-        _checked_inputs(rewards, values, am, gamma)
+        check_gae_inputs(rewards, values, am, gamma)
     dtype = torch.promote_types(rewards.dtype, values.dtype)
     rewards = rewards.detach().to(dtype)
     values = values.detach().to(dtype)
@@ -261,7 +261,7 @@ def discounted_returns(
     """
     am = ActionMask.of(action_mask, check=check)
     if check:
-        _checked_inputs(rewards, None, am, gamma)
+        check_gae_inputs(rewards, None, am, gamma)
     rewards = rewards.detach()
     weights = am.weights(rewards.dtype)
     if rewards.ndim == 1:

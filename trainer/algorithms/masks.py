@@ -23,13 +23,14 @@ class ActionMask:
         mask: the bool ``[N, T]`` tensor.
     """
 
-    __slots__ = ("_last", "_row_counts", "_weights", "mask")
+    __slots__ = ("_first", "_last", "_row_counts", "_weights", "mask")
 
     def __init__(self, action_mask: Tensor, *, check: bool = True) -> None:
         self.mask = action_mask_bool(action_mask) if check else action_mask.bool()
         self._weights: dict[torch.dtype, Tensor] = {}
         self._row_counts: dict[torch.dtype, Tensor] = {}
         self._last: Tensor | None = None
+        self._first: Tensor | None = None
 
     @classmethod
     def of(cls, action_mask: Tensor | ActionMask, *, check: bool = True) -> ActionMask:
@@ -74,6 +75,13 @@ class ActionMask:
             self._last = _last_from_weights(self.weights(torch.float32))
         return self._last
 
+    @property
+    def first(self) -> Tensor:
+        """``[N]`` long: position ``u_1`` of each row's first action token (cached)."""
+        if self._first is None:
+            self._first = _first_from_weights(self.weights(torch.float32))
+        return self._first
+
 
 def last_action_index(action_mask: Tensor, *, check: bool = True) -> Tensor:
     """``[N]`` long: the position ``u_M`` of each row's last action token (-1 for an empty row).
@@ -92,3 +100,15 @@ def _last_from_weights(weights: Tensor) -> Tensor:
         return torch.full((weights.shape[0],), -1, dtype=torch.long, device=weights.device)
     positions = torch.arange(1, width + 1, device=weights.device, dtype=torch.float32)
     return (weights * positions).amax(dim=1).long() - 1
+
+
+def _first_from_weights(weights: Tensor) -> Tensor:
+    """First position with weight 1, from ``[N, T]`` float32 0/1 weights (``T`` if none).
+
+    ``T - max_t (m_t * (T - t))``: the mirror image of :func:`_last_from_weights`.
+    """
+    width = weights.shape[1]
+    if width == 0:
+        return torch.zeros(weights.shape[0], dtype=torch.long, device=weights.device)
+    countdown = torch.arange(width, 0, -1, device=weights.device, dtype=torch.float32)
+    return width - (weights * countdown).amax(dim=1).long()

@@ -194,11 +194,25 @@ def ppo_clip_policy_loss(
             low_frac = _fraction(bounded > rho, count)
             high_frac = _fraction(bounded < rho, count)
     else:
-        clipped = rho.clamp(1.0 - eps_low, 1.0 + eps_high)
-        per_token = torch.minimum(rho * adv, clipped * adv)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
+        # Per-token advantages: where the clipped branch of min(rho A, clip(rho) A) is
+        # strictly the smaller one the term is the constant clip(rho) A, elsewhere rho A. So
+        # it is written as rho * slope + const with constant factors (slope = A where
+        # unclipped, else 0): the min form's value and gradient, one product backwards. All
+        # float arithmetic (bool masks cost several times more on the CPU).
+        with torch.no_grad():
+            ratio = rho.detach()
+            gain = ratio * adv  # rho A
+            value = torch.minimum(gain, ratio.clamp(1.0 - eps_low, 1.0 + eps_high).mul_(adv))
+            deficit = gain.sub_(value)  # > 0 exactly where the clipped branch is active
+            slope = (deficit == 0).to(adv.dtype).mul_(adv).mul_(weights)
+            const = torch.addcmul(value, ratio, slope, value=-1.0).mul_(weights)
+            clipped = torch.count_nonzero(deficit)  # 0 off the actions (rho = 1 there)
+            high = torch.count_nonzero(deficit * (adv > 0))  # rho > 1 + eps_high, A > 0
+        per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
         ones = torch.ones_like(adv[:, :1])
-        loss = -_aggregate(per_token * weights, ones, am, aggregation)
-        low_frac, high_frac = _active_clip_fractions(rho.detach(), adv, eps_low, eps_high, count)
+        loss = -_aggregate(per_token, ones, am, aggregation)
+        low_frac = (clipped - high).to(torch.float64) / count  # rho < 1 - eps_low, A < 0
+        high_frac = high.to(torch.float64) / count
     metrics = {
         "clip_frac_low": low_frac,
         "clip_frac_high": high_frac,

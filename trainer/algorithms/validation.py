@@ -74,6 +74,21 @@ def require_rewards(rewards: Tensor) -> None:
     require_floating("rewards", rewards)
 
 
+def require_rewards_in(rewards: Tensor, low: float, high: float, hint: str) -> None:
+    """Require every reward in ``[low, high]``; the message counts and shows the offenders.
+
+    Rewards outside the range are an error, never clamped (PACT_SRPPO_SPEC "Notation").
+    """
+    outside = (rewards < low) | (rewards > high)
+    if any_true(outside):
+        rows = outside.nonzero().flatten()
+        first = int(rows[0])
+        raise ValueError(
+            f"rewards must lie in [{low}, {high}]: {rows.numel()} outside, e.g. "
+            f"{float(rewards[first])!r} at row {first}; {hint}"
+        )
+
+
 def require_group_ids(group_ids: Tensor, n: int) -> None:
     """Group ids: a non-negative integer tensor ``[N]`` (same prompt = same id)."""
     require_integer("group_ids", group_ids)

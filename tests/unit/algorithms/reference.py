@@ -279,3 +279,188 @@ def off_policy_ratio(version: int, versions: list[list[int]], mask: BoolMatrix) 
             total += 1
             stale += version - versions[i][t] > 1
     return stale / total
+
+
+# --- PACT and SR-PPO (PACT_SRPPO_SPEC), same rules: lists, loops, the spec's wording ---
+
+
+def sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
+
+
+def softplus(z: float) -> float:
+    """``log(1 + e^z)``, written so that it does not overflow."""
+    return max(z, 0.0) + math.log1p(math.exp(-abs(z)))
+
+
+def normalize_rewards(rewards: list[float], low: float, high: float) -> list[float]:
+    """``R~ = (R - R_min) / (R_max - R_min)``; outside the range is an error."""
+    if not high > low:
+        raise ValueError("reward_max <= reward_min")
+    for r in rewards:
+        if r < low or r > high:
+            raise ValueError(f"reward {r} outside [{low}, {high}]")
+    return [(r - low) / (high - low) for r in rewards]
+
+
+def pact_advantages(
+    rewards: list[float], values: Matrix, mask: BoolMatrix, gamma: float = 1.0
+) -> Matrix:
+    """GAE with lambda = 1, outcome reward on ``u_M``: ``A_{u_j} = gamma^(M-j) R - V(s_{u_j})``."""
+    out = []
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        adv = [0.0] * len(row)
+        for j, t in enumerate(u):
+            adv[t] = gamma ** (len(u) - 1 - j) * rewards[i] - values[i][t]
+        out.append(adv)
+    return out
+
+
+def pact_credit(
+    rewards: list[float], values: Matrix, mask: BoolMatrix, gamma: float = 1.0
+) -> Matrix:
+    """Theorem 1: ``C_{u_j} = gamma V(s_{u_{j+1}}) - V(s_{u_j})``, ``C_{u_M} = R - V(s_{u_M})``."""
+    out = []
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        credit = [0.0] * len(row)
+        for j, t in enumerate(u):
+            if j + 1 < len(u):
+                credit[t] = gamma * values[i][u[j + 1]] - values[i][t]
+            else:
+                credit[t] = rewards[i] - values[i][t]
+        out.append(credit)
+    return out
+
+
+def tis_weights(old: Matrix, behavior: Matrix, mask: BoolMatrix, low: float, high: float) -> Matrix:
+    """``w_t = clip(exp(old_t - mu_t), low, high)`` on action tokens, 0 elsewhere."""
+    return [
+        [min(max(math.exp(old[i][t] - behavior[i][t]), low), high) if m else 0.0
+         for t, m in enumerate(row)]
+        for i, row in enumerate(mask)
+    ]  # fmt: skip
+
+
+def critic_is_weights(new: Matrix, old: Matrix, mask: BoolMatrix, mode: str) -> Matrix:
+    """``W_{u_j}`` of the four modes, each product/sum written out over ``k >= j``."""
+    out = []
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        c = [math.exp(new[i][t] - old[i][t]) for t in u]
+        weights = [0.0] * len(row)
+        for j, t in enumerate(u):
+            if mode == "none":
+                weights[t] = 1.0
+            elif mode == "token":
+                weights[t] = c[j]
+            elif mode == "product":
+                product = 1.0
+                for k in range(j, len(u)):
+                    product *= c[k]
+                weights[t] = product
+            elif mode == "first_order":
+                weights[t] = 1.0 + sum(c[k] - 1.0 for k in range(j, len(u)))
+            else:
+                raise ValueError(mode)
+        out.append(weights)
+    return out
+
+
+def pact_critic_targets(
+    rewards: list[float],
+    new: Matrix,
+    old: Matrix,
+    mask: BoolMatrix,
+    mode: str,
+    low: float = 0.0,
+    high: float = 6.0,
+) -> tuple[Matrix, BoolMatrix]:
+    """``y = W R``; keep = action and ``low <= W <= high`` (every action for ``"none"``)."""
+    weights = critic_is_weights(new, old, mask, mode)
+    targets = [[w * rewards[i] for w in row] for i, row in enumerate(weights)]
+    keep = [
+        [bool(m) and (mode == "none" or low <= weights[i][t] <= high) for t, m in enumerate(row)]
+        for i, row in enumerate(mask)
+    ]
+    return targets, keep
+
+
+def bce_value_loss(
+    logits: Matrix, targets: Matrix, mask: BoolMatrix, a: float = 1.0, b: float = 0.0
+) -> tuple[float, Matrix]:
+    """``sum m [a (softplus(z) - y z) + b (sigmoid(z) - y)^2] / max(1, sum m)`` and d/dz."""
+    count = max(1, sum(1 for row in mask for x in row if x))
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    for i, row in enumerate(mask):
+        for t, m in enumerate(row):
+            if not m:
+                continue
+            z, y = logits[i][t], targets[i][t]
+            s = sigmoid(z)
+            loss += (a * (softplus(z) - y * z) + b * (s - y) ** 2) / count
+            grad[i][t] = (a * (s - y) + b * 2 * (s - y) * s * (1 - s)) / count
+    return loss, grad
+
+
+def passk_weight(value: float, k: float) -> float:
+    """``k (1 - q)^(k - 1)`` with ``q = clamp(value, 0, 1)`` (Python's ``0.0 ** 0 == 1``)."""
+    q = min(max(value, 0.0), 1.0)
+    return k * (1.0 - q) ** (k - 1)
+
+
+def srppo_advantages(
+    rewards: list[float], values: Matrix, mask: BoolMatrix, k: float, gamma: float = 1.0
+) -> Matrix:
+    """``A_{u_j} = w^_i (gamma^(M-j) R_i - V(s_{u_j}))`` with ``w^_i`` from ``V(s_{u_1})``."""
+    out = []
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        w = passk_weight(values[i][u[0]], k)
+        adv = [0.0] * len(row)
+        for j, t in enumerate(u):
+            adv[t] = w * (gamma ** (len(u) - 1 - j) * rewards[i] - values[i][t])
+        out.append(adv)
+    return out
+
+
+def pact_actor_loss(
+    logp: Matrix,
+    old: Matrix,
+    behavior: Matrix,
+    adv: Matrix,
+    mask: BoolMatrix,
+    kind: str,
+    low: float,
+    high: float,
+    tis_high: float = 2.0,
+) -> tuple[float, Matrix]:
+    """PACT's actor loss token by token, TIS written as a factor of the loss (not folded).
+
+    ``rho = exp(logp - old)``, ``w = clip(exp(old - mu), 0, tis_high)``; ``kind="dis"``:
+    ``l = w f(rho) A`` with ``f`` the DIS window ``(low, high)``; ``kind="ppo"``:
+    ``l = w min(rho A, clip(rho, 1 - low, 1 + high) A)``. Seq-mean-token-mean; loss = -J.
+    """
+    weights = token_weights(mask, "seq-mean-token-mean")
+    loss = 0.0
+    grad = [[0.0] * len(row) for row in mask]
+    for i, row in enumerate(mask):
+        for t, m in enumerate(row):
+            if not m:
+                continue
+            rho = math.exp(logp[i][t] - old[i][t])
+            w = min(math.exp(old[i][t] - behavior[i][t]), tis_high)
+            a = adv[i][t]
+            if kind == "dis":
+                inside = low < rho < high
+                term, slope = (w * rho * a, w * rho * a) if inside else (0.0, 0.0)
+            else:
+                clipped = min(max(rho, 1 - low), 1 + high)
+                term = w * min(rho * a, clipped * a)
+                active = (a > 0 and rho > 1 + high) or (a < 0 and rho < 1 - low)
+                slope = 0.0 if active else w * rho * a
+            loss -= weights[i][t] * term
+            grad[i][t] = -weights[i][t] * slope
+    return loss, grad

@@ -20,7 +20,7 @@ def test_quick_benchmark_reports_ratios_and_agrees_with_the_loop() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.pop("SWERL_BENCH_MALLOC_PINNED", None)
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--no-memory", "--reps", "2"],
+        [sys.executable, str(SCRIPT), "--quick", "--no-memory", "--reps", "2", "--clock", "cpu"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -30,7 +30,9 @@ def test_quick_benchmark_reports_ratios_and_agrees_with_the_loop() -> None:
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert "allocator: pinned" in out  # re-executed itself with the timing allocator settings
-    assert re.search(r"ratio li2sao-bootstrap / grpo: forward [\d.]+x", out)
+    assert "objective time (cpu clock)" in out
+    for kind in ("li2sao-bootstrap", "li2sao-gae", "pact-actor", "pact-critic", "srppo"):
+        assert re.search(rf"ratio {kind} / grpo: forward [\d.]+x .* fwd\+bwd [\d.]+x", out), kind
     threads = {
         int(t) for t in re.findall(r"GAE \(gamma=1, lambda=0\.95\), torch threads (\d+)", out)
     }

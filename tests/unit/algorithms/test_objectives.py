@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -184,19 +186,31 @@ def test_lisao_is_gae_dis_and_absolute_critic() -> None:
     torch.testing.assert_close(lisao.critic_loss, li2sao.critic_loss)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_algorithm_returns_finite_losses_and_float_metrics(algorithm: str) -> None:
+@pytest.mark.parametrize(
+    ("algorithm", "stage"),
+    [(a, "actor") for a in ALGORITHMS] + [("pact", "critic")],
+)
+def test_every_algorithm_returns_finite_losses_and_float_metrics(algorithm: str, stage) -> None:
     b = random_batch(_grouped_seed(2))
     batch = _objective_batch(b, versions=True)
-    result = compute_objective(algorithm, batch)  # type: ignore[arg-type]
-    losses = [result.actor_loss] + ([result.critic_loss] if result.critic_loss is not None else [])
-    assert all(bool(torch.isfinite(x)) for x in losses)
+    config = ObjectiveConfig()
+    if algorithm in ("pact", "srppo"):  # sigmoid head; rewards of random_batch lie in [-2, 2]
+        batch = dataclasses.replace(
+            batch, values=None, old_values=None, value_logits=b.values.clone().requires_grad_()
+        )
+        config = ObjectiveConfig(reward_min=-2.0, reward_max=2.0)
+    result = compute_objective(algorithm, batch, stage=stage, config=config)  # type: ignore[arg-type]
+    losses = [x for x in (result.actor_loss, result.critic_loss) if x is not None]
+    assert losses and all(bool(torch.isfinite(x)) for x in losses)
     assert sum(losses).requires_grad  # type: ignore[union-attr]
     assert all(isinstance(v, float) for v in result.metrics.values())
     lags = ref.policy_lag(b.trainer_version, b.token_versions.tolist(), b.action_mask.tolist())
     assert result.metrics["staleness/mean_lag"] == pytest.approx(sum(lags) / len(lags))
     assert result.metrics["batch/trajectories"] == float(b.rewards.shape[0])
-    assert (result.critic_loss is None) == (algorithm in ("grpo", "dapo", "gspo"))
+    assert (result.critic_loss is None) == (
+        algorithm in ("grpo", "dapo", "gspo") or (algorithm, stage) == ("pact", "actor")
+    )
+    assert (result.actor_loss is None) == ((algorithm, stage) == ("pact", "critic"))
 
 
 def test_whitening_uses_the_all_reduce_hook() -> None:

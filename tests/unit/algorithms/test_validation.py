@@ -11,19 +11,30 @@ from trainer.algorithms import (
     ObjectiveBatch,
     ObjectiveConfig,
     adaptive_lambda,
+    bce_value_loss,
     clipped_value_loss,
     compute_objective,
     dis_policy_loss,
     divergence_mask,
     dynamic_sampling_filter,
+    first_action_values,
     group_residual_targets,
     grpo_advantages,
     gspo_policy_loss,
     li2sao_objective,
+    normalize_rewards,
+    pact_advantages,
+    pact_credit,
+    pact_critic_targets,
+    pact_is_weights,
+    pact_objective,
     ppo_clip_policy_loss,
     readiness_statistics,
     skip_observation_gae,
+    srppo_advantages,
+    srppo_passk_weights,
     terminal_ranking_loss,
+    tis_weights,
     whiten,
 )
 
@@ -162,6 +173,67 @@ CASES: list[Case] = [
         lambda: divergence_mask(TOKENS, EMPTY_ROW, REWARDS, GROUPS),
         "no action",
     ),
+    # PACT / SR-PPO primitives
+    ("normalize 2-D rewards", lambda: normalize_rewards(_floats()), "1-D"),
+    ("normalize NaN", lambda: normalize_rewards(torch.tensor([0.5, float("nan")])), "NaN"),
+    ("normalize above max", lambda: normalize_rewards(torch.tensor([0.5, 1.01])), "outside"),
+    ("normalize empty range", lambda: normalize_rewards(REWARDS, 1.0, 0.0), "reward_max"),
+    ("normalize NaN bound", lambda: normalize_rewards(REWARDS, float("nan")), "finite"),
+    ("first value shape", lambda: first_action_values(torch.zeros(N, T + 1), MASK), "mismatch"),
+    ("first value empty row", lambda: first_action_values(_floats(), EMPTY_ROW), "no action"),
+    ("pact adv empty row", lambda: pact_advantages(REWARDS, _floats(), EMPTY_ROW), "no action"),
+    ("pact adv NaN values", lambda: pact_advantages(REWARDS, _nan(), MASK), "NaN"),
+    ("credit empty row", lambda: pact_credit(REWARDS, _floats(), EMPTY_ROW), "no action"),
+    ("credit rows", lambda: pact_credit(torch.ones(2), _floats(), MASK), "mismatch"),
+    ("credit gamma", lambda: pact_credit(REWARDS, _floats(), MASK, gamma=1.5), "gamma"),
+    ("tis shape", lambda: tis_weights(_floats(), torch.zeros(N, 4), MASK), "mismatch"),
+    ("tis range", lambda: tis_weights(_floats(), _floats(), MASK, 2.0, 2.0), "low must be <"),
+    ("tis negative low", lambda: tis_weights(_floats(), _floats(), MASK, -1.0), "low"),
+    ("tis inf", lambda: tis_weights(_inf(), _floats(), MASK), "inf"),
+    (
+        "targets mode",
+        lambda: pact_critic_targets(REWARDS, _floats(), _floats(), MASK, "sequence"),  # type: ignore[arg-type]
+        "mode",
+    ),
+    (
+        "targets reward above 1",
+        lambda: pact_critic_targets(torch.tensor([1.0, 2.0, 0.0]), _floats(), _floats(), MASK),
+        "normalise",
+    ),
+    (
+        "targets reward rows",
+        lambda: pact_critic_targets(torch.ones(2), _floats(), _floats(), MASK),
+        "mismatch",
+    ),
+    (
+        "targets accept range",
+        lambda: pact_critic_targets(REWARDS, _floats(), _floats(), MASK, "token", 6.0, 1.0),
+        "accept_low must be <",
+    ),
+    ("targets NaN new", lambda: pact_critic_targets(REWARDS, _nan(), _floats(), MASK), "NaN"),
+    (
+        "is weights empty row",
+        lambda: pact_is_weights(_floats(), _floats(), EMPTY_ROW),
+        "no action",
+    ),
+    ("is weights mode", lambda: pact_is_weights(_floats(), _floats(), MASK, "x"), "mode"),  # type: ignore[arg-type]
+    ("bce shape", lambda: bce_value_loss(_floats(), torch.zeros(N, 4), MASK), "mismatch"),
+    ("bce NaN targets", lambda: bce_value_loss(_floats(), _nan(), MASK), "NaN"),
+    ("bce int logits", lambda: bce_value_loss(MASK, _floats(), MASK), "floating"),
+    ("bce mask values", lambda: bce_value_loss(_floats(), _floats(), MASK * 3), "0 and 1"),
+    ("bce no terms", lambda: bce_value_loss(_floats(), _floats(), MASK, 0.0, 0.0), "both 0"),
+    ("bce negative coef", lambda: bce_value_loss(_floats(), _floats(), MASK, -1.0), "bce_coef"),
+    ("passk k below 1", lambda: srppo_passk_weights(REWARDS, 0.5), "k must be"),
+    ("passk k NaN", lambda: srppo_passk_weights(REWARDS, float("nan")), "k must be"),
+    ("passk k bool", lambda: srppo_passk_weights(REWARDS, True), "k must be"),  # type: ignore[arg-type]
+    ("passk 2-D", lambda: srppo_passk_weights(_floats()), "1-D"),
+    (
+        "srppo reward below 0",
+        lambda: srppo_advantages(torch.tensor([-0.5, 0.0, 1.0]), _floats(), MASK),
+        "normalise",
+    ),
+    ("srppo empty row", lambda: srppo_advantages(REWARDS, _floats(), EMPTY_ROW), "no action"),
+    ("srppo 2-D rewards", lambda: srppo_advantages(_floats(), _floats(), MASK), "1-D"),
     # readiness / sampling
     (
         "readiness NaN",
@@ -220,6 +292,38 @@ BATCH_CASES: list[Case] = [
     ("bad phase", lambda: li2sao_objective(_batch(), "warmup"), "phase"),  # type: ignore[arg-type]
     ("bad config", lambda: ObjectiveConfig(dis_low=7.0), "dis_low"),
     ("bad gamma", lambda: ObjectiveConfig(gamma=2.0), "gamma"),
+    # PACT / SR-PPO batch fields, stages and config
+    (
+        "values and logits",
+        lambda: _batch(value_logits=_floats()),
+        "values or value_logits, not both",
+    ),
+    ("logits NaN", lambda: _batch(values=None, value_logits=_nan()), "value_logits contains NaN"),
+    (
+        "logits integer",
+        lambda: _batch(values=None, value_logits=MASK),
+        "value_logits must have a floating",
+    ),
+    ("old_logp shape", lambda: _batch(old_logp=torch.zeros(N, T + 1)), "old_logp"),
+    ("old_logp inf", lambda: _batch(old_logp=_inf()), "old_logp contains NaN or inf"),
+    (
+        "critic stage elsewhere",
+        lambda: compute_objective("li2sao", _batch(), stage="critic"),
+        "only for pact",
+    ),
+    ("bad stage", lambda: compute_objective("pact", _batch(), stage="both"), "stage"),  # type: ignore[arg-type]
+    ("bad pact stage", lambda: pact_objective(_batch(), "critics"), "stage"),  # type: ignore[arg-type]
+    ("pact critic values", lambda: compute_objective("pact", _batch(), stage="critic"), "logits"),
+    ("srppo values", lambda: compute_objective("srppo", _batch()), "value_logits"),
+    ("pact no critic", lambda: compute_objective("pact", _batch(values=None)), "values"),
+    ("config policy loss", lambda: ObjectiveConfig(pact_policy_loss="gspo"), "pact_policy_loss"),  # type: ignore[arg-type]
+    ("config IS mode", lambda: ObjectiveConfig(pact_critic_is="seq"), "pact_critic_is"),  # type: ignore[arg-type]
+    ("config tis range", lambda: ObjectiveConfig(tis_low=2.0), "tis_low must be <"),
+    ("config IS range", lambda: ObjectiveConfig(pact_is_high=-1.0), "pact_is_high"),
+    ("config k", lambda: ObjectiveConfig(srppo_k=0.5), "srppo_k"),
+    ("config coefs", lambda: ObjectiveConfig(srppo_bce_coef=0, srppo_mse_coef=0), "both 0"),
+    ("config reward bound", lambda: ObjectiveConfig(reward_max=float("inf")), "reward_max"),
+    ("config whiten", lambda: ObjectiveConfig(pact_whiten=1), "pact_whiten"),  # type: ignore[arg-type]
 ]
 
 
