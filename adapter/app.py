@@ -1,26 +1,30 @@
 """HTTP routes of the adapter (FastAPI). Request handling itself lives in :mod:`adapter.service`.
 
 ==============================================  ================================================
-``POST /v1/chat/completions``                   untracked chat completion (nothing recorded)
+``POST /v1/chat/completions``                   untracked chat completion (nothing recorded);
+                                                credential per ``untracked_completions``
 ``GET  /v1/models``                             the served model
-``POST /t/{id}/v1/chat/completions``            chat completion recorded into trajectory ``id``
+``POST /t/{id}/v1/chat/completions``            chat completion recorded into trajectory ``id``;
+                                                trajectory token (training mode)
 ``GET  /t/{id}/v1/models``                      same as ``/v1/models`` (for per-trajectory
-                                                ``base_url`` clients)
-``POST /trajectories``                          open: body = TrajectoryMeta -> 201
-``POST /trajectories/{id}/close``               close: optional ``{"outcome": Outcome}``
-``GET  /trajectories/{id}``                     the record as JSON
+                                                ``base_url`` clients); trajectory token
+``POST /trajectories``                          open: body = TrajectoryMeta -> 201 with the
+                                                trajectory's ``token``; worker token
+``POST /trajectories/{id}/close``               close: optional ``{"outcome": Outcome}``; worker
+``GET  /trajectories/{id}``                     the record as JSON; worker token
 ``GET  /trajectories/{id}/raw``                 the binary entries, each ``u32 LE length + bytes``
-``POST /admin/weights``                         ``{model_path, version}``, bearer token
-``GET  /admin/versions``                        versions of the adapter and each engine, token
+``POST /admin/weights``                         ``{model_path, version}``, admin token
+``GET  /admin/versions``                        versions of the adapter and each engine, admin
 ``GET  /health``, ``GET /metrics``              liveness, Prometheus text
 ==============================================  ================================================
 
-Every error is ``{"error": {"message", "type", "code", "param"}}`` with a 4xx/5xx status.
+Credentials are bearer tokens checked by :mod:`adapter.auth` (worker and trajectory tokens only
+in training mode, i.e. with ``adapter.worker_token`` set). Every error is
+``{"error": {"message", "type", "code", "param"}}`` with a 4xx/5xx status.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import struct
@@ -143,20 +147,25 @@ def create_app(service: AdapterService) -> FastAPI:
         log.exception("unhandled error")
         return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
+    access = service.access
+    if not access.training_mode:
+        log.warning(
+            "no adapter.worker_token: trajectory records and /t/<id>/ routes are open to "
+            "anyone who reaches the adapter (development only; see docs/security.md)"
+        )
+
     def require_admin(request: Request) -> None:
-        token = service.config.admin_token
-        if not token:
-            raise APIError(403, "admin routes are disabled: set adapter.admin_token")
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
-            raise APIError(401, "missing or wrong admin bearer token")
+        access.require_admin(request.headers)
 
     async def chat(request: Request, trajectory_id: str | None) -> Response:
         route = "trajectory" if trajectory_id else "untracked"
         timer = service.metrics.request_latency
         started = time.perf_counter()
         try:
+            if trajectory_id is None:
+                access.require_untracked(request.headers)
+            else:
+                await service.authorize_trajectory(trajectory_id, request.headers)
             outcome = await service.chat(trajectory_id, await _json_body(request))
         except APIError as exc:
             service.metrics.requests.inc(route=route, status=str(exc.status))
@@ -201,8 +210,9 @@ def create_app(service: AdapterService) -> FastAPI:
         return models()
 
     @app.get("/t/{trajectory_id}/v1/models")
-    async def list_models_tracked(trajectory_id: str) -> dict[str, Any]:
+    async def list_models_tracked(trajectory_id: str, request: Request) -> dict[str, Any]:
         service.validate_id(trajectory_id)
+        await service.authorize_trajectory(trajectory_id, request.headers)
         return models()
 
     @app.get("/health")
@@ -218,25 +228,28 @@ def create_app(service: AdapterService) -> FastAPI:
 
     @app.post("/trajectories", status_code=201)
     async def open_trajectory(request: Request) -> JSONResponse:
+        access.require_worker(request.headers)
         meta: TrajectoryMeta = _model(TrajectoryMeta, await _json_body(request))
-        await service.open_trajectory(meta)
+        token = await service.open_trajectory(meta)
         tid = meta.trajectory_id
-        return JSONResponse(
-            {"trajectory_id": tid, "status": "open", "base_url": f"/t/{tid}/v1"}, status_code=201
-        )
+        body = {"trajectory_id": tid, "status": "open", "base_url": f"/t/{tid}/v1", "token": token}
+        return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @app.post("/trajectories/{trajectory_id}/close")
     async def close_trajectory(trajectory_id: str, request: Request) -> dict[str, Any]:
+        access.require_worker(request.headers)
         body: CloseRequest = _model(CloseRequest, await _json_body(request, required=False))
         return await service.close_trajectory(trajectory_id, body.outcome)
 
     @app.get("/trajectories/{trajectory_id}")
-    async def get_trajectory(trajectory_id: str) -> dict[str, Any]:
+    async def get_trajectory(trajectory_id: str, request: Request) -> dict[str, Any]:
+        access.require_worker(request.headers)
         view, _ = await service.get_trajectory(trajectory_id)
         return view
 
     @app.get("/trajectories/{trajectory_id}/raw")
-    async def get_trajectory_raw(trajectory_id: str) -> Response:
+    async def get_trajectory_raw(trajectory_id: str, request: Request) -> Response:
+        access.require_worker(request.headers)
         _, raw = await service.get_trajectory(trajectory_id)
         payload = b"".join(struct.pack("<I", len(e)) + e for e in raw)
         return Response(

@@ -9,8 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from adapter.auth import UntrackedPolicy
 from services.config import StrictModel
 
 
@@ -32,11 +33,24 @@ class AdapterConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8100, ge=1, le=65535)
     admin_token: str | None = Field(default=None, description="bearer token of /admin routes")
+    worker_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="bearer token of the sandbox workers: open / close / read trajectory "
+        "records; setting it turns on training mode (per-trajectory tokens on /t/<id>/)",
+    )
+    untracked_completions: UntrackedPolicy = Field(
+        default=UntrackedPolicy.OPEN,
+        description="who may call /v1/chat/completions: open | worker_token | off "
+        "(default: worker_token in training mode, else open)",
+    )
     served_model_name: str | None = Field(
         default=None, description="model id in /v1/models and responses (default: dir name)"
     )
     auto_open_trajectories: bool = Field(
-        default=True, description="a request to /t/{id}/v1 for an unknown id opens it"
+        default=True,
+        description="a request to /t/{id}/v1 for an unknown id opens it (default: on, off in "
+        "training mode, where it is not allowed)",
     )
     context_length: int | None = Field(
         default=None, ge=16, description="context window (default: the model's config)"
@@ -60,6 +74,36 @@ class AdapterConfig(StrictModel):
         default=7200.0, gt=0, description="in-memory state of an idle trajectory is dropped"
     )
     log_level: str = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _training_mode_defaults(cls, data: Any) -> Any:
+        """Unset keys whose default depends on training mode (a worker token is set)."""
+        if not isinstance(data, dict):
+            return data
+        training = data.get("worker_token") is not None
+        defaults = {
+            "auto_open_trajectories": not training,
+            "untracked_completions": UntrackedPolicy.WORKER_TOKEN if training else "open",
+        }
+        return {
+            **{k: v for k, v in defaults.items() if data.get(k) is None},
+            **{k: v for k, v in data.items() if not (k in defaults and v is None)},
+        }
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> AdapterConfig:
+        if self.worker_token is not None:
+            if self.worker_token == self.admin_token:
+                raise ValueError("worker_token and admin_token must differ (separate roles)")
+            if self.auto_open_trajectories:
+                raise ValueError(
+                    "auto_open_trajectories cannot be on with a worker_token: a record opened "
+                    "by its first call has no trajectory token, so anyone could write it"
+                )
+        elif self.untracked_completions is UntrackedPolicy.WORKER_TOKEN:
+            raise ValueError("untracked_completions: worker_token needs adapter.worker_token")
+        return self
 
     @field_validator("engines")
     @classmethod

@@ -23,7 +23,9 @@ from typing import Any
 
 import redis.exceptions
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 
+from adapter.auth import AccessControl, bearer_token, new_trajectory_token, token_digest
 from adapter.config import AdapterConfig, ToolParserName
 from adapter.engines.sglang import SamplingParams, SGLangClient
 from adapter.errors import APIError
@@ -66,6 +68,7 @@ class TrajectoryRuntime:
     pending_entries: list[bytes] = field(default_factory=list)
     pending_counters: dict[str, int] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
+    token_digest: str | None = None  # of the trajectory's bearer token (adapter.auth)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,11 @@ class AdapterService:
         self.parser: ToolParser = get_parser(config.tool_parser, renderer.chat_template)
         self.arguments_as_object = self.parser.name is ToolParserName.QWEN3_CODER
         self.model_name = config.served_model_name or renderer.model_dir.name
+        self.access = AccessControl(
+            worker_token=config.worker_token,
+            admin_token=config.admin_token,
+            untracked=config.untracked_completions,
+        )
         clients = clients or [
             SGLangClient(url, timeout=config.engine_timeout_s) for url in config.engines
         ]
@@ -174,17 +182,39 @@ class AdapterService:
                 param="trajectory_id",
             ) from None
 
-    async def open_trajectory(self, meta: TrajectoryMeta) -> None:
+    async def open_trajectory(self, meta: TrajectoryMeta) -> str:
+        """Create the record; returns its bearer token (only its digest is stored)."""
+        token = new_trajectory_token()
+        digest = token_digest(token)
         try:
-            await self.store.open(meta)
+            await self.store.open(meta, digest)
         except TrajectoryExistsError as exc:
             raise APIError(409, str(exc), code="trajectory_exists") from None
         except _STORE_ERRORS as exc:
             raise APIError(
                 503, f"trajectory store unavailable: {exc}", code="store_unavailable"
             ) from None
-        self.trajectories[meta.trajectory_id] = TrajectoryRuntime(meta.trajectory_id)
+        self.trajectories[meta.trajectory_id] = TrajectoryRuntime(
+            meta.trajectory_id, token_digest=digest
+        )
         self.metrics.open_trajectories.set(float(len(self.trajectories)))
+        return token
+
+    async def authorize_trajectory(self, trajectory_id: str, headers: Headers) -> None:
+        """In training mode a ``/t/<id>/`` call must carry that trajectory's token (401)."""
+        if not self.access.training_mode:
+            return
+        if bearer_token(headers) is None:  # refused before anything is looked up
+            self.access.require_trajectory(trajectory_id, headers, None, known=False)
+        try:
+            runtime = await self._runtime(trajectory_id)
+        except APIError as exc:
+            if exc.status != 404:
+                raise
+            # an unknown id looks like a wrong token: no oracle of which ids exist
+            self.access.require_trajectory(trajectory_id, headers, None, known=False)
+            raise
+        self.access.require_trajectory(trajectory_id, headers, runtime.token_digest, known=True)
 
     async def _runtime(self, trajectory_id: str) -> TrajectoryRuntime:
         runtime = self.trajectories.get(trajectory_id)
@@ -209,13 +239,14 @@ class AdapterService:
                 )
             else:
                 n_segments = (await self.store.counters(trajectory_id)).get("segments", 0)
+            digest = None if status is None else await self.store.token_digest(trajectory_id)
         except _STORE_ERRORS as exc:
             raise APIError(
                 503, f"trajectory store unavailable: {exc}", code="store_unavailable"
             ) from None
         runtime = self.trajectories.get(trajectory_id)  # another request may have raced us
         if runtime is None:
-            runtime = TrajectoryRuntime(trajectory_id, n_segments=n_segments)
+            runtime = TrajectoryRuntime(trajectory_id, n_segments=n_segments, token_digest=digest)
             self.trajectories[trajectory_id] = runtime
             self.metrics.open_trajectories.set(float(len(self.trajectories)))
         return runtime

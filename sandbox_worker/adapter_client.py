@@ -1,10 +1,12 @@
 """The worker's client of the LLM adapter's trajectory routes (open and close a record).
 
 ``POST /trajectories`` opens a record with the task's identifiers before the agent's first LLM
-call; ``POST /trajectories/{id}/close`` closes it, optionally with the trajectory's
+call and answers with the trajectory's bearer token (the runner hands it to the host side of the
+sandbox's LLM relay); ``POST /trajectories/{id}/close`` closes it, optionally with the trajectory's
 :class:`Outcome`, and answers with the outcome the adapter *kept* (an infrastructure abort the
 adapter recorded itself, e.g. no engine could serve a call, is never overwritten by a score)
-and the record's counters. See docs/adapter.md.
+and the record's counters. Every call carries the worker token (``adapter.worker_token`` at the
+adapter, ``rollout.adapter_token`` here) when one is configured. See docs/adapter.md.
 
 Transport failures and 502/503/504 answers are retried ``attempts`` times with a short backoff;
 what remains is an :class:`AdapterUnavailableError`, which the runner reports as an
@@ -38,6 +40,11 @@ class AdapterUnavailableError(AdapterError):
 
 class TrajectoryExistsError(AdapterError):
     """``open`` of an id that already has a record (a previous run of the same attempt)."""
+
+
+class OpenReplyLostError(AdapterError):
+    """``open`` created the record but its answer (with the trajectory token) was lost: the
+    record is ours, yet its token cannot be recovered (only a digest is stored)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class AdapterClient:
         attempts: int = 3,
         backoff_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"adapter URL must be http(s), got {base_url!r}")
@@ -90,7 +98,8 @@ class AdapterClient:
         self.base_url = base_url.rstrip("/")
         self.attempts = attempts
         self.backoff_s = backoff_s
-        self._client = httpx.Client(timeout=timeout_s, transport=transport)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
 
     def close_connection(self) -> None:
         self._client.close()
@@ -118,15 +127,25 @@ class AdapterClient:
             f"LLM adapter at {self.base_url} unavailable ({self.attempts} attempts): {last}"
         )
 
-    def open(self, meta: TrajectoryMeta) -> None:
-        """Open the record; :class:`TrajectoryExistsError` if the id is taken."""
+    def open(self, meta: TrajectoryMeta) -> str | None:
+        """Open the record and return its bearer token (None from an adapter that issues none);
+        :class:`TrajectoryExistsError` if the id is taken."""
         path = "/trajectories"
         response, maybe_applied = self._post(path, meta.model_dump(mode="json"))
         if response.status_code == 201:
-            return
+            try:
+                token = response.json().get("token")
+            except (ValueError, AttributeError) as exc:
+                raise AdapterError(f"opening {meta.trajectory_id!r}: unreadable answer") from exc
+            if token is not None and not isinstance(token, str):
+                raise AdapterError(f"opening {meta.trajectory_id!r}: the token is not a string")
+            return token
         if response.status_code == 409:
             if maybe_applied:  # our own earlier try created it; its reply was lost
-                return
+                raise OpenReplyLostError(
+                    f"trajectory {meta.trajectory_id!r} was opened but the answer carrying its "
+                    "token was lost"
+                )
             raise TrajectoryExistsError(
                 f"trajectory {meta.trajectory_id!r} already has a record at the adapter"
             )

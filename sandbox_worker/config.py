@@ -85,9 +85,12 @@ class TrajectoryRunnerConfig(StrictModel):
     path): the host side of the LLM relay connects there, and the runner opens and closes
     trajectories there. ``instances`` lists SWE-bench-format files (JSONL/JSON/parquet) holding
     every instance a task may name; empty means the mini task set ``tests/data/instances.jsonl``.
+    ``adapter_token`` is the adapter's ``worker_token`` (required when the adapter runs in
+    training mode); it stays in the worker: sandboxes get only their trajectory's relay.
     """
 
     adapter_url: str = "http://127.0.0.1:8100"
+    adapter_token: str | None = Field(None, min_length=16)
     instances: list[str] = Field(default_factory=list)
     # Image naming (sandbox_worker.images.instance_image); None: $SWERL_IMAGE_NAMESPACE or swerl.
     image_namespace: str | None = None
@@ -117,6 +120,16 @@ class TrajectoryRunnerConfig(StrictModel):
                 f"adapter_url must have no path (the runner appends /t/<id>/v1), got {value!r}"
             )
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _condenser_stays_on_the_trajectory(self) -> TrajectoryRunnerConfig:
+        condenser = self.openhands.condenser
+        if condenser.enabled and not condenser.tracked:
+            raise ValueError(
+                "openhands.condenser.tracked must be true for sandboxed runs: the relay lets a "
+                "sandbox reach only its own trajectory's /t/<id>/v1, not the untracked /v1"
+            )
+        return self
 
 
 class WorkerConfig(StrictModel):

@@ -158,7 +158,10 @@ def build_runner(
         bundle,
         adapter
         or AdapterClient(
-            rc.adapter_url, timeout_s=rc.adapter_timeout_s, attempts=rc.adapter_attempts
+            rc.adapter_url,
+            timeout_s=rc.adapter_timeout_s,
+            attempts=rc.adapter_attempts,
+            token=rc.adapter_token,
         ),
         task_instances,
         runner_settings(rc),

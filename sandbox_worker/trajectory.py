@@ -38,6 +38,7 @@ from sandbox_worker.adapter_client import (
     AdapterClient,
     AdapterError,
     CloseResult,
+    OpenReplyLostError,
     TrajectoryExistsError,
 )
 from sandbox_worker.backends.base import (
@@ -133,6 +134,7 @@ class _Run:
     report: dict[str, Any] = field(default_factory=dict)
     patch: str = ""
     opened: bool = False
+    token: str | None = field(default=None, repr=False)  # the trajectory's, for the relay only
     counts: CloseResult | None = None
 
     def timed(self, name: str, started: float) -> None:
@@ -275,7 +277,10 @@ class SandboxTrajectoryRunner:
         )
         t0 = time.monotonic()
         try:
-            self.adapter.open(meta)
+            run.token = self.adapter.open(meta)
+        except OpenReplyLostError as exc:
+            run.opened = True  # ours: closed as aborted like any other failed run
+            raise _Abort(f"LLM endpoint: {exc}") from exc
         except TrajectoryExistsError as exc:
             # A previous run of this very attempt left a record; its tokens are not ours.
             raise _Abort(f"{exc}; not reusing it") from exc
@@ -284,9 +289,12 @@ class SandboxTrajectoryRunner:
         run.opened = True
         run.timed("open", t0)
 
-    def agent_spec(self, task: RolloutTask, node: str, image: str) -> SandboxSpec:
-        """The agent sandbox of ``task`` on backend node ``node``: the LLM relay to the adapter
-        is its only network, the agent-server bundle is mounted read-only."""
+    def agent_spec(
+        self, task: RolloutTask, node: str, image: str, token: str | None = None
+    ) -> SandboxSpec:
+        """The agent sandbox of ``task`` on backend node ``node``: the LLM relay to the adapter,
+        bound to the task's trajectory and adding its ``token`` on the host, is its only
+        network; the agent-server bundle is mounted read-only."""
         s = self.settings
         return SandboxSpec(
             image=image,
@@ -295,7 +303,13 @@ class SandboxTrajectoryRunner:
             workdir=s.workdir,
             limits=s.limits,
             network=NetworkPolicy.LLM_RELAY_ONLY,
-            llm_relay=LlmRelay(s.adapter_host, s.adapter_port, s.relay_port),
+            llm_relay=LlmRelay(
+                s.adapter_host,
+                s.adapter_port,
+                s.relay_port,
+                trajectory_id=task.trajectory_id,
+                token=token,
+            ),
             ro_mounts=self.bundle.ro_mounts,
             labels={
                 "swerl.role": "agent",
@@ -309,7 +323,7 @@ class SandboxTrajectoryRunner:
     def _agent_phase(self, run: _Run, instance: SWEInstance, image: str) -> AgentRunResult:
         """Sandbox -> diff base -> agent -> patch -> destroy; then freeze the record."""
         task, s = run.task, self.settings
-        spec = self.agent_spec(task, run.node, image)
+        spec = self.agent_spec(task, run.node, image, run.token)
         t0 = time.monotonic()
         try:
             sandbox = self.backend.create(spec)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,10 @@ from services.local_stack import LocalStack, StackError, free_port, http_ok
 from services.manager.api import RolloutManager
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
 from services.store.trajectories import load_trajectory
+
+# The adapter runs in training mode as in production: the worker token is shared by the adapter
+# and the worker through their environments (never a command line), fresh for every demo.
+WORKER_TOKEN = secrets.token_urlsafe(32)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,7 +87,8 @@ def start_services(
     stack.python("adapter", "adapter",
                  ["--engines", ",".join(engines), "--model", str(model), "--redis", redis_url,
                   "--port", str(port)],
-                 http_ok(f"{adapter_url}/health"))  # fmt: skip
+                 http_ok(f"{adapter_url}/health"),
+                 env={"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN})  # fmt: skip
     say(f"adapter: {adapter_url}")
     return redis_url, adapter_url
 
@@ -91,6 +97,7 @@ def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, ad
                  manager: RolloutManager) -> None:  # fmt: skip
     env = {
         "SWERL_WORKER__ROLLOUT__ADAPTER_URL": adapter_url,
+        "SWERL_WORKER__ROLLOUT__ADAPTER_TOKEN": WORKER_TOKEN,
         "SWERL_WORKER__ROLLOUT__INSTANCES": json.dumps([str(Path(args.instances).resolve())]),
     }
 

@@ -182,7 +182,9 @@ class HostDirSandbox(Sandbox):
         relay = self.spec.llm_relay
         assert relay is not None
         self._relays.append(
-            hub.unix_to_tcp(self._ctl / common.LLM_SOCKET, relay.target_host, relay.target_port)
+            hub.llm_relay(
+                self._ctl / common.LLM_SOCKET, relay.target_host, relay.target_port, relay.binding
+            )
         )
         argv = common.relay_command(
             self._relay_python, relay.sandbox_port, f"{CONTROL_DIR}/llm.ready"

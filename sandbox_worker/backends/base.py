@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from sandbox_worker.relay.http_filter import RelayBinding
+
 # A per-sandbox host directory is mounted here (read-write) in every sandbox: it holds the
 # relay script, the relay's unix sockets and the pid files of background processes.
 CONTROL_DIR = "/swerl/ctl"
@@ -141,17 +143,27 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class LlmRelay:
-    """Where the in-sandbox relay forwards to: the LLM adapter as seen from the host.
+    """Where the in-sandbox relay forwards to: the LLM adapter as seen from the host, and the
+    one trajectory whose calls it relays.
 
-    Inside the sandbox the adapter is reachable at ``http://127.0.0.1:<sandbox_port>`` and
-    nothing else is reachable at all (see docs/sandboxes.md, "Relay").
+    Inside the sandbox the adapter is reachable at ``http://127.0.0.1:<sandbox_port>``, but only
+    ``/t/<trajectory_id>/v1/chat/completions`` and ``/t/<trajectory_id>/v1/models``; nothing else
+    is reachable at all (see docs/sandboxes.md, "Relay"). ``token`` is the trajectory's bearer
+    token, added by the host side of the relay: it never enters the sandbox.
     """
 
     target_host: str
     target_port: int
     sandbox_port: int = 18080
+    trajectory_id: str = field(kw_only=True)
+    token: str | None = field(default=None, kw_only=True, repr=False)
+
+    @property
+    def binding(self) -> RelayBinding:
+        return RelayBinding(self.trajectory_id, self.token)
 
     def __post_init__(self) -> None:
+        self.binding  # noqa: B018 -- raises ValueError for a bad trajectory id or token
         for name in ("target_port", "sandbox_port"):
             port = getattr(self, name)
             if not 0 < port < 65536:

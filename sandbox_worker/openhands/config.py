@@ -50,7 +50,9 @@ class OpenHandsConfig(StrictModel):
     """
 
     model: str = Field("openai/swerl-policy", pattern=r"^openai/[A-Za-z0-9._:\-/]+$")
-    api_key: str = Field("swerl", min_length=1)  # the adapter does not check it
+    # Sent by the agent as its bearer token. Sandboxed runs keep this placeholder: the relay
+    # replaces it with the trajectory's token on the host (run_agent's llm_api_key: local runs).
+    api_key: str = Field("swerl", min_length=1)
     # Per LLM call; a long generation may also wait behind a weight refresh.
     llm_timeout_s: float = Field(900.0, gt=0)
     # Retries of an LLM call the SDK classifies as retryable (connection refused, 5xx, timeout).

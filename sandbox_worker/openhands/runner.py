@@ -254,9 +254,13 @@ def run_agent(
     config: OpenHandsConfig | None = None,
     cancel: CancelSignal | None = None,
     callbacks: Sequence[EventCallback] = (),
+    llm_api_key: str | None = None,
 ) -> AgentRunResult:
     """Run one agent conversation to its end; see the module docstring.
 
+    ``llm_api_key`` is the trajectory's bearer token for an adapter in training mode, local
+    mode only: a remote agent's LLM settings are sent to the agent server inside the sandbox,
+    where no credential may go (there, the host side of the relay adds the token).
     ``callbacks`` receive every SDK event as it happens (in remote mode: as the server streams
     it). Bad arguments raise ``ValueError``/``TypeError``; everything that goes wrong once the
     conversation exists is reported in the result, never raised.
@@ -265,6 +269,10 @@ def run_agent(
     cfg = config or OpenHandsConfig()
     workspace = _workspace(target)
     remote = isinstance(target, RemoteTarget)
+    if remote and llm_api_key is not None:
+        raise ValueError("llm_api_key is for local runs only: it would enter the sandbox")
+    if llm_api_key is not None:
+        cfg = cfg.model_copy(update={"api_key": llm_api_key})
     # In a sandbox, the agent server's $HOME (/tmp) holds the inputrc (see .server); locally it
     # is given explicitly so that the user's own ~/.inputrc is neither needed nor touched.
     terminal_env = None if remote else {"INPUTRC": local_inputrc()}

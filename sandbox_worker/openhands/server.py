@@ -6,7 +6,7 @@ Layout (see docs/openhands.md and docs/sandboxes.md)::
     RemoteConversation ──TCP──> RelayHub.tcp_to_unix ──> <ctl>/port-8000.sock
                                                      └─> inner relay ──TCP──> agent server :8000
                                                                               (tools run here)
-    adapter <──TCP── RelayHub.unix_to_tcp <── <ctl>/llm.sock <── inner relay <── LLM calls
+    adapter <──TCP── RelayHub.llm_relay  <── <ctl>/llm.sock <── inner relay <── LLM calls
                                                                   127.0.0.1:18080
 
 * The agent server is ``python -m openhands.agent_server`` from a **read-only bundle**: the host's
@@ -225,6 +225,11 @@ def sandbox_llm_url(sandbox: Sandbox, trajectory_id: str) -> str:
         raise ValueError("the sandbox has no LLM relay (network policy llm_relay_only needed)")
     if not trajectory_id or not set(trajectory_id) <= _TRAJECTORY_ID_CHARS:
         raise ValueError(f"invalid trajectory id {trajectory_id!r}")
+    relay = sandbox.spec.llm_relay
+    if relay is not None and relay.trajectory_id != trajectory_id:
+        raise ValueError(
+            f"the sandbox's relay serves trajectory {relay.trajectory_id!r}, not {trajectory_id!r}"
+        )
     return f"{base}/t/{trajectory_id}/v1"
 
 

@@ -3,14 +3,17 @@
 One :class:`RelayHub` per worker process runs an asyncio loop in a daemon thread and serves
 every sandbox's relays:
 
-* :meth:`RelayHub.unix_to_tcp` listens on ``<ctl dir>/llm.sock`` (visible inside the sandbox
-  as ``/swerl/ctl/llm.sock``) and forwards each connection to the LLM adapter's address, and
-  to nothing else: the sandbox chooses neither host nor port.
+* :meth:`RelayHub.llm_relay` listens on ``<ctl dir>/llm.sock`` (visible inside the sandbox
+  as ``/swerl/ctl/llm.sock``) and serves each connection with an HTTP/1.1 filter bound to the
+  sandbox's trajectory (:mod:`sandbox_worker.relay.http_filter`): only that trajectory's
+  ``/t/<id>/v1`` chat completions and models reach the adapter, with the trajectory's token
+  added on the host; the sandbox chooses neither host, port, path nor credential.
 * :meth:`RelayHub.tcp_to_unix` gives a host loopback port for a unix socket that leads into a
   sandbox (see ``Sandbox.expose``), for clients that only speak TCP URLs.
 
-``python -m sandbox_worker.relay.host_relay --unix PATH --target HOST:PORT`` runs one relay in
-the foreground (debugging, ops).
+``python -m sandbox_worker.relay.host_relay --unix PATH --target HOST:PORT --trajectory ID``
+runs one LLM relay in the foreground (debugging, ops; the token comes from
+``$SWERL_RELAY_TOKEN``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox_worker.relay.http_filter import FilteredRelay, RelayBinding
 from sandbox_worker.relay.inner_relay import parse_hostport, splice
 
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes with the terminating NUL
@@ -41,6 +45,7 @@ class RelayHandle:
     server: asyncio.AbstractServer
     unix_path: Path | None
     port: int | None = None
+    filter: FilteredRelay | None = None  # the LLM relay's HTTP filter (its counters)
 
     def close(self) -> None:
         self.hub._close_server(self)
@@ -75,28 +80,24 @@ class RelayHub:
         if not path.parent.is_dir():
             raise RelayError(f"directory for unix socket does not exist: {path.parent}")
 
-    def unix_to_tcp(self, unix_path: Path, target_host: str, target_port: int) -> RelayHandle:
-        """Listen on ``unix_path``; connect every client to ``target_host:target_port``."""
+    def llm_relay(
+        self, unix_path: Path, target_host: str, target_port: int, binding: RelayBinding
+    ) -> RelayHandle:
+        """Listen on ``unix_path``; forward only ``binding``'s trajectory calls to the adapter
+        at ``target_host:target_port`` (see :mod:`sandbox_worker.relay.http_filter`)."""
         self._check_unix_path(unix_path)
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                t_reader, t_writer = await asyncio.open_connection(target_host, target_port)
-            except OSError:
-                writer.close()
-                return
-            await splice(reader, writer, t_reader, t_writer)
+        relay = FilteredRelay(binding, target_host, target_port)
 
         async def start() -> asyncio.AbstractServer:
             if unix_path.exists() or unix_path.is_symlink():
                 unix_path.unlink()
-            return await asyncio.start_unix_server(handle, str(unix_path))
+            return await asyncio.start_unix_server(relay.handle, str(unix_path))
 
         try:
             server = self._call(start())
         except OSError as exc:
             raise RelayError(f"cannot listen on {unix_path}: {exc}") from exc
-        return self._register(RelayHandle(self, server, unix_path))
+        return self._register(RelayHandle(self, server, unix_path, filter=relay))
 
     def tcp_to_unix(
         self, unix_path: Path, listen_host: str = "127.0.0.1", listen_port: int = 0
@@ -166,17 +167,19 @@ def default_hub() -> RelayHub:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="relay a unix socket to a TCP address")
+    parser = argparse.ArgumentParser(description="one trajectory LLM relay: unix socket -> adapter")
     parser.add_argument("--unix", required=True, type=Path, help="socket path to listen on")
-    parser.add_argument("--target", required=True, help="HOST:PORT to forward to")
+    parser.add_argument("--target", required=True, help="HOST:PORT of the adapter")
+    parser.add_argument("--trajectory", required=True, help="the only trajectory relayed")
     args = parser.parse_args(argv)
     try:
         host, port = parse_hostport(args.target)
+        binding = RelayBinding(args.trajectory, os.environ.get("SWERL_RELAY_TOKEN") or None)
     except ValueError as exc:
         parser.error(str(exc))
     hub = RelayHub()
-    handle = hub.unix_to_tcp(args.unix, host, port)
-    print(f"relaying {args.unix} -> {host}:{port}", flush=True)
+    handle = hub.llm_relay(args.unix, host, port, binding)
+    print(f"relaying {args.unix} -> {host}:{port} for /t/{args.trajectory}/v1", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

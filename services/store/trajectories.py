@@ -3,7 +3,8 @@
 Keys, all under one prefix (default ``swerl:``), for trajectory ``ID``:
 
 * ``{prefix}traj:{ID}:info`` -- hash: ``meta`` (TrajectoryMeta JSON), ``status`` (``open`` or
-  ``closed``), ``outcome`` (Outcome JSON, once known), ``closed_at``;
+  ``closed``), ``outcome`` (Outcome JSON, once known), ``closed_at``, ``token_sha256`` (digest
+  of the trajectory's bearer token, see :mod:`adapter.auth`; absent when none was issued);
 * ``{prefix}traj:{ID}:entries`` -- list of binary record entries (a segment header, then that
   segment's turns, ...; see :meth:`TrajectoryRecord.to_entries`), appended as turns complete;
 * ``{prefix}traj:{ID}:counters`` -- hash of integer counters (turns, segments,
@@ -98,20 +99,27 @@ class TrajectoryStore:
     async def ping(self) -> bool:
         return bool(await self.client.ping())
 
-    async def open(self, meta: TrajectoryMeta) -> None:
+    async def open(self, meta: TrajectoryMeta, token_digest: str | None = None) -> None:
         """Create the record; :class:`TrajectoryExistsError` if the id is already taken."""
         keys = self.keys(meta.trajectory_id)
         created = await self.client.hsetnx(keys.info, "meta", meta.model_dump_json())
         if not created:
             raise TrajectoryExistsError(f"trajectory {meta.trajectory_id!r} already exists")
+        fields = {"status": "open"}
+        if token_digest is not None:
+            fields["token_sha256"] = token_digest
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.info, "status", "open")
+            pipe.hset(keys.info, mapping=fields)
             pipe.zadd(TrajectoryKeys.index(self.prefix), {meta.trajectory_id: meta.created_at})
             await pipe.execute()
 
     async def status(self, trajectory_id: str) -> str | None:
         """``open``, ``closed``, or None for an unknown id."""
         return _text(await self.client.hget(self.keys(trajectory_id).info, "status"))
+
+    async def token_digest(self, trajectory_id: str) -> str | None:
+        """The stored digest of the trajectory's bearer token (None: none was issued)."""
+        return _text(await self.client.hget(self.keys(trajectory_id).info, "token_sha256"))
 
     async def append(
         self, trajectory_id: str, entries: list[bytes], counters: dict[str, int]

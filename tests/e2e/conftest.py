@@ -6,7 +6,8 @@
   **SCRIPTED mode** replaying the gold solutions of :mod:`sandbox_worker.tasks.scripted` (test
   machinery: the agent succeeds because the engine replays the gold patch, not because a model
   solved anything), one sampling freely from the random tiny model;
-* one adapter (``python -m adapter``) in front of each engine;
+* one adapter (``python -m adapter``) in front of each engine, in training mode (a worker token:
+  trajectory records need it, every ``/t/<id>/`` call needs the trajectory's own token);
 * sandbox backends (docker and bwrap) sharing one relay hub, with state under a private
   temporary directory.
 
@@ -55,6 +56,8 @@ from tests.support.redis import RedisServer
 STARTUP_TIMEOUT_S = 300.0  # imports are slow on a busy 2-core machine
 ENGINE_WEIGHT_VERSION = "3"  # numeric: the adapter adopts it and records it on every turn
 RUN_TAG = f"e2e{os.getpid() % 100000}"
+WORKER_TOKEN = "e2e-worker-token-0123456789abcdef"  # adapter.worker_token / rollout.adapter_token
+WORKER_HEADERS = {"authorization": f"Bearer {WORKER_TOKEN}"}
 
 
 @dataclass
@@ -65,7 +68,9 @@ class AdapterProcess:
     log_path: Path
 
     def record(self, trajectory_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/trajectories/{trajectory_id}", timeout=30)
+        response = httpx.get(
+            f"{self.url}/trajectories/{trajectory_id}", headers=WORKER_HEADERS, timeout=30
+        )
         assert response.status_code == 200, response.text
         data: dict[str, Any] = response.json()
         return data
@@ -94,7 +99,8 @@ def launch_adapter(engine: ReferenceServer, model_dir: Path, redis_url: str, log
                 "--log-level", "warning",
             ],
             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
+                 "SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN},
         )  # fmt: skip
     adapter = AdapterProcess(f"http://127.0.0.1:{port}", port, process, log_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

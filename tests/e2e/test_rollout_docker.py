@@ -39,11 +39,12 @@ from sandbox_worker.tasks.scripted import build_script
 from sandbox_worker.trajectory import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from services.manager import ManagerConfig, RolloutManager
 from services.protocol.tasks import AgentLimits, RolloutRequest, RolloutTask, SamplingConfig
-from services.protocol.trajectory import Outcome, OutcomeStatus
+from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
 from services.queue.config import QueueConfig
 from services.store import load_trajectory
 from tests.e2e.conftest import (
     ENGINE_WEIGHT_VERSION,
+    WORKER_TOKEN,
     AdapterProcess,
     RolloutStack,
     run_context,
@@ -64,6 +65,7 @@ def make_runner(
         backend=backend,
         rollout={
             "adapter_url": adapter.url,
+            "adapter_token": WORKER_TOKEN,
             "sandbox": {"cpus": 1.0, "memory_mb": 2048, "pids": 512},
             "evaluation": {"test_timeout_s": 300},
             "openhands": {"num_retries": 0},
@@ -269,6 +271,7 @@ def test_worker_process_and_manager_run_a_batch(rollout_stack: RolloutStack) -> 
                     "heartbeat_interval_s": 1.0,
                     "rollout": {
                         "adapter_url": stack.scripted.url,
+                        "adapter_token": WORKER_TOKEN,
                         "backend": {"state_root": str(stack.root / "docker")},
                         "sandbox": {"cpus": 1.0, "memory_mb": 2048, "pids": 512},
                         "evaluation": {"test_timeout_s": 300},
@@ -339,7 +342,8 @@ def test_worker_process_and_manager_run_a_batch(rollout_stack: RolloutStack) -> 
 
 CONTAINMENT_PROBE = """
 import socket, sys, urllib.request
-print("adapter", urllib.request.urlopen("http://127.0.0.1:18080/health", timeout=20).status)
+own = "http://127.0.0.1:18080/t/%s/v1/models" % sys.argv[3]
+print("adapter", urllib.request.urlopen(own, timeout=20).status)
 for host, port in [("127.0.0.1", int(sys.argv[1])), ("127.0.0.1", int(sys.argv[2])),
                    ("192.0.2.1", 80)]:
     s = socket.socket()
@@ -358,13 +362,15 @@ for host, port in [("127.0.0.1", int(sys.argv[1])), ("127.0.0.1", int(sys.argv[2
 def test_agent_sandbox_reaches_the_adapter_and_nothing_else(
     rollout_stack: RolloutStack, backend: str
 ) -> None:
-    """The runner's own agent sandbox: the adapter answers through the relay; a TCP server on
-    the host's loopback, the adapter's real port and any other address are unreachable."""
+    """The runner's own agent sandbox: the adapter answers through the relay (the trajectory's
+    own routes; tests/e2e/test_sandbox_isolation.py has the rest); a TCP server on the host's
+    loopback, the adapter's real port and any other address are unreachable."""
     stack = rollout_stack
     runner = make_runner(stack, stack.scripted, backend)
     node = stack.node()
     t = task(f"e2e-contain-{backend}", SCRIPTED_INSTANCE)
-    spec = runner.agent_spec(t, node, runner.image_for(SCRIPTED_INSTANCE))
+    token = runner.adapter.open(TrajectoryMeta(trajectory_id=t.trajectory_id))
+    spec = runner.agent_spec(t, node, runner.image_for(SCRIPTED_INSTANCE), token)
     accepted: list[object] = []
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -373,7 +379,14 @@ def test_agent_sandbox_reaches_the_adapter_and_nothing_else(
         host_port = server.getsockname()[1]
         with stack.backends[backend].create(spec) as sandbox:
             res = sandbox.exec(
-                ["python3", "-c", CONTAINMENT_PROBE, str(host_port), str(stack.scripted.port)],
+                [
+                    "python3",
+                    "-c",
+                    CONTAINMENT_PROBE,
+                    str(host_port),
+                    str(stack.scripted.port),
+                    t.trajectory_id,
+                ],
                 timeout_s=120,
             )
         with contextlib.suppress(TimeoutError):

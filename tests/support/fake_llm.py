@@ -41,6 +41,7 @@ def call(name: str, arguments: dict[str, Any], call_id: str = "") -> dict[str, A
 class Request:
     path: str
     body: dict[str, Any]
+    authorization: str | None = None
 
 
 class FakeLLM:
@@ -104,7 +105,9 @@ class FakeLLM:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 body = json.loads(raw)
                 with fake._lock:
-                    fake.requests.append(Request(self.path, body))
+                    fake.requests.append(
+                        Request(self.path, body, self.headers.get("Authorization"))
+                    )
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return

@@ -73,13 +73,15 @@ def env() -> Iterator[Env]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def spec(env: Env, sandbox_id: str, llm_port: int, ro_mounts: dict[str, str]) -> SandboxSpec:
+def spec(
+    env: Env, sandbox_id: str, llm_port: int, ro_mounts: dict[str, str], trajectory_id: str
+) -> SandboxSpec:
     return SandboxSpec(
         image=env.image,
         node=NODE,
         sandbox_id=sandbox_id,
         network=NetworkPolicy.LLM_RELAY_ONLY,
-        llm_relay=LlmRelay("127.0.0.1", llm_port),
+        llm_relay=LlmRelay("127.0.0.1", llm_port, trajectory_id=trajectory_id),
         ro_mounts=ro_mounts,
         limits=SandboxLimits(cpus=1.0, memory_mb=2048, pids=512),
     )
@@ -102,7 +104,9 @@ def test_agent_server_in_sandbox_runs_the_conversation(env: Env, kind: str) -> N
     ]
     with (
         FakeLLM(replies) as llm,
-        env.backends[kind].create(spec(env, f"run-{kind}", llm.port, bundle.ro_mounts)) as sb,
+        env.backends[kind].create(
+            spec(env, f"run-{kind}", llm.port, bundle.ro_mounts, "traj-sbx.a1")
+        ) as sb,
     ):
         result = run_agent_in_sandbox(
             sb,
@@ -142,7 +146,9 @@ def test_agent_server_dying_mid_run_is_reported_at_once(env: Env) -> None:
 
     with (
         FakeLLM([STUCK], choose=kill_after_first_call) as llm,
-        env.backends["docker"].create(spec(env, "dies", llm.port, bundle.ro_mounts)) as sb,
+        env.backends["docker"].create(
+            spec(env, "dies", llm.port, bundle.ro_mounts, "traj-dies")
+        ) as sb,
     ):
         server = holder["server"] = start_agent_server(sb, env.hub, bundle)
         try:
@@ -169,7 +175,9 @@ def test_remote_step_longer_than_the_wall_time_is_cut(env: Env) -> None:
     cfg = OpenHandsConfig(num_retries=0, stop_grace_s=3)
     with (
         FakeLLM([STUCK]) as llm,
-        env.backends["bwrap"].create(spec(env, "stuck", llm.port, bundle.ro_mounts)) as sb,
+        env.backends["bwrap"].create(
+            spec(env, "stuck", llm.port, bundle.ro_mounts, "traj-stuck")
+        ) as sb,
     ):
         t0 = time.monotonic()
         result = run_agent_in_sandbox(
@@ -195,7 +203,9 @@ def test_agent_server_that_cannot_start_is_an_infrastructure_failure(env: Env) -
     bundle = AgentServerBundle(real.python_root, str(broken_venv))
     with (
         FakeLLM([Reply(content="unused")]) as llm,
-        env.backends["docker"].create(spec(env, "broken", llm.port, bundle.ro_mounts)) as sb,
+        env.backends["docker"].create(
+            spec(env, "broken", llm.port, bundle.ro_mounts, "traj-broken")
+        ) as sb,
     ):
         with pytest.raises(AgentServerError, match="exited"):
             start_agent_server(sb, env.hub, bundle, startup_timeout_s=60)
@@ -217,7 +227,7 @@ def test_agent_server_that_cannot_start_is_an_infrastructure_failure(env: Env) -
 
 def test_bundle_mounts_and_llm_url_are_checked(env: Env) -> None:
     bundle = AgentServerBundle.current()
-    with env.backends["bwrap"].create(spec(env, "nomounts", 9, {})) as sb:
+    with env.backends["bwrap"].create(spec(env, "nomounts", 9, {}, "t-1.a1")) as sb:
         with pytest.raises(ValueError, match="bundle mounts"):
             start_agent_server(sb, env.hub, bundle)
         assert sandbox_llm_url(sb, "t-1.a1") == "http://127.0.0.1:18080/t/t-1.a1/v1"

@@ -325,7 +325,9 @@ def test_invalid_specs_are_rejected(sandbox_env: SessionEnv) -> None:
         with pytest.raises(ValueError):
             SandboxLimits(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        LlmRelay("127.0.0.1", 0)
+        LlmRelay("127.0.0.1", 0, trajectory_id="t")
+    with pytest.raises(ValueError):
+        LlmRelay("127.0.0.1", 8100, trajectory_id="../other")
 
 
 # -- background processes and exposed ports ---------------------------------------------------
@@ -385,7 +387,11 @@ _CONNECT = (
 
 @pytest.mark.parametrize("network", [NetworkPolicy.NONE, NetworkPolicy.LLM_RELAY_ONLY])
 def test_no_network_except_the_relay(make, adapter: int, network: NetworkPolicy) -> None:
-    relay = LlmRelay("127.0.0.1", adapter) if network is NetworkPolicy.LLM_RELAY_ONLY else None
+    relay = (
+        LlmRelay("127.0.0.1", adapter, trajectory_id="traj-1")
+        if network is NetworkPolicy.LLM_RELAY_ONLY
+        else None
+    )
     sb = make(network=network, llm_relay=relay)
     # a server listening on the host's loopback is not reachable ...
     res = sb.exec(["python3", "-c", _CONNECT, "127.0.0.1", str(adapter)])
@@ -401,7 +407,10 @@ def test_no_network_except_the_relay(make, adapter: int, network: NetworkPolicy)
 
 
 def test_llm_relay_reaches_exactly_the_adapter(make, adapter: int) -> None:
-    sb = make(network=NetworkPolicy.LLM_RELAY_ONLY, llm_relay=LlmRelay("127.0.0.1", adapter, 18080))
+    sb = make(
+        network=NetworkPolicy.LLM_RELAY_ONLY,
+        llm_relay=LlmRelay("127.0.0.1", adapter, 18080, trajectory_id="traj-1"),
+    )
     assert sb.llm_base_url == "http://127.0.0.1:18080"
     fetch = (
         "import sys, urllib.request\n"
@@ -413,10 +422,15 @@ def test_llm_relay_reaches_exactly_the_adapter(make, adapter: int) -> None:
     # several sequential and concurrent requests go through
     many = (
         "import sys, urllib.request, concurrent.futures as cf\n"
-        "get = lambda i: urllib.request.urlopen(f'{sys.argv[1]}/r{i}', timeout=10).read()\n"
+        "get = lambda i: urllib.request.urlopen(sys.argv[1], timeout=10).read()\n"
         "with cf.ThreadPoolExecutor(8) as ex: print(len(list(ex.map(get, range(32)))))\n"
     )
-    assert sb.exec(["python3", "-c", many, sb.llm_base_url]).output.strip() == "32"
+    own_models = f"{sb.llm_base_url}/t/traj-1/v1/models"
+    assert sb.exec(["python3", "-c", many, own_models]).output.strip() == "32"
+    # only the sandbox's own trajectory routes pass (tests/e2e/test_sandbox_isolation.py has
+    # the full list of refused requests against a real adapter)
+    res = sb.exec(["python3", "-c", fetch, f"{sb.llm_base_url}/t/traj-2/v1/models"])
+    assert "HTTP Error 403" in res.output, res.output
     # other loopback ports in the sandbox lead nowhere
     res = sb.exec(["python3", "-c", _CONNECT, "127.0.0.1", "18081"])
     assert res.output.startswith("BLOCKED"), res.output
@@ -426,7 +440,10 @@ def test_llm_relay_to_a_dead_adapter_fails_cleanly(make) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]
-    sb = make(network=NetworkPolicy.LLM_RELAY_ONLY, llm_relay=LlmRelay("127.0.0.1", dead_port))
+    sb = make(
+        network=NetworkPolicy.LLM_RELAY_ONLY,
+        llm_relay=LlmRelay("127.0.0.1", dead_port, trajectory_id="traj-1"),
+    )
     fetch = (
         "import sys, urllib.request\n"
         "try:\n"
@@ -434,7 +451,7 @@ def test_llm_relay_to_a_dead_adapter_fails_cleanly(make) -> None:
         "except Exception as exc:\n"
         "    print('FAILED', type(exc).__name__)\n"
     )
-    res = sb.exec(["python3", "-c", fetch, f"{sb.llm_base_url}/v1/models"], timeout_s=30)
+    res = sb.exec(["python3", "-c", fetch, f"{sb.llm_base_url}/t/traj-1/v1/models"], timeout_s=30)
     assert res.output.startswith("FAILED"), res.output
 
 

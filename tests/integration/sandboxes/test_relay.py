@@ -15,6 +15,7 @@ import pytest
 
 from sandbox_worker.backends._common import RELAY_SCRIPT
 from sandbox_worker.relay.host_relay import RelayError, RelayHub
+from sandbox_worker.relay.http_filter import RelayBinding
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -70,9 +71,26 @@ def _start_inner(args: list[str], ready: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_inner_tcp_to_host_unix_to_tcp_target(tmp_path: Path, hub: RelayHub, echo_port: int):
+class _Upload(socketserver.StreamRequestHandler):
+    """A minimal HTTP/1.1 server: answers each POST with the reversed body."""
+
+    def handle(self) -> None:
+        length = 0
+        while (line := self.rfile.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        body = bytes(reversed(self.rfile.read(length)))
+        head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        self.wfile.write(head.encode() + body)
+
+
+def test_inner_tcp_to_host_llm_relay_to_tcp_target(tmp_path: Path, hub: RelayHub) -> None:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Upload)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     sock_path = tmp_path / "llm.sock"
-    handle = hub.unix_to_tcp(sock_path, "127.0.0.1", echo_port)
+    handle = hub.llm_relay(sock_path, "127.0.0.1", server.server_address[1], RelayBinding("traj-1"))
     port = _free_port()
     inner = _start_inner(
         ["tcp2unix", "--listen", f"127.0.0.1:{port}", "--connect", str(sock_path)],
@@ -80,14 +98,21 @@ def test_inner_tcp_to_host_unix_to_tcp_target(tmp_path: Path, hub: RelayHub, ech
     )
     try:
         payload = bytes(range(256)) * 4096  # 1 MiB
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            assert _roundtrip(s, payload) == bytes(reversed(payload))
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            assert _roundtrip(s, b"abc") == b"cba"
+        for body in (payload, b"abc"):
+            head = (
+                "POST /t/traj-1/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                reply = _roundtrip(s, head.encode() + body)
+            assert reply.startswith(b"HTTP/1.1 200 ")
+            assert reply.endswith(b"\r\n\r\n" + bytes(reversed(body)))
     finally:
         inner.terminate()
         assert inner.wait(10) == 0
         handle.close()
+        server.shutdown()
+        server.server_close()
     assert not sock_path.exists()
 
 
@@ -108,23 +133,24 @@ def test_host_tcp_to_inner_unix_to_tcp(tmp_path: Path, hub: RelayHub, echo_port:
         inner.wait(10)
 
 
-def test_unreachable_target_closes_the_client(tmp_path: Path, hub: RelayHub) -> None:
+def test_unreachable_target_answers_502_and_closes(tmp_path: Path, hub: RelayHub) -> None:
     sock_path = tmp_path / "dead.sock"
-    handle = hub.unix_to_tcp(sock_path, "127.0.0.1", _free_port())
+    handle = hub.llm_relay(sock_path, "127.0.0.1", _free_port(), RelayBinding("traj-1"))
     try:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)
             s.connect(str(sock_path))
-            assert s.recv(10) == b""
+            reply = _roundtrip(s, b"GET /t/traj-1/v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 502 ")
     finally:
         handle.close()
 
 
 def test_relay_errors(tmp_path: Path, hub: RelayHub) -> None:
     with pytest.raises(RelayError, match="too long"):
-        hub.unix_to_tcp(tmp_path / ("x" * 120), "127.0.0.1", 1)
+        hub.llm_relay(tmp_path / ("x" * 120), "127.0.0.1", 1, RelayBinding("t"))
     with pytest.raises(RelayError, match="does not exist"):
-        hub.unix_to_tcp(tmp_path / "missing" / "s.sock", "127.0.0.1", 1)
+        hub.llm_relay(tmp_path / "missing" / "s.sock", "127.0.0.1", 1, RelayBinding("t"))
     res = subprocess.run(
         [sys.executable, str(RELAY_SCRIPT), "tcp2unix", "--listen", "nohost", "--connect", "/x"],
         capture_output=True,
@@ -134,4 +160,4 @@ def test_relay_errors(tmp_path: Path, hub: RelayHub) -> None:
     closed = RelayHub()
     closed.close()
     with pytest.raises(RelayError, match="closed"):
-        closed.unix_to_tcp(tmp_path / "s.sock", "127.0.0.1", 1)
+        closed.llm_relay(tmp_path / "s.sock", "127.0.0.1", 1, RelayBinding("t"))

@@ -218,6 +218,18 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
         run_agent(str(tmp_path), url, "x", limits(), SAMPLING)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="server_url"):
         run_agent(RemoteTarget("localhost:8000"), url, "x", limits(), SAMPLING)
+    # a credential given to a remote agent would be sent into the sandbox
+    with pytest.raises(ValueError, match="local runs only"):
+        run_agent(
+            RemoteTarget("http://127.0.0.1:1"), url, "x", limits(), SAMPLING, llm_api_key="swt_x"
+        )
+
+
+def test_local_run_sends_the_trajectory_token_as_its_bearer(tmp_path: Path) -> None:
+    with FakeLLM([FINISH]) as llm:
+        result = run(llm.url("traj-8"), tmp_path, llm_api_key="swt_local-token")
+    assert result.end_reason is EndReason.FINISHED, result
+    assert [r.authorization for r in llm.requests] == ["Bearer swt_local-token"]
 
 
 def test_unreachable_agent_server_is_infrastructure(tmp_path: Path) -> None:

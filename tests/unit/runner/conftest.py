@@ -52,11 +52,13 @@ class FakeAdapter:
     close_errors: list[AdapterError | None] = field(default_factory=list)
     kept_abort: Outcome | None = None
     counters: dict[str, int] = field(default_factory=lambda: dict(COUNTERS))
+    token: str | None = "swt_fake-trajectory-token"
 
-    def open(self, meta: TrajectoryMeta) -> None:
+    def open(self, meta: TrajectoryMeta) -> str | None:
         if self.open_error is not None:
             raise self.open_error
         self.opened.append(meta)
+        return self.token
 
     def close(self, trajectory_id: str, outcome: Outcome | None = None) -> CloseResult:
         self.closes.append((trajectory_id, outcome))

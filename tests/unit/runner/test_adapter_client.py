@@ -12,6 +12,7 @@ from sandbox_worker.adapter_client import (
     AdapterClient,
     AdapterError,
     AdapterUnavailableError,
+    OpenReplyLostError,
     TrajectoryExistsError,
 )
 from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
@@ -32,16 +33,17 @@ def error(status: int, code: str, message: str) -> httpx.Response:
     return httpx.Response(status, json={"error": {"message": message, "code": code}})
 
 
-def test_open_posts_the_meta() -> None:
+def test_open_posts_the_meta_and_returns_the_trajectory_token() -> None:
     seen: list[httpx.Request] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(201, json={"trajectory_id": META.trajectory_id})
+        return httpx.Response(201, json={"trajectory_id": META.trajectory_id, "token": "swt_t"})
 
-    client(handle).open(META)
+    assert client(handle).open(META) == "swt_t"
     [request] = seen
     assert (request.method, str(request.url)) == ("POST", "http://adapter:8100/trajectories")
+    assert "authorization" not in request.headers  # no worker token configured
     body = json.loads(request.content)
     assert (body["trajectory_id"], body["batch_id"], body["group_id"]) == ("b:0:0.a1", "b", "b:0")
 
@@ -52,7 +54,29 @@ def test_open_of_an_existing_record_is_refused() -> None:
         c.open(META)
 
 
-def test_open_accepts_409_after_its_own_reply_was_lost() -> None:
+def test_every_call_carries_the_worker_token() -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/trajectories":
+            return httpx.Response(201, json={"token": "swt_t"})
+        return httpx.Response(200, json={"outcome": None, "counters": {}})
+
+    c = AdapterClient("http://adapter:8100", token="w" * 20, transport=httpx.MockTransport(handle))
+    c.open(META)
+    c.close(META.trajectory_id)
+    assert [r.headers["authorization"] for r in seen] == [f"Bearer {'w' * 20}"] * 2
+
+
+def test_open_answer_without_a_string_token_is_an_error() -> None:
+    with pytest.raises(AdapterError, match="token is not a string"):
+        client(lambda _r: httpx.Response(201, json={"token": 5})).open(META)
+
+
+def test_open_409_after_its_own_reply_was_lost_is_reported() -> None:
+    """The record is ours, but the answer carrying its token is gone (only a digest is
+    stored): the run cannot use it and must close it as aborted."""
     calls = iter([httpx.ReadError("reset"), error(409, "trajectory_exists", "exists")])
 
     def handle(_request: httpx.Request) -> httpx.Response:
@@ -61,7 +85,8 @@ def test_open_accepts_409_after_its_own_reply_was_lost() -> None:
             raise step
         return step
 
-    client(handle).open(META)  # the first try created it
+    with pytest.raises(OpenReplyLostError, match="token was lost"):
+        client(handle).open(META)  # the first try created it
 
 
 def test_unreachable_adapter_is_retried_then_unavailable() -> None:

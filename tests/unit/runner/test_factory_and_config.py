@@ -104,6 +104,25 @@ def _local(tmp_path: Path) -> tuple[LocalDirBackend, RelayHub]:
     return LocalDirBackend({}, tmp_path / "scratch"), RelayHub()
 
 
+def test_adapter_credential_and_sandboxed_condenser_rules() -> None:
+    with pytest.raises(ValidationError, match="adapter_token"):
+        cfg(adapter_token="short")
+    # an untracked summary call would need the adapter's /v1, which no sandbox can reach
+    with pytest.raises(ValidationError, match=r"condenser\.tracked"):
+        cfg(openhands={"condenser": {"enabled": True, "tracked": False}})
+    assert cfg(openhands={"condenser": {"enabled": True}}).rollout.openhands.condenser.tracked
+
+
+def test_build_runner_sends_the_worker_token(tmp_path: Path) -> None:
+    backend, hub = _local(tmp_path)
+    try:
+        runner, _ = build_runner(cfg(adapter_token="t" * 24), backend=backend, hub=hub)
+        headers = runner.adapter._client.headers  # type: ignore[attr-defined]
+        assert headers["authorization"] == "Bearer " + "t" * 24
+    finally:
+        hub.close()
+
+
 def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) -> None:
     backend, hub = _local(tmp_path)
     try:

@@ -84,6 +84,12 @@ def test_gold_patch_is_completed_with_reward_1(harness: Harness) -> None:
     spec = call["sandbox"].spec
     assert spec.network is NetworkPolicy.LLM_RELAY_ONLY
     assert (spec.llm_relay.target_host, spec.llm_relay.target_port) == ("127.0.0.1", 8100)
+    # ... bound to this trajectory, with the token the open returned (added on the host)
+    assert spec.llm_relay.trajectory_id == task.trajectory_id
+    assert spec.llm_relay.token == harness.adapter.token
+    assert harness.adapter.token not in repr(spec) and not any(
+        harness.adapter.token in v for v in [*spec.env.values(), *spec.labels.values()]
+    )
     assert spec.labels["swerl.trajectory"] == task.trajectory_id and spec.node == "node-1"
     # Adapter: opened with the identifiers; frozen after the agent; closed with the outcome.
     [meta] = harness.adapter.opened
@@ -208,6 +214,17 @@ def test_existing_record_is_not_reused(harness: Harness) -> None:
     outcome = harness.runner(agent(EndReason.FINISHED)).run(make_task(), make_ctx())
     assert outcome.status is OutcomeStatus.ABORTED and "not reusing" in (outcome.abort_reason or "")
     assert harness.adapter.closes == []  # somebody else's record is left alone
+
+
+def test_lost_open_answer_closes_our_record_as_aborted(harness: Harness) -> None:
+    from sandbox_worker.adapter_client import OpenReplyLostError
+
+    harness.adapter.open_error = OpenReplyLostError("opened but the token was lost")
+    outcome = harness.runner(agent(EndReason.FINISHED)).run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and "token was lost" in outcome.abort_reason
+    assert harness.backend.created == []  # no sandbox without a token for its relay
+    [(tid, closed)] = harness.adapter.closes
+    assert tid == "b1:0:0.a1" and closed is not None and closed.status is OutcomeStatus.ABORTED
 
 
 def test_abort_recorded_by_the_adapter_wins(harness: Harness) -> None:
