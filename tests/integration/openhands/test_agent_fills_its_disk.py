@@ -77,7 +77,7 @@ def test_an_agent_that_fills_its_disk_and_inodes_ends_graded_not_aborted(
             node=NODE,
             sandbox_id=f"fill-{backend.name}",
             network=NetworkPolicy.LLM_RELAY_ONLY,
-            llm_relay=LlmRelay("127.0.0.1", llm.port),
+            llm_relay=LlmRelay("127.0.0.1", llm.port, trajectory_id="traj-fill.a1"),
             ro_mounts=bundle.ro_mounts,
             limits=SandboxLimits(memory_mb=2048, disk_mb=64, inodes=4096),
         )
