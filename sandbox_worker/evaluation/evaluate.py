@@ -123,6 +123,9 @@ class EvalConfig(BaseModel):
     # "structured" (training rewards): resolved only if the structured report *and* the
     # official log parser say so; "swebench": the official log parser alone (benchmark parity).
     grading: Literal["structured", "swebench"] = "structured"
+    # Restore test infrastructure the patch touched (off only to reproduce the official
+    # harness byte for byte on predictions that change it).
+    restore_test_infra: bool = True
     # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
     # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
@@ -249,13 +252,18 @@ def _evaluate_in(
             return fields
     else:
         rule = rule_for(instance.repo, config.infra_rules)
-        base_tree = _capture_base(sandbox, work, rule, config, transcript)
+        base_tree = None
+        if config.restore_test_infra:
+            base_tree = _capture_base(sandbox, work, rule, config, transcript)
         method = _apply(sandbox, patch, config, transcript)
         if method is None:
             return fields
         fields.update(applied=True, apply_method=method)
-        plan = _restore_infra(sandbox, instance, pinned, work, base_tree, rule, config, transcript)
-        fields["protected_restored"] = plan.reasons
+        if base_tree is not None:
+            plan = _restore_infra(
+                sandbox, instance, pinned, work, base_tree, rule, config, transcript
+            )
+            fields["protected_restored"] = plan.reasons
 
     structured = config.grading == "structured"
     output = _run_tests(sandbox, instance, config, transcript, work if structured else None)

@@ -62,6 +62,8 @@ class Attack:
     expect_restored: tuple[str, ...] = ()
     sandbox_only: bool = False
     extra_diff: Callable[[SWEInstance], str] | None = None  # hand-written hunks git cannot make
+    # The official log parser alone is fooled (the structured report is what stops it).
+    fools_log_parser: bool = False
 
 
 def _write(repo: Path, rel: str, text: str) -> None:
@@ -292,7 +294,7 @@ ATTACKS: tuple[Attack, ...] = (
         ("swerl_evil-1.0.dist-info/METADATA", "swerl_evil-1.0.dist-info/entry_points.txt"),
     ),
     Attack("shadow_pytest", shadow_pytest, ("pytest.py",)),
-    Attack("fake_lines_at_exit", fake_lines_at_exit),
+    Attack("fake_lines_at_exit", fake_lines_at_exit, fools_log_parser=True),
     Attack("fake_lines_in_tests", fake_lines_in_tests),
     Attack("exit_zero_at_import", exit_zero_at_import),
     Attack("edit_test_file", edit_test_file),
