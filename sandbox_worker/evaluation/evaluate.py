@@ -126,6 +126,8 @@ class EvalConfig(BaseModel):
     # Restore test infrastructure the patch touched (off only to reproduce the official
     # harness byte for byte on predictions that change it).
     restore_test_infra: bool = True
+    # Structured grading plants a canary test that always fails (pytest_report_plugin.py).
+    canary_test: bool = True
     # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
     # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
@@ -418,7 +420,8 @@ def _read_structured(
     if int(size.output.strip() or 0) > MAX_REPORT_BYTES:
         return StructuredReport(problem="the structured report is too large")
     text = sandbox.read_file(path).decode("utf-8", "replace")
-    parsed = parse_structured_report(text, _read_exit_code(sandbox, work))
+    canary = sandbox.read_file(f"{work}/canary").decode().strip()
+    parsed = parse_structured_report(text, _read_exit_code(sandbox, work), canary)
     if parsed.problem:
         transcript.append(f"structured report not trusted: {parsed.problem}")
     return parsed
@@ -482,6 +485,8 @@ def _run_tests(
     if report_dir is not None:
         plugin = f"swerl_report_{secrets.token_hex(6)}"
         sandbox.write_file(f"{report_dir}/{plugin}.py", _PLUGIN_SOURCE)
+        canary = f"test_{secrets.token_hex(5)}" if config.canary_test else ""
+        sandbox.write_file(f"{report_dir}/canary", canary.encode())
     script = eval_script(
         EvalScriptSpec(
             workdir=config.workdir,
