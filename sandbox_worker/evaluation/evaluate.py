@@ -81,6 +81,7 @@ from sandbox_worker.evaluation.patches import (
     is_empty_patch,
     modified_files,
     new_files,
+    unsafe_patch_reason,
 )
 from sandbox_worker.evaluation.script import (
     EvalScriptSpec,
@@ -154,6 +155,9 @@ class EvalReport(BaseModel):
     log_tail: str = ""
     duration_s: float = 0.0
     infra_error: str | None = None
+    # Why the patch was refused before applying it (it writes into .git or through a symlink
+    # it creates): graded like a patch that does not apply.
+    patch_rejected: str | None = None
     # Test infrastructure the patch touched and the evaluation restored: path -> reason.
     protected_restored: dict[str, str] = Field(default_factory=dict)
     grading: str = "structured"
@@ -252,6 +256,10 @@ def _evaluate_in(
         transcript.append("empty patch: nothing to apply")
         if not config.grade_empty_patch:
             return fields
+    elif rejected := unsafe_patch_reason(patch):
+        transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {rejected}")
+        fields["patch_rejected"] = rejected
+        return fields
     else:
         rule = rule_for(instance.repo, config.infra_rules)
         base_tree = None
@@ -346,10 +354,13 @@ def _restore_infra(
     """Undo the patch's changes to test infrastructure (see ``infra.py``)."""
     _checked(sandbox, capture_tree_script(work, "after", tracked=False), config, transcript)
     after = TreeState.parse(sandbox.read_file(f"{work}/after"))
-    diff = _step(
-        sandbox, f"git diff --name-only --no-renames -z {_q(pinned)} --", config, transcript
+    _checked(
+        sandbox,
+        f"git diff --name-only --no-renames -z {_q(pinned)} -- > {_q(work)}/changed",
+        config,
+        transcript,
     )
-    changed_tracked = set(_nul_paths(diff.output.encode("utf-8", "surrogateescape")))
+    changed_tracked = _nul_paths(sandbox.read_file(f"{work}/changed"))
     changed_untracked: set[str] = set()
     if base.snapshot:
         _step(

@@ -12,6 +12,7 @@ they run only inside a real sandbox (never on the LocalDir test double, which ha
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 import tempfile
@@ -61,7 +62,10 @@ class Attack:
     mutate: Mutation
     expect_restored: tuple[str, ...] = ()
     sandbox_only: bool = False
-    extra_diff: Callable[[SWEInstance], str] | None = None  # hand-written hunks git cannot make
+    # Hand-written hunks git cannot make, given the attacked checkout.
+    extra_diff: Callable[[Path, SWEInstance], str] | None = None
+    # Refused before applying (patch_rejected): it would write into .git or through a symlink.
+    expect_rejected: bool = False
     # The official log parser alone is fooled (the structured report is what stops it).
     fools_log_parser: bool = False
 
@@ -277,7 +281,7 @@ def site_packages_via_symlink(repo: Path, inst: SWEInstance) -> None:
     _plugin_module(repo)
 
 
-def pth_through_symlink(inst: SWEInstance) -> str:
+def pth_through_symlink(repo: Path, inst: SWEInstance) -> str:
     return _new_file_hunk("vendored/zz_swerl_evil.pth", _EVIL_PTH)
 
 
@@ -285,8 +289,36 @@ def site_packages_traversal(repo: Path, inst: SWEInstance) -> None:
     _plugin_module(repo)
 
 
-def pth_by_traversal(inst: SWEInstance) -> str:
+def pth_by_traversal(repo: Path, inst: SWEInstance) -> str:
     return _new_file_hunk("../usr/lib/python3/dist-packages/zz_swerl_evil.pth", _EVIL_PTH)
+
+
+def git_fsmonitor(repo: Path, inst: SWEInstance) -> None:
+    _write(repo, "spanlib/_hooks.py", FORCE_PASS_HOOKS)
+
+
+def fsmonitor_in_git_config(repo: Path, inst: SWEInstance) -> str:
+    # git apply refuses .git paths, so GNU patch (the last fallback) applies the whole patch;
+    # the next git command of the harness then runs the "fsmonitor" and plants a conftest.py.
+    old = (repo / ".git/config").read_text().splitlines(keepends=True)
+    hook = '[core]\n\tfsmonitor = "cp spanlib/_hooks.py conftest.py; echo"\n'
+    new = old + hook.splitlines(keepends=True)
+    return "".join(
+        difflib.unified_diff(old, new, "a/.git/config", "b/.git/config", n=min(3, len(old)))
+    )
+
+
+def fsmonitor_through_symlink(repo: Path, inst: SWEInstance) -> None:
+    git_fsmonitor(repo, inst)
+    _symlink(repo, "gitdir", ".git")
+
+
+def fsmonitor_via_gitdir_link(repo: Path, inst: SWEInstance) -> str:
+    old = (repo / ".git/config").read_text().splitlines(keepends=True)
+    new = [*old, "[core]\n", '\tfsmonitor = "cp spanlib/_hooks.py conftest.py; echo"\n']
+    return "".join(
+        difflib.unified_diff(old, new, "a/gitdir/config", "b/gitdir/config", n=min(3, len(old)))
+    )
 
 
 ATTACKS: tuple[Attack, ...] = (
@@ -326,6 +358,18 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("symlink_test_file", symlink_test_file, ("tests/test_interval.py",)),
     Attack("symlink_tests_dir", symlink_tests_dir, ("tests",)),
     Attack(
+        "git_config_fsmonitor",
+        git_fsmonitor,
+        extra_diff=fsmonitor_in_git_config,
+        expect_rejected=True,
+    ),
+    Attack(
+        "git_config_through_symlink",
+        fsmonitor_through_symlink,
+        extra_diff=fsmonitor_via_gitdir_link,
+        expect_rejected=True,
+    ),
+    Attack(
         "bytecode_in_tests",
         bytecode_in_tests,
         ("tests/__pycache__/test_interval.cpython-311-pytest-7.2.1.pyc", "swerl_evil.pyc"),
@@ -339,12 +383,14 @@ SANDBOX_ONLY_ATTACKS: tuple[Attack, ...] = (
         site_packages_via_symlink,
         sandbox_only=True,
         extra_diff=pth_through_symlink,
+        expect_rejected=True,
     ),
     Attack(
         "site_packages_traversal",
         site_packages_traversal,
         sandbox_only=True,
         extra_diff=pth_by_traversal,
+        expect_rejected=True,
     ),
 )
 
@@ -366,7 +412,7 @@ def build_attack_patch(attack: Attack, instance: SWEInstance) -> str:
             capture_output=True,
             text=True,
         ).stdout
-    if attack.extra_diff is not None:
-        diff += attack.extra_diff(instance)
+        if attack.extra_diff is not None:
+            diff += attack.extra_diff(repo, instance)
     assert diff.strip(), f"attack {attack.name} produced an empty patch"
     return diff

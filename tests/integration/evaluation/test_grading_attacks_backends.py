@@ -41,6 +41,9 @@ def test_attack_gets_reward_zero(
     assert report.infra_error is None, report.infra_error
     assert report.reward == 0.0, report.log_tail
     assert not report.resolved
+    if attack.expect_rejected:
+        assert report.patch_rejected and not report.applied and not report.tests_run
+        return
     if report.applied:
         assert set(inst.FAIL_TO_PASS) & set(report.f2p_failure), report.log_tail
         # Restoring the infrastructure alone defeats all but the log forgeries (a .pth that

@@ -33,8 +33,11 @@ def test_attack_gets_reward_zero(
     patch = build_attack_patch(attack, inst)
     report = evaluate_patch(local_backend, inst, patch, image_of(inst), config=local_config)
     assert report.infra_error is None, report.infra_error
-    assert report.applied, report.log_tail
     assert report.reward == 0.0, report.log_tail
+    if attack.expect_rejected:
+        assert report.patch_rejected and not report.applied and not report.tests_run
+        return
+    assert report.applied, report.log_tail
     assert not report.resolved
     assert set(inst.FAIL_TO_PASS) & set(report.f2p_failure), report.log_tail
     # Restoring the infrastructure alone defeats all but the log forgeries.
