@@ -356,7 +356,8 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("test_helper_module", test_helper_module, ("tests/__init__.py", "tests/_support.py")),
     Attack("symlink_conftest", symlink_conftest, ("conftest.py",)),
     Attack("symlink_test_file", symlink_test_file, ("tests/test_interval.py",)),
-    Attack("symlink_tests_dir", symlink_tests_dir, ("tests",)),
+    # The deletions of tests/* land under the new symlink "tests": refused before applying.
+    Attack("symlink_tests_dir", symlink_tests_dir, expect_rejected=True),
     Attack(
         "git_config_fsmonitor",
         git_fsmonitor,
