@@ -13,7 +13,9 @@ Outcomes:
   failed, a harness step or the whole eval run exceeded its exec timeout, the backend raised).
   The worker reports the trajectory as ``aborted``: excluded from training, never scored 0.
 * ``applied=False``: the patch does not apply (or is empty) -> not resolved, a legitimate
-  reward 0, as in SWE-bench.
+  reward 0, as in SWE-bench; also a patch refused before applying because applying it would
+  write into ``.git``, outside the repository or through a symlink it creates
+  (``patch_rejected``).
 * test infrastructure the patch added, changed or deleted (``infra.py``: hook, ini and
   start-up files, plugins, test directories, symlinks, modules shadowing pytest or the
   standard library) is restored to the base before the tests run; ``protected_restored``
