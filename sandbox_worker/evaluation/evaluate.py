@@ -278,7 +278,9 @@ def _evaluate_in(
             fields["protected_restored"] = plan.reasons
 
     structured = config.grading == "structured"
-    output = _run_tests(sandbox, instance, config, transcript, work if structured else None)
+    # The canary's name stays on the host: the test process can read and rewrite the files.
+    canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
+    output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
     # An invalid log comes back as an empty status map: every listed test then fails.
     status_map, log_valid = get_logs_eval(output, LOG_PARSERS[config.log_parser])
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
@@ -287,7 +289,7 @@ def _evaluate_in(
     test_exit_code = parse_test_exit_code(output)
     if structured:
         fields.update(log_resolved=resolved, log_tests_status=status_map)
-        parsed = _read_structured(sandbox, work, config, transcript)
+        parsed = _read_structured(sandbox, work, canary, config, transcript)
         fields["structured_problem"] = parsed.problem
         status_map = parsed.status_map if parsed.problem is None else {}
         test_exit_code = _read_exit_code(sandbox, work)
@@ -424,16 +426,15 @@ def _sha_lines(raw: bytes) -> dict[str, str]:
 
 
 def _read_structured(
-    sandbox: Sandbox, work: str, config: EvalConfig, transcript: list[str]
+    sandbox: Sandbox, work: str, canary: str | None, config: EvalConfig, transcript: list[str]
 ) -> StructuredReport:
     path = f"{work}/report.jsonl"
     size = sandbox.exec(f"stat -c %s {_q(path)}", timeout_s=config.step_timeout_s)
-    if size.exit_code != 0:
+    if size.exit_code != 0 or not size.output.strip().isdigit():
         return StructuredReport(problem="the structured report is missing")
-    if int(size.output.strip() or 0) > MAX_REPORT_BYTES:
+    if int(size.output.strip()) > MAX_REPORT_BYTES:
         return StructuredReport(problem="the structured report is too large")
     text = sandbox.read_file(path).decode("utf-8", "replace")
-    canary = sandbox.read_file(f"{work}/canary").decode().strip()
     parsed = parse_structured_report(text, _read_exit_code(sandbox, work), canary)
     if parsed.problem:
         transcript.append(f"structured report not trusted: {parsed.problem}")
@@ -485,6 +486,7 @@ def _run_tests(
     config: EvalConfig,
     transcript: list[str],
     report_dir: str | None,
+    canary: str | None,
 ) -> str:
     test_patch_path = None
     if instance.test_patch:
@@ -498,8 +500,7 @@ def _run_tests(
     if report_dir is not None:
         plugin = f"swerl_report_{secrets.token_hex(6)}"
         sandbox.write_file(f"{report_dir}/{plugin}.py", _PLUGIN_SOURCE)
-        canary = f"test_{secrets.token_hex(5)}" if config.canary_test else ""
-        sandbox.write_file(f"{report_dir}/canary", canary.encode())
+        sandbox.write_file(f"{report_dir}/canary", (canary or "").encode())
     script = eval_script(
         EvalScriptSpec(
             workdir=config.workdir,
