@@ -89,6 +89,7 @@ from sandbox_worker.evaluation.script import (
     EvalScriptSpec,
     capture_tree_script,
     eval_script,
+    inspect_patched_tree_script,
     reset_script,
     restore_script,
 )
@@ -356,24 +357,12 @@ def _restore_infra(
     transcript: list[str],
 ) -> RestorePlan:
     """Undo the patch's changes to test infrastructure (see ``infra.py``)."""
-    _checked(sandbox, capture_tree_script(work, "after", tracked=False), config, transcript)
+    script = inspect_patched_tree_script(work, pinned, hash_snapshot=bool(base.snapshot))
+    _checked(sandbox, script, config, transcript)
     after = TreeState.parse(sandbox.read_file(f"{work}/after"))
-    _checked(
-        sandbox,
-        f"git diff --name-only --no-renames -z {_q(pinned)} -- > {_q(work)}/changed",
-        config,
-        transcript,
-    )
     changed_tracked = _nul_paths(sandbox.read_file(f"{work}/changed"))
     changed_untracked: set[str] = set()
     if base.snapshot:
-        _step(
-            sandbox,
-            f"xargs -0 -r sha256sum -z -- < {_q(work)}/snaplist > {_q(work)}/after.sha"
-            " 2>/dev/null; true",
-            config,
-            transcript,
-        )
         before_sha = _sha_lines(sandbox.read_file(f"{work}/before.sha"))
         after_sha = _sha_lines(sandbox.read_file(f"{work}/after.sha"))
         changed_untracked = {p for p in base.snapshot if before_sha.get(p) != after_sha.get(p)}

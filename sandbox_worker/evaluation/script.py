@@ -124,6 +124,22 @@ def capture_tree_script(work: str, name: str, *, tracked: bool) -> str:
     return "\n".join(lines)
 
 
+def inspect_patched_tree_script(work: str, commit: str, hash_snapshot: bool) -> str:
+    """After the patch, in one step: the tree listing (``<work>/after``), the tracked files
+    that differ from ``commit`` (``<work>/changed``) and, if asked, the hashes of the
+    snapshotted untracked files (``<work>/after.sha``; a deleted one is simply absent)."""
+    w = _q(work)
+    lines = [
+        capture_tree_script(work, "after", tracked=False),
+        f"git diff --name-only --no-renames -z {_q(commit)} -- > {w}/changed",
+    ]
+    if hash_snapshot:
+        lines.append(
+            f"xargs -0 -r sha256sum -z -- < {w}/snaplist > {w}/after.sha 2>/dev/null || true"
+        )
+    return "\n".join(lines)
+
+
 def restore_script(work: str, commit: str) -> str:
     """Restore the paths listed (NUL-separated) in ``<work>/rm``, ``checkout`` and ``extract``:
     remove them, then bring back tracked ones from ``commit`` and the others from the base
