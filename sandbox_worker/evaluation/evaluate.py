@@ -127,8 +127,8 @@ class EvalConfig(BaseModel):
     # "structured" (training rewards): resolved only if the structured report *and* the
     # official log parser say so; "swebench": the official log parser alone (benchmark parity).
     grading: Literal["structured", "swebench"] = "structured"
-    # Restore test infrastructure the patch touched (off only to reproduce the official
-    # harness byte for byte on predictions that change it).
+    # Restore test infrastructure the patch touched (off only to grade predictions that
+    # change it as the official harness does).
     restore_test_infra: bool = True
     # Structured grading plants a canary test that always fails (pytest_report_plugin.py).
     canary_test: bool = True
