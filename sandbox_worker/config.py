@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from sandbox_worker.backends.base import MIN_DISK_MB, MIN_INODES
+from sandbox_worker.evaluation.infra import TestInfraRule
 from sandbox_worker.openhands.config import OpenHandsConfig
 from services.config import StrictModel
 from services.queue.config import QueueConfig
@@ -76,6 +77,12 @@ class EvaluationSettings(StrictModel):
     step_timeout_s: float = Field(120.0, gt=0.0)
     harness_grace_s: float = Field(60.0, gt=0.0)
     limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
+    # Reward grading (docs/tasks-and-rewards.md): "structured" needs the structured report and
+    # the official log parser to agree; "swebench" is the official parser alone.
+    grading: Literal["structured", "swebench"] = "structured"
+    restore_test_infra: bool = True
+    # Per-repository test-infrastructure rules ("owner/name" or "*" -> TestInfraRule fields).
+    infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
 
 
 class TrajectoryRunnerConfig(StrictModel):

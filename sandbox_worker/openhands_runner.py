@@ -100,6 +100,9 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
             step_timeout_s=cfg.evaluation.step_timeout_s,
             harness_grace_s=cfg.evaluation.harness_grace_s,
             limits=sandbox_limits(cfg.evaluation.limits),
+            grading=cfg.evaluation.grading,
+            restore_test_infra=cfg.evaluation.restore_test_infra,
+            infra_rules=cfg.evaluation.infra_rules,
         ),
         agent_server_startup_s=cfg.agent_server_startup_s,
     )

@@ -13,8 +13,18 @@ Outcomes:
   failed, a harness step or the whole eval run exceeded its exec timeout, the backend raised).
   The worker reports the trajectory as ``aborted``: excluded from training, never scored 0.
 * ``applied=False``: the patch does not apply (or is empty) -> not resolved, a legitimate
-  reward 0, as in SWE-bench.
-* otherwise ``resolved`` as ``swebench.harness.grading`` decides. A test run that exceeds
+  reward 0, as in SWE-bench; also a patch refused before applying because applying it would
+  write into ``.git``, outside the repository or through a symlink it creates
+  (``patch_rejected``).
+* test infrastructure the patch added, changed or deleted (``infra.py``: hook, ini and
+  start-up files, plugins, test directories, symlinks, modules shadowing pytest or the
+  standard library) is restored to the base before the tests run; ``protected_restored``
+  lists each restored path and why.
+* otherwise ``resolved`` as ``swebench.harness.grading`` decides (``grading="swebench"``), or,
+  by default (``grading="structured"``, the training reward), only if *both* the official log
+  parser and the structured report (``structured_report.py``: a pytest plugin writing JSON
+  lines to a per-run random path outside the repository, plus an exit-status cross-check) say
+  resolved. A test run that exceeds
   ``test_timeout_s`` (a patch that hangs the tests) is graded like the harness grades it: not
   resolved, ``tests_timed_out=True``.
 """
@@ -23,9 +33,13 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import shlex
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +67,14 @@ from sandbox_worker.evaluation.grading import (
     parse_test_exit_code,
     resolution_status,
 )
+from sandbox_worker.evaluation.infra import (
+    RestorePlan,
+    TestInfraRule,
+    TreeState,
+    plan_restore,
+    protected_at_base,
+    rule_for,
+)
 from sandbox_worker.evaluation.log_parser import LOG_PARSERS
 from sandbox_worker.evaluation.patches import (
     PatchParseError,
@@ -61,13 +83,27 @@ from sandbox_worker.evaluation.patches import (
     is_empty_patch,
     modified_files,
     new_files,
+    unsafe_patch_reason,
 )
-from sandbox_worker.evaluation.script import EvalScriptSpec, eval_script, reset_script
+from sandbox_worker.evaluation.script import (
+    EvalScriptSpec,
+    capture_tree_script,
+    eval_script,
+    inspect_patched_tree_script,
+    reset_script,
+    restore_script,
+)
+from sandbox_worker.evaluation.structured_report import (
+    MAX_REPORT_BYTES,
+    StructuredReport,
+    parse_structured_report,
+)
 from services.protocol.instance import SWEInstance
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
+_PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report_plugin.py").read_bytes()
 ALREADY_APPLIED = "already applied (git apply --check --reverse)"
 
 
@@ -88,6 +124,17 @@ class EvalConfig(BaseModel):
     # SWE-bench never runs tests for an empty patch (unresolved by definition); set this to
     # run them anyway and report their status (validation uses it to check the base state).
     grade_empty_patch: bool = False
+    # "structured" (training rewards): resolved only if the structured report *and* the
+    # official log parser say so; "swebench": the official log parser alone (benchmark parity).
+    grading: Literal["structured", "swebench"] = "structured"
+    # Restore test infrastructure the patch touched (off only to grade predictions that
+    # change it as the official harness does).
+    restore_test_infra: bool = True
+    # Structured grading plants a canary test that always fails (pytest_report_plugin.py).
+    canary_test: bool = True
+    # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
+    # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
+    infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
 
 
 class EvalReport(BaseModel):
@@ -111,6 +158,15 @@ class EvalReport(BaseModel):
     log_tail: str = ""
     duration_s: float = 0.0
     infra_error: str | None = None
+    # Why the patch was refused before applying it (it writes into .git or through a symlink
+    # it creates): graded like a patch that does not apply.
+    patch_rejected: str | None = None
+    # Test infrastructure the patch touched and the evaluation restored: path -> reason.
+    protected_restored: dict[str, str] = Field(default_factory=dict)
+    grading: str = "structured"
+    log_resolved: bool | None = None  # the official log parser's verdict (structured mode)
+    log_tests_status: dict[str, str] = Field(default_factory=dict)  # the log parser's map
+    structured_problem: str | None = None  # why the structured report was not trusted
 
     @property
     def reward(self) -> float | None:
@@ -196,36 +252,194 @@ def _evaluate_in(
     if result.timed_out or result.exit_code != 0:
         raise _InfraFailure(f"reset to the base commit failed (exit {result.exit_code})")
 
-    fields: dict[str, object] = {}
+    pinned = _pinned_commit(result.output, base)
+    work = f"{config.scratch_dir}/swerl-{secrets.token_hex(8)}"
+    fields: dict[str, object] = {"grading": config.grading}
     if is_empty_patch(patch):
         transcript.append("empty patch: nothing to apply")
         if not config.grade_empty_patch:
             return fields
+    elif rejected := unsafe_patch_reason(patch):
+        transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {rejected}")
+        fields["patch_rejected"] = rejected
+        return fields
     else:
+        rule = rule_for(instance.repo, config.infra_rules)
+        base_tree = None
+        if config.restore_test_infra:
+            base_tree = _capture_base(sandbox, work, rule, config, transcript)
         method = _apply(sandbox, patch, config, transcript)
         if method is None:
             return fields
         fields.update(applied=True, apply_method=method)
+        if base_tree is not None:
+            plan = _restore_infra(
+                sandbox, instance, pinned, work, base_tree, rule, config, transcript
+            )
+            fields["protected_restored"] = plan.reasons
 
-    output = _run_tests(sandbox, instance, config, transcript)
+    structured = config.grading == "structured"
+    # The canary's name stays on the host: the test process can read and rewrite the files.
+    canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
+    output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
     # An invalid log comes back as an empty status map: every listed test then fails.
     status_map, log_valid = get_logs_eval(output, LOG_PARSERS[config.log_parser])
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
-    resolved = (
-        bool(fields.get("applied"))
-        and log_valid
-        and resolution_status(report) is ResolvedStatus.FULL
-    )
+    applied = bool(fields.get("applied"))
+    resolved = applied and log_valid and resolution_status(report) is ResolvedStatus.FULL
+    test_exit_code = parse_test_exit_code(output)
+    if structured:
+        fields.update(log_resolved=resolved, log_tests_status=status_map)
+        parsed = _read_structured(sandbox, work, canary, config, transcript)
+        fields["structured_problem"] = parsed.problem
+        status_map = parsed.status_map if parsed.problem is None else {}
+        test_exit_code = _read_exit_code(sandbox, work)
+        report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
+        resolved = (
+            resolved and parsed.problem is None and resolution_status(report) is ResolvedStatus.FULL
+        )
     fields.update(
         resolved=resolved,
         tests_run=True,
         log_valid=log_valid,
         tests_timed_out=TESTS_TIMEOUT in output,
-        test_exit_code=parse_test_exit_code(output),
+        test_exit_code=test_exit_code,
         tests_status=status_map,
         **report.model_dump(),
     )
     return fields
+
+
+def _pinned_commit(reset_output: str, base: str) -> str:
+    """The commit the reset left checked out (its last output line), else ``base``."""
+    lines = [line.strip() for line in reset_output.splitlines() if line.strip()]
+    if lines and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", lines[-1]):
+        return lines[-1]
+    return base
+
+
+def _capture_base(
+    sandbox: Sandbox, work: str, rule: TestInfraRule, config: EvalConfig, transcript: list[str]
+) -> _BaseTree:
+    """Record the base tree (every non-directory entry, which are tracked) and snapshot the
+    protected files git cannot restore (untracked at the base: egg-info, caches...)."""
+    _checked(sandbox, capture_tree_script(work, "before", tracked=True), config, transcript)
+    before = TreeState.parse(sandbox.read_file(f"{work}/before"))
+    tracked = _nul_paths(sandbox.read_file(f"{work}/tracked"))
+    untracked = [p for p in protected_at_base(before, rule) if p not in tracked]
+    sandbox.write_file(f"{work}/snaplist", _nul_join(untracked))
+    if untracked:
+        _checked(
+            sandbox,
+            f"tar --null -T {_q(work)}/snaplist -cf {_q(work)}/snap.tar"
+            f" && xargs -0 -r sha256sum -z -- < {_q(work)}/snaplist > {_q(work)}/before.sha",
+            config,
+            transcript,
+        )
+    return _BaseTree(before, tracked, set(untracked))
+
+
+@dataclass(frozen=True)
+class _BaseTree:
+    tree: TreeState  # every non-directory entry before the patch
+    tracked: set[str]  # paths git tracks at the base
+    snapshot: set[str]  # protected untracked paths saved in snap.tar
+
+
+def _restore_infra(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    pinned: str,
+    work: str,
+    base: _BaseTree,
+    rule: TestInfraRule,
+    config: EvalConfig,
+    transcript: list[str],
+) -> RestorePlan:
+    """Undo the patch's changes to test infrastructure (see ``infra.py``)."""
+    script = inspect_patched_tree_script(work, pinned, hash_snapshot=bool(base.snapshot))
+    _checked(sandbox, script, config, transcript)
+    after = TreeState.parse(sandbox.read_file(f"{work}/after"))
+    changed_tracked = _nul_paths(sandbox.read_file(f"{work}/changed"))
+    changed_untracked: set[str] = set()
+    if base.snapshot:
+        before_sha = _sha_lines(sandbox.read_file(f"{work}/before.sha"))
+        after_sha = _sha_lines(sandbox.read_file(f"{work}/after.sha"))
+        changed_untracked = {p for p in base.snapshot if before_sha.get(p) != after_sha.get(p)}
+    exempt = set()
+    if instance.patch:
+        exempt = set(modified_files(instance.patch)) | set(new_files(instance.patch))
+    plan = plan_restore(
+        base.tree,
+        after,
+        tracked=base.tracked,
+        changed_tracked=changed_tracked,
+        changed_untracked=changed_untracked,
+        rule=rule,
+        exempt=exempt,
+    )
+    if not plan:
+        return plan
+    lists = {"rm": plan.remove, "checkout": plan.checkout, "extract": plan.extract}
+    for name, paths in lists.items():
+        sandbox.write_file(f"{work}/{name}", _nul_join(paths))
+    transcript.append(
+        "restoring test infrastructure the patch changed:\n"
+        + "\n".join(f"  {path}: {why}" for path, why in plan.reasons.items())
+    )
+    _checked(sandbox, restore_script(work, pinned), config, transcript)
+    return plan
+
+
+def _checked(sandbox: Sandbox, command: str, config: EvalConfig, transcript: list[str]) -> None:
+    result = _step(sandbox, command, config, transcript)
+    if result.exit_code != 0:
+        raise _InfraFailure(f"harness step failed (exit {result.exit_code}): {command[:200]}")
+
+
+def _nul_paths(raw: bytes) -> set[str]:
+    return {p.decode("utf-8", "surrogateescape") for p in raw.split(b"\0") if p}
+
+
+def _nul_join(paths: list[str]) -> bytes:
+    return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+def _sha_lines(raw: bytes) -> dict[str, str]:
+    """``sha256sum -z`` output: ``<hash>  <path>\\0`` records."""
+    result = {}
+    for record in raw.split(b"\0"):
+        if len(record) > 66 and record[64:66] == b"  ":
+            result[record[66:].decode("utf-8", "surrogateescape")] = record[:64].decode()
+    return result
+
+
+def _read_structured(
+    sandbox: Sandbox, work: str, canary: str | None, config: EvalConfig, transcript: list[str]
+) -> StructuredReport:
+    path = f"{work}/report.jsonl"
+    size = sandbox.exec(f"stat -c %s {_q(path)}", timeout_s=config.step_timeout_s)
+    if size.exit_code != 0 or not size.output.strip().isdigit():
+        return StructuredReport(problem="the structured report is missing")
+    if int(size.output.strip()) > MAX_REPORT_BYTES:
+        return StructuredReport(problem="the structured report is too large")
+    text = sandbox.read_file(path).decode("utf-8", "replace")
+    parsed = parse_structured_report(text, _read_exit_code(sandbox, work), canary)
+    if parsed.problem:
+        transcript.append(f"structured report not trusted: {parsed.problem}")
+    return parsed
+
+
+def _read_exit_code(sandbox: Sandbox, work: str) -> int | None:
+    try:
+        text = sandbox.read_file(f"{work}/exit_code").decode().strip()
+    except (SandboxInfraError, OSError):
+        return None
+    return int(text) if re.fullmatch(r"-?\d+", text) else None
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
 
 
 def _apply(sandbox: Sandbox, patch: str, config: EvalConfig, transcript: list[str]) -> str | None:
@@ -256,7 +470,12 @@ def _step(sandbox: Sandbox, command: str, config: EvalConfig, transcript: list[s
 
 
 def _run_tests(
-    sandbox: Sandbox, instance: SWEInstance, config: EvalConfig, transcript: list[str]
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    config: EvalConfig,
+    transcript: list[str],
+    report_dir: str | None,
+    canary: str | None,
 ) -> str:
     test_patch_path = None
     if instance.test_patch:
@@ -266,6 +485,11 @@ def _run_tests(
     else:
         files = files_of_test_ids(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
     runner = instance.test_cmd or config.test_cmd
+    plugin = None
+    if report_dir is not None:
+        plugin = f"swerl_report_{secrets.token_hex(6)}"
+        sandbox.write_file(f"{report_dir}/{plugin}.py", _PLUGIN_SOURCE)
+        sandbox.write_file(f"{report_dir}/canary", (canary or "").encode())
     script = eval_script(
         EvalScriptSpec(
             workdir=config.workdir,
@@ -275,6 +499,8 @@ def _run_tests(
             new_files=new_files(instance.test_patch),
             test_command=" ".join([runner, *(shlex.quote(f) for f in files)]),
             test_timeout_s=config.test_timeout_s,
+            report_dir=report_dir,
+            report_plugin=plugin,
         )
     )
     script_path = f"{config.scratch_dir}/swerl-eval.sh"

@@ -169,3 +169,92 @@ def files_of_test_ids(test_ids: list[str]) -> list[str]:
     """``tests/a.py::T::t[x]`` -> ``tests/a.py``: the files of pytest node ids, in order."""
     files = [test_id.split("::", 1)[0] for test_id in test_ids if "::" in test_id]
     return list(dict.fromkeys(files))
+
+
+_SYMLINK_MODE = re.compile(r"^(?:new file mode|new mode) 120000\s*$")
+_PATH_HEADERS = ("--- ", "+++ ", "rename from ", "rename to ", "copy from ", "copy to ")
+_C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def unsafe_patch_reason(patch: str) -> str | None:
+    """Why applying ``patch`` could write outside the working tree's files, or None.
+
+    ``git apply`` refuses such patches, but the harness's last fallback, GNU ``patch``, writes
+    into ``.git/`` (a ``core.fsmonitor`` in ``.git/config`` runs a command at the next git
+    call) and through a symlink created by the same patch (``vendored -> /usr/lib/python3``,
+    then ``vendored/x.pth``). Names are read from every header ``patch`` or git use, quoted
+    names unescaped."""
+    paths: list[str] = []
+    symlinks: set[str] = set()
+    current: str | None = None
+    for line in patch.split("\n"):
+        if line.startswith("diff --git "):
+            names = _git_header_names(line[len("diff --git ") :])
+            paths += names
+            current = names[-1] if names else None
+        elif _SYMLINK_MODE.match(line) and current is not None:
+            symlinks.add(_normalized(current))
+        elif line.startswith(_PATH_HEADERS):
+            header = next(h for h in _PATH_HEADERS if line.startswith(h))
+            raw = line[len(header) :].split("\t", 1)[0].strip()
+            name = _unquote(raw) if raw.startswith('"') else raw
+            if header in ("--- ", "+++ ") and name != DEV_NULL:
+                name = name[2:] if name.startswith(("a/", "b/")) else name
+            paths.append(name)
+    for path in paths:
+        if path == DEV_NULL:
+            continue
+        parts = _normalized(path).split("/")
+        if ".git" in parts:
+            return f"the patch writes into .git ({path!r})"
+        if ".." in parts:
+            return f"the patch leaves the repository ({path!r})"
+        for depth in range(1, len(parts)):
+            if "/".join(parts[:depth]) in symlinks:
+                return f"the patch writes through a symlink it creates ({path!r})"
+    return None
+
+
+def _normalized(path: str) -> str:
+    return "/".join(p for p in path.split("/") if p not in ("", "."))
+
+
+def _git_header_names(rest: str) -> list[str]:
+    """``a/x b/y`` (or quoted) -> ``["x", "y"]``."""
+    names: list[str] = []
+    while rest:
+        rest = rest.lstrip(" ")
+        if rest.startswith('"'):
+            end = 1
+            while end < len(rest) and rest[end] != '"':
+                end += 2 if rest[end] == "\\" else 1
+            names.append(_unquote(rest[: end + 1]))
+            rest = rest[end + 1 :]
+        else:
+            cut = rest.find(" b/") if not names else -1
+            token, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
+            names.append(token)
+    return [n[2:] if n.startswith(("a/", "b/")) else n for n in names]
+
+
+def _unquote(quoted: str) -> str:
+    """A git/GNU-patch C-style quoted name (``"a/\\056git"``) -> its text."""
+    body = quoted[1:-1] if quoted.endswith('"') and len(quoted) > 1 else quoted[1:]
+    out = bytearray()
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char != "\\" or index + 1 == len(body):
+            out += char.encode()
+            index += 1
+            continue
+        nxt = body[index + 1]
+        if nxt in "01234567":
+            digits = re.match(r"[0-7]{1,3}", body[index + 1 :])
+            assert digits is not None
+            out.append(int(digits.group(0), 8) & 0xFF)
+            index += 1 + len(digits.group(0))
+        else:
+            out += _C_ESCAPES.get(nxt, nxt).encode()
+            index += 2
+    return out.decode("utf-8", "surrogateescape")

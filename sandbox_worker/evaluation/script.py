@@ -64,6 +64,10 @@ class EvalScriptSpec:
     new_files: list[str]  # removed before the test patch
     test_command: str  # full command: runner + test files
     test_timeout_s: int
+    # The structured report: the per-run directory outside the repository holding the report
+    # plugin module ``report_plugin`` (loaded with -p); the exit status is written there too.
+    report_dir: str | None = None
+    report_plugin: str | None = None
 
 
 def eval_script(spec: EvalScriptSpec) -> str:
@@ -85,6 +89,11 @@ def eval_script(spec: EvalScriptSpec) -> str:
     ]
     if spec.test_patch_path is not None:
         lines.append(f"git apply -v {_q(spec.test_patch_path)}")
+    if spec.report_dir is not None and spec.report_plugin is not None:
+        lines += [
+            f'export PYTHONPATH={_q(spec.report_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+            f'export PYTEST_ADDOPTS="-p {spec.report_plugin} ${{PYTEST_ADDOPTS:-}}"',
+        ]
     lines += [
         f": '{START_TEST_OUTPUT}'",
         f"timeout -k 10 {spec.test_timeout_s} bash -c {_q(spec.test_command)}",
@@ -93,7 +102,55 @@ def eval_script(spec: EvalScriptSpec) -> str:
         f'echo "{TEST_EXIT_CODE}: ${TEST_EXIT_CODE_VAR}"',
         f'if [ "${TEST_EXIT_CODE_VAR}" -eq {TIMEOUT_EXIT_CODE} ]; then'
         f" echo {_q(TESTS_TIMEOUT)}; fi",
-        *restore,
-        "",
     ]
+    if spec.report_dir is not None:
+        lines.append(f'echo "${TEST_EXIT_CODE_VAR}" > {_q(spec.report_dir)}/exit_code')
+    lines += [*restore, ""]
     return "\n".join(lines)
+
+
+def capture_tree_script(work: str, name: str, *, tracked: bool) -> str:
+    """List the working tree's non-directory entries (type and path, NUL-separated; ``.git``
+    skipped, symlinks not followed) into ``<work>/<name>``, and the tracked files into
+    ``<work>/tracked`` if asked."""
+    w = _q(work)
+    lines = [
+        "set -euo pipefail",
+        f"mkdir -p {w}",
+        f"find . -path ./.git -prune -o ! -type d -printf '%y\\0%p\\0' > {w}/{_q(name)}",
+    ]
+    if tracked:
+        lines.append(f"git ls-files -z > {w}/tracked")
+    return "\n".join(lines)
+
+
+def inspect_patched_tree_script(work: str, commit: str, hash_snapshot: bool) -> str:
+    """After the patch, in one step: the tree listing (``<work>/after``), the tracked files
+    that differ from ``commit`` (``<work>/changed``) and, if asked, the hashes of the
+    snapshotted untracked files (``<work>/after.sha``; a deleted one is simply absent)."""
+    w = _q(work)
+    lines = [
+        capture_tree_script(work, "after", tracked=False),
+        f"git diff --name-only --no-renames -z {_q(commit)} -- > {w}/changed",
+    ]
+    if hash_snapshot:
+        lines.append(
+            f"xargs -0 -r sha256sum -z -- < {w}/snaplist > {w}/after.sha 2>/dev/null || true"
+        )
+    return "\n".join(lines)
+
+
+def restore_script(work: str, commit: str) -> str:
+    """Restore the paths listed (NUL-separated) in ``<work>/rm``, ``checkout`` and ``extract``:
+    remove them, then bring back tracked ones from ``commit`` and the others from the base
+    snapshot ``<work>/snap.tar``. Paths are literal (no pathspec magic, no globbing)."""
+    w = _q(work)
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            f"xargs -0 -r rm -rf -- < {w}/rm",
+            f"if [ -s {w}/checkout ]; then git --literal-pathspecs checkout {_q(commit)}"
+            f" --pathspec-from-file={w}/checkout --pathspec-file-nul; fi",
+            f"if [ -s {w}/extract ]; then tar -xf {w}/snap.tar --null -T {w}/extract; fi",
+        ]
+    )

@@ -13,7 +13,9 @@ from sandbox_worker.evaluation.patches import (
     modified_files,
     new_files,
     patched_files,
+    unsafe_patch_reason,
 )
+from services.protocol.instance import SWEInstance
 
 GIT_PATCH = (
     "diff --git a/pkg/mod.py b/pkg/mod.py\nindex 1111111..2222222 100644\n"
@@ -93,3 +95,33 @@ def test_empty_patch_detection() -> None:
 def test_files_of_test_ids() -> None:
     ids = ["tests/a.py::T::t[x::y]", "tests/b.py::t", "tests/a.py::u", "no_separator"]
     assert files_of_test_ids(ids) == ["tests/a.py", "tests/b.py"]
+
+
+def test_unsafe_patches_are_recognised(mini_instances: dict[str, SWEInstance]) -> None:
+    hunk = "@@ -1 +1 @@\n-a\n+b\n"
+    git_dir = "--- a/.git/config\n+++ b/.git/config\n" + hunk
+    assert "into .git" in (unsafe_patch_reason(git_dir) or "")
+    hidden = '--- "a/\\056git/config"\n+++ "b/\\056git/config"\n' + hunk  # octal-escaped "."
+    assert "into .git" in (unsafe_patch_reason(hidden) or "")
+    dotted = "--- a/./sub/../.git//config\n+++ b/./sub/../.git//config\n" + hunk
+    assert unsafe_patch_reason(dotted) is not None
+    renamed = "diff --git a/x b/.git/hooks/post-checkout\nrename from x\nrename to .git/hooks/pc\n"
+    assert "into .git" in (unsafe_patch_reason(renamed) or "")
+    quoted_header = 'diff --git "a/x y" "b/.git/x y"\n'
+    assert "into .git" in (unsafe_patch_reason(quoted_header) or "")
+    outside = "--- a/../etc/x\n+++ b/../etc/x\n" + hunk
+    assert "leaves the repository" in (unsafe_patch_reason(outside) or "")
+    link = (
+        "diff --git a/lib b/lib\nnew file mode 120000\n--- /dev/null\n+++ b/lib\n"
+        "@@ -0,0 +1 @@\n+/usr/lib\n\\ No newline at end of file\n"
+    )
+    through = "diff --git a/lib/x.pth b/lib/x.pth\nnew file mode 100644\n--- /dev/null\n"
+    through += "+++ b/lib/x.pth\n@@ -0,0 +1 @@\n+import os\n"
+    assert "through a symlink" in (unsafe_patch_reason(link + through) or "")
+    # A symlink alone is applied (and restored as test infrastructure); .github is no .git.
+    assert unsafe_patch_reason(link) is None
+    github = "--- a/.github/ci.yml\n+++ b/.github/ci.yml\n" + hunk
+    assert unsafe_patch_reason(github) is None
+    for inst in mini_instances.values():
+        assert unsafe_patch_reason(inst.patch) is None
+        assert unsafe_patch_reason(inst.test_patch) is None

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker.evaluation import grading
-from sandbox_worker.evaluation.script import EvalScriptSpec, eval_script, reset_script
+from sandbox_worker.evaluation.infra import TreeState
+from sandbox_worker.evaluation.script import (
+    EvalScriptSpec,
+    capture_tree_script,
+    eval_script,
+    reset_script,
+    restore_script,
+)
 
 GIT_ENV = {
     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -119,3 +126,52 @@ def test_reset_fails_for_an_unknown_base(repo: Path) -> None:
     assert res.returncode == 3 and "is not in the repository" in res.stdout
     res = sh(repo, reset_script("main; touch pwned"))
     assert res.returncode == 3 and not (repo / "pwned").exists()
+
+
+def test_capture_and_restore_scripts_are_byte_exact(repo: Path, tmp_path: Path) -> None:
+    """Tree listing and restore with a tricky tracked name and an untracked snapshot file."""
+    work = tmp_path / "work dir"
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "x.egg-info").mkdir()
+    (repo / "x.egg-info" / "entry_points.txt").write_text("[pytest11]\n")
+    assert sh(repo, capture_tree_script(str(work), "before", tracked=True)).returncode == 0
+    before = TreeState.parse((work / "before").read_bytes())
+    assert before.entries == {TRICKY: "f", "a.py": "f", "x.egg-info/entry_points.txt": "f"}
+    assert (work / "tracked").read_bytes().split(b"\0")[:-1] == [b"a.py", TRICKY.encode()]
+    (work / "snaplist").write_bytes(b"x.egg-info/entry_points.txt\0")
+    assert sh(repo, f"tar --null -T '{work}/snaplist' -cf '{work}/snap.tar'").returncode == 0
+    # The "patch": tampers with both, adds a symlink and a file named like an option.
+    (repo / TRICKY).write_text("tampered\n")
+    (repo / "x.egg-info" / "entry_points.txt").write_text("[pytest11]\nevil = evil\n")
+    (repo / "--force").write_text("planted\n")
+    os.symlink("/etc", repo / "link")
+    (work / "rm").write_bytes(b"".join(p + b"\0" for p in [TRICKY.encode(), b"--force", b"link"]))
+    (work / "checkout").write_bytes(TRICKY.encode() + b"\0")
+    (work / "extract").write_bytes(b"x.egg-info/entry_points.txt\0")
+    res = sh(repo, restore_script(str(work), base))
+    assert res.returncode == 0, res.stderr
+    assert (repo / TRICKY).read_text() == "original\n"
+    assert (repo / "x.egg-info" / "entry_points.txt").read_text() == "[pytest11]\n"
+    assert not (repo / "--force").exists() and not (repo / "link").is_symlink()
+    assert not (repo / "pwned").exists() and not (work.parent / "pwned").exists()
+
+
+def test_eval_script_with_a_structured_report(tmp_path: Path) -> None:
+    spec = EvalScriptSpec(
+        workdir="/testbed",
+        base_ref="abc",
+        test_patch_path=None,
+        modified_files=[],
+        new_files=[],
+        test_command="python3 -m pytest -rA",
+        test_timeout_s=5,
+        report_dir="/tmp/swerl-0123",
+        report_plugin="swerl_report_ab12",
+    )
+    script = eval_script(spec)
+    exports = 'export PYTEST_ADDOPTS="-p swerl_report_ab12 ${PYTEST_ADDOPTS:-}"'
+    assert exports in script and 'export PYTHONPATH=/tmp/swerl-0123"${PYTHONPATH:+' in script
+    assert script.index(exports) < script.index(">>>>> Start Test Output")
+    assert 'echo "$SWEBENCH_TEST_EXIT_CODE" > /tmp/swerl-0123/exit_code' in script
+    plain = eval_script(EvalScriptSpec(**{**spec.__dict__, "report_dir": None}))
+    assert "PYTEST_ADDOPTS" not in plain and "exit_code" not in plain

@@ -60,6 +60,10 @@ def test_rollout_config_is_strict() -> None:
         cfg(evaluation={"limits": {"inodes": 10}})
     with pytest.raises(ValidationError, match="cgroups"):
         cfg(backend={"cgroups": "maybe"})
+    with pytest.raises(ValidationError, match="grading"):
+        cfg(evaluation={"grading": "stdout"})
+    with pytest.raises(ValidationError, match="protected_dir"):
+        cfg(evaluation={"infra_rules": {"o/p": {"protected_dir": ["x"]}}})
 
 
 def test_settings_follow_the_config() -> None:
@@ -67,9 +71,16 @@ def test_settings_follow_the_config() -> None:
         adapter_url="http://10.1.2.3:8200/",
         relay_port=19000,
         sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64, "disk_mb": 512, "inodes": 5000},
-        evaluation={"test_timeout_s": 60, "limits": {"cpus": 0.5, "disk_mb": 300}},
+        evaluation={
+            "test_timeout_s": 60,
+            "limits": {"cpus": 0.5, "disk_mb": 300},
+            "grading": "swebench",
+            "infra_rules": {"o/p": {"protected_paths": ["bin/test"]}},
+        },
     )
     s = runner_settings(c.rollout)
+    assert s.evaluation.grading == "swebench" and s.evaluation.restore_test_infra
+    assert s.evaluation.infra_rules["o/p"].protected_paths == ("bin/test",)
     assert (s.adapter_host, s.adapter_port, s.relay_port) == ("10.1.2.3", 8200, 19000)
     assert (s.limits.cpus, s.limits.memory_mb, s.limits.pids) == (2.0, 1024, 64)
     assert (s.limits.disk_mb, s.limits.inodes) == (512, 5000)
