@@ -26,10 +26,11 @@ from typing import Any
 from adapter.errors import APIError
 
 MAX_JSON_DEPTH = 64
-# A \uD800-\uDFFF escape somewhere in the raw body: only then are strings searched for lone
-# surrogates (paired ones, which json decodes into one character, also match; that only costs
-# the search).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A \uD800-\uDFFF escape, or a surrogate encoded as UTF-8 bytes (json decodes bytes with
+# "surrogatepass"), somewhere in the raw body: only then are strings searched for lone
+# surrogates (paired escapes, which json decodes into one character, also match; that only
+# costs the search).
+_SURROGATE_IN_RAW = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -99,5 +100,5 @@ def decode_json(raw: bytes) -> Any:
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    _check_tree(value, check_strings=_SURROGATE_ESCAPE.search(raw) is not None)
+    _check_tree(value, check_strings=_SURROGATE_IN_RAW.search(raw) is not None)
     return value
