@@ -388,8 +388,10 @@ class AdapterService:
                     tid, plan.input_ids, sampling, rid, request.top_logprobs_num
                 )
         except APIError as exc:
-            if sampling.json_schema is not None and exc.param is None:
-                exc.param = "response_format"  # the engine refused the constraint
+            if sampling.json_schema is not None and "json_schema" in exc.message:
+                # The engine refused the constraint the request's response_format asked for.
+                exc.param = "response_format"
+                exc.message = f"response_format: {exc.message}"
             raise
         except NoEngineAvailableError as exc:
             message = f"no inference engine could serve the request: {exc}"

@@ -74,8 +74,9 @@ def test_schemathesis_finds_no_server_error(adapter: AdapterFactory, engines: En
         }
         statuses: list[int] = []
         for operation in operations:
-            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-                fuzz(a, operation, mode, statuses)
+            fuzz(a, operation, GenerationMode.POSITIVE, statuses)
+            if len(operation.body) or len(operation.path_parameters):  # something to break
+                fuzz(a, operation, GenerationMode.NEGATIVE, statuses)
         assert statuses and max(statuses) < 500
         # Generated bodies reached past validation too (not only 4xx answers).
         assert statuses.count(200) + statuses.count(201) > 0
