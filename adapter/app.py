@@ -42,6 +42,7 @@ from adapter.hygiene import decode_json
 from adapter.openai_schema import ChatCompletionRequest, completion_response, stream_chunks
 from adapter.service import AdapterService, ChatOutcome
 from services.protocol import Outcome, TrajectoryMeta
+from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 log = logging.getLogger("adapter.app")
 
@@ -278,7 +279,8 @@ def create_app(service: AdapterService) -> FastAPI:
 
 
 def publish_request_bodies(app: FastAPI, bodies: dict[str, tuple[type[BaseModel], bool]]) -> None:
-    """Describe the JSON bodies of POST routes in ``/openapi.json``.
+    """Describe the JSON bodies of POST routes in ``/openapi.json`` (and the id rule's pattern
+    on ``trajectory_id`` path parameters).
 
     The routes read their bodies themselves (for error messages and input hygiene, see
     :mod:`adapter.hygiene`), so FastAPI does not know them; the schema is what clients and API
@@ -290,6 +292,13 @@ def publish_request_bodies(app: FastAPI, bodies: dict[str, tuple[type[BaseModel]
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter["in"] == "path" and parameter["name"] == "trajectory_id":
+                        parameter["schema"].update(
+                            {"pattern": ID_PATTERN, "minLength": 1, "maxLength": ID_MAX_LENGTH}
+                        )
         for path, (model, required) in bodies.items():
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(model_schema.pop("$defs", {}))

@@ -192,6 +192,18 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "parallel_tool_calls": (True,),
 }
+
+
+def _neutral_only(name: str) -> Any:
+    """A field of UNSUPPORTED_FIELDS: validated by check_supported (so the 400 names it); the
+    published JSON schema lists the accepted values, so API clients and fuzzers see them."""
+    accepted: list[Any] = [None]
+    for value in UNSUPPORTED_FIELDS[name]:
+        if not any(value == v for v in accepted):  # JSON Schema: 0 and 0.0 are one value
+            accepted.append(value)
+    return Field(default=None, json_schema_extra={"enum": accepted})
+
+
 _UNSUPPORTED_WHY = {
     "audio": "only text is generated",
     "modalities": "only text is generated",
@@ -230,14 +242,17 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage]
     tools: list[ToolSpec] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # Checked by check_supported (a 400 naming the field); the schema lists what is accepted.
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"enum": [None, "auto", "none"]}
+    )
     max_tokens: JSONInt | None = Field(default=None, ge=1)
     max_completion_tokens: JSONInt | None = Field(default=None, ge=1)
     temperature: JSONNumber | None = Field(default=None, ge=0.0)
     top_p: JSONNumber | None = Field(default=None, gt=0.0, le=1.0)
     top_k: JSONInt | None = None
     stop: str | list[str] | None = None
-    n: JSONInt | None = None
+    n: JSONInt | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 1})
     seed: JSONInt | None = Field(default=None, ge=0, le=2**63 - 1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -252,19 +267,19 @@ class ChatCompletionRequest(BaseModel):
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     # refused unless neutral (UNSUPPORTED_FIELDS); typed loosely so the 400 names the field
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    functions: Any = None
-    function_call: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    store: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    logit_bias: Any = None
-    parallel_tool_calls: Any = None
+    audio: Any = _neutral_only("audio")
+    modalities: Any = _neutral_only("modalities")
+    prediction: Any = _neutral_only("prediction")
+    web_search_options: Any = _neutral_only("web_search_options")
+    functions: Any = _neutral_only("functions")
+    function_call: Any = _neutral_only("function_call")
+    reasoning_effort: Any = _neutral_only("reasoning_effort")
+    verbosity: Any = _neutral_only("verbosity")
+    store: Any = _neutral_only("store")
+    frequency_penalty: Any = _neutral_only("frequency_penalty")
+    presence_penalty: Any = _neutral_only("presence_penalty")
+    logit_bias: Any = _neutral_only("logit_bias")
+    parallel_tool_calls: Any = _neutral_only("parallel_tool_calls")
 
     @field_validator("messages")
     @classmethod
