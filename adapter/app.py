@@ -35,14 +35,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapter.errors import APIError
-from adapter.openai_schema import completion_response, stream_chunks
+from adapter.hygiene import decode_json
+from adapter.openai_schema import ChatCompletionRequest, completion_response, stream_chunks
 from adapter.service import AdapterService, ChatOutcome
 from services.protocol import Outcome, TrajectoryMeta
+from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 log = logging.getLogger("adapter.app")
 
@@ -63,7 +67,7 @@ class RefreshRequest(BaseModel):
 
 
 def _error(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -82,10 +86,7 @@ async def _json_body(request: Request, required: bool = True) -> Any:
         if required:
             raise APIError(400, "request body is empty: a JSON object is required")
         return None
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    return decode_json(raw)
 
 
 def _model(model: type[BaseModel], body: Any) -> Any:
@@ -102,6 +103,7 @@ def _sse(outcome: ChatOutcome) -> StreamingResponse:
         message=outcome.message,
         finish_reason=outcome.finish_reason,
         usage_=outcome.usage if outcome.include_usage else None,
+        logprobs=outcome.logprobs,
     )
 
     async def events() -> AsyncIterator[bytes]:
@@ -139,13 +141,17 @@ def create_app(service: AdapterService) -> FastAPI:
         return _error(APIError(400, str(exc)))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(APIError(exc.status_code, str(exc.detail)))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"method {request.method} is not allowed on {request.url.path}" + (
+                f" (allowed: {allowed})" if allowed else ""
+            )
+        return _error(APIError(exc.status_code, message, headers=exc.headers))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+    # Unexpected exceptions: a JSON 500 that keeps the connection usable (see _Unexpected).
+    app.add_middleware(_Unexpected)
 
     access = service.access
     if not access.training_mode:
@@ -180,6 +186,7 @@ def create_app(service: AdapterService) -> FastAPI:
             message=outcome.message,
             finish_reason=outcome.finish_reason,
             usage_=outcome.usage,
+            logprobs=outcome.logprobs,
         )
         return JSONResponse(body, headers=outcome.headers)
 
@@ -269,4 +276,87 @@ def create_app(service: AdapterService) -> FastAPI:
         require_admin(request)
         return await service.versions()
 
+    publish_request_bodies(
+        app,
+        {
+            "/v1/chat/completions": (ChatCompletionRequest, True),
+            "/t/{trajectory_id}/v1/chat/completions": (ChatCompletionRequest, True),
+            "/trajectories": (TrajectoryMeta, True),
+            "/trajectories/{trajectory_id}/close": (CloseRequest, False),
+            "/admin/weights": (RefreshRequest, True),
+        },
+    )
     return app
+
+
+def publish_request_bodies(app: FastAPI, bodies: dict[str, tuple[type[BaseModel], bool]]) -> None:
+    """Describe the JSON bodies of POST routes in ``/openapi.json`` (and the id rule's pattern
+    on ``trajectory_id`` path parameters).
+
+    The routes read their bodies themselves (for error messages and input hygiene, see
+    :mod:`adapter.hygiene`), so FastAPI does not know them; the schema is what clients and API
+    fuzzers (schemathesis) generate bodies from.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter["in"] == "path" and parameter["name"] == "trajectory_id":
+                        parameter["schema"].update(
+                            {"pattern": ID_PATTERN, "minLength": 1, "maxLength": ID_MAX_LENGTH}
+                        )
+        for path, (model, required) in bodies.items():
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(model_schema.pop("$defs", {}))
+            components[model.__name__] = model_schema
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": required,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}
+                    }
+                },
+            }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+class _Unexpected:
+    """ASGI middleware: an unexpected exception becomes a JSON 500, and the connection stays up.
+
+    Starlette's own last-resort handler re-raises after answering, and uvicorn then closes the
+    keep-alive connection (the client's next request on it fails). Here the exception ends
+    with the answer. Only an exception after the answer has started (a broken SSE stream)
+    still goes up: a half-sent answer cannot be repaired.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+            await _error(error)(scope, receive, send)

@@ -67,6 +67,11 @@ class AdapterConfig(StrictModel):
     refresh_drain_timeout_s: float = Field(
         default=900.0, gt=0, description="longest wait for in-flight steps during a refresh"
     )
+    check_model_path: bool = Field(
+        default=True,
+        description="check a refresh's model_path on the adapter's filesystem before draining "
+        "(off only where the engines read a filesystem the adapter does not see)",
+    )
     initial_weight_version: int = Field(
         default=0, ge=0, description="version of engines whose weight_version is not a number"
     )

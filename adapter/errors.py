@@ -13,6 +13,7 @@ _TYPES = {
     401: ("authentication_error", "invalid_token"),
     403: ("permission_error", "forbidden"),
     404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
     409: ("invalid_request_error", "conflict"),
     413: ("invalid_request_error", "too_large"),
     422: ("invalid_request_error", "unprocessable"),
@@ -34,14 +35,17 @@ class APIError(Exception):
         code: str | None = None,
         type_: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        default_type, default_code = _TYPES.get(status, ("server_error", "error"))
+        fallback = ("invalid_request_error", "error") if status < 500 else ("server_error", "error")
+        default_type, default_code = _TYPES.get(status, fallback)
         self.status = status
         self.message = message
         self.code = code or default_code
         self.type = type_ or default_type
         self.param = param
+        self.headers = headers  # e.g. ``Allow`` on a 405
 
     def body(self) -> dict[str, Any]:
         return {

@@ -128,10 +128,12 @@ class Router:
         input_ids: list[int],
         sampling: SamplingParams,
         rid: str,
+        top_logprobs_num: int = 0,
     ) -> tuple[GenerateResult, Engine]:
         """Generate on the trajectory's engine, retrying on others if it fails before tokens."""
         tried: set[str] = set()
         errors: list[str] = []
+        extra = {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}
         for attempt in range(self.attempts):
             engine = self.pick(trajectory_id, exclude=tried)
             if engine is None:
@@ -143,7 +145,9 @@ class Router:
             self._publish(engine)
             started = time.perf_counter()
             try:
-                result = await engine.client.generate(input_ids, sampling, rid=f"{rid}-{attempt}")
+                result = await engine.client.generate(
+                    input_ids, sampling, rid=f"{rid}-{attempt}", **extra
+                )
             except EngineUnavailableError as exc:
                 self.mark_unhealthy(engine, str(exc))
                 errors.append(f"{engine.url}: {exc}")

@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.exceptions
-from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from adapter.auth import AccessControl, bearer_token, new_trajectory_token, token_digest
 from adapter.config import AdapterConfig, ToolParserName
-from adapter.engines.sglang import SamplingParams, SGLangClient
+from adapter.engines.sglang import GenerateResult, SamplingParams, SGLangClient
 from adapter.errors import APIError
 from adapter.messages import template_messages
 from adapter.metrics import AdapterMetrics
@@ -45,7 +44,7 @@ from adapter.rendering import Renderer
 from adapter.routing import Engine, NoEngineAvailableError, Router
 from adapter.tool_parsers import ToolParser, get_parser
 from adapter.weights import RefreshGate, WeightCoordinator
-from services.protocol import Outcome, TrajectoryMeta
+from services.protocol import ID_RULE, Outcome, TrajectoryMeta, id_problem
 from services.store import (
     TrajectoryExistsError,
     TrajectoryNotFoundError,
@@ -83,6 +82,7 @@ class ChatOutcome:
     stream: bool
     include_usage: bool
     headers: dict[str, str]
+    logprobs: dict[str, Any] | None = None  # OpenAI ``choices[0].logprobs`` when asked for
 
 
 class AdapterService:
@@ -121,6 +121,7 @@ class AdapterService:
             self.metrics,
             initial_version=config.initial_weight_version,
             drain_timeout_s=config.refresh_drain_timeout_s,
+            check_model_path=config.check_model_path,
         )
         self.trajectories: dict[str, TrajectoryRuntime] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,15 +173,12 @@ class AdapterService:
 
     @staticmethod
     def validate_id(trajectory_id: str) -> None:
-        try:
-            TrajectoryMeta(trajectory_id=trajectory_id)
-        except ValidationError:
+        if id_problem(trajectory_id) is not None:
             raise APIError(
                 400,
-                f"invalid trajectory id {trajectory_id!r}: 1-200 characters of "
-                "letters, digits and . _ : -",
+                f"invalid trajectory id {trajectory_id[:80]!r}: {ID_RULE}",
                 param="trajectory_id",
-            ) from None
+            )
 
     async def open_trajectory(self, meta: TrajectoryMeta) -> str:
         """Create the record; returns its bearer token (only its digest is stored)."""
@@ -348,6 +346,10 @@ class AdapterService:
             params["top_k"] = request.top_k
         if request.stop:
             params["stop"] = request.stop
+        if request.seed is not None:
+            params["sampling_seed"] = request.seed
+        if request.response_format is not None:
+            params["json_schema"] = request.response_format.engine_json_schema()
         return SamplingParams(**params)
 
     def _answer(
@@ -384,7 +386,7 @@ class AdapterService:
         return assistant_message(content, calls), reason
 
     async def chat(self, trajectory_id: str | None, body: Any) -> ChatOutcome:
-        request = parse_chat_request(body)
+        request = parse_chat_request(body, tracked=trajectory_id is not None)
         tmsgs = template_messages(request.messages, self.arguments_as_object)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         if trajectory_id is None:
@@ -413,7 +415,15 @@ class AdapterService:
             async with self.gate.slot() as waited:
                 if waited > 0.001:
                     self.metrics.gate_wait.observe(waited)
-                result, engine = await self.router.generate(tid, plan.input_ids, sampling, rid)
+                result, engine = await self.router.generate(
+                    tid, plan.input_ids, sampling, rid, request.top_logprobs_num
+                )
+        except APIError as exc:
+            if sampling.json_schema is not None and "json_schema" in exc.message:
+                # The engine refused the constraint the request's response_format asked for.
+                exc.param = "response_format"
+                exc.message = f"response_format: {exc.message}"
+            raise
         except NoEngineAvailableError as exc:
             message = f"no inference engine could serve the request: {exc}"
             if runtime is not None:
@@ -466,10 +476,30 @@ class AdapterService:
             message=message,
             finish_reason=reason,
             usage=usage(len(plan.input_ids), len(result.output_ids), result.cached_tokens),
-            stream=request.stream,
+            stream=bool(request.stream),
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
             headers=headers,
+            logprobs=self._logprobs(result) if request.logprobs else None,
         )
+
+    def _logprobs(self, result: GenerateResult) -> dict[str, Any]:
+        """OpenAI ``logprobs`` from what was recorded: every generated token (the stop token
+        and tool-call markup included) with its behaviour logprob, and the engine's top
+        alternatives when ``top_logprobs`` asked for them."""
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.renderer.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        top = result.output_top_logprobs
+        content = []
+        for i, (token_id, logprob) in enumerate(
+            zip(result.output_ids, result.output_logprobs, strict=True)
+        ):
+            item = entry(token_id, logprob)
+            item["top_logprobs"] = [entry(t, lp) for lp, t in top[i]] if top else []
+            content.append(item)
+        return {"content": content, "refusal": None}
 
     # -- views ---------------------------------------------------------------------------------
 

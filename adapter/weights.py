@@ -2,6 +2,8 @@
 
 Protocol of ``POST /admin/weights {model_path, version}`` (DESIGN.md, data flow step 7):
 
+0. check ``model_path`` (:mod:`adapter.checkpoint`): a path that cannot load is a 400 before
+   anything is closed, drained or unloaded;
 1. close the gate: new generate calls wait at it (they are not failed, and nothing is aborted);
 2. drain: wait until every generate call already in flight has returned -- those are the current
    agent steps of running trajectories, and they finish on the old weights;
@@ -25,6 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapter.checkpoint import checkpoint_problem
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
@@ -106,12 +109,14 @@ class WeightCoordinator:
         metrics: AdapterMetrics,
         initial_version: int,
         drain_timeout_s: float,
+        check_model_path: bool = True,
     ) -> None:
         self.router = router
         self.gate = gate
         self.metrics = metrics
         self.state = WeightState(version=initial_version)
         self.drain_timeout_s = drain_timeout_s
+        self.check_model_path = check_model_path
         # One refresh or readmission at a time; `_refresh_pending` makes a second refresh fail
         # fast (409) instead of queueing behind the first.
         self._lock = asyncio.Lock()
@@ -181,6 +186,16 @@ class WeightCoordinator:
                 f"version must increase: current is {self.state.version}, got {version}",
                 code="stale_version",
             )
+        if self.check_model_path:
+            problem = await asyncio.to_thread(checkpoint_problem, model_path)
+            if problem is not None:
+                raise APIError(
+                    400,
+                    f"model_path {model_path!r} is not a loadable checkpoint: {problem}; "
+                    "nothing was drained or unloaded",
+                    code="invalid_model_path",
+                    param="model_path",
+                )
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()

@@ -407,7 +407,14 @@ class ReferenceEngine:
             ]
             if request.top_logprobs_num > 0:
                 meta["input_top_logprobs"] = [None] * len(request.input_logprobs)
-                meta["output_top_logprobs"] = request.output_top
+                meta["output_top_logprobs"] = (
+                    [
+                        [[lp, tok, self.runner.tokenizer.decode([tok])] for lp, tok, _ in row]
+                        for row in request.output_top
+                    ]
+                    if request.return_text_in_logprobs
+                    else request.output_top
+                )
         if finish is not None:
             meta["e2e_latency"] = time.time() - request.created
         return {"text": text, "output_ids": list(request.output_ids), "meta_info": meta}

@@ -9,7 +9,9 @@ SGLang's ``GenerateReqInput``, ``SamplingParams``, ``UpdateWeightFromDiskReqInpu
   ``sampling_params``, ``return_logprob``, ``rid``, ``stream`` and answers
   ``{"text", "output_ids", "meta_info"}`` (a list of those for a batch).
 * ``meta_info.output_token_logprobs`` is a list of ``[logprob, token_id, text_or_null]``
-  (text only with ``return_text_in_logprobs``).
+  (text only with ``return_text_in_logprobs``); with ``top_logprobs_num = k > 0``,
+  ``meta_info.output_top_logprobs`` has one entry per output token: a list of the ``k`` most
+  likely ``[logprob, token_id, text_or_null]``, most likely first (or ``null``).
 * ``meta_info.finish_reason`` is ``{"type": "stop", "matched": int | str}``,
   ``{"type": "length", "length": int}`` or ``{"type": "abort", "message": str}``; it is ``null``
   in streamed chunks until the last one.
@@ -61,6 +63,9 @@ class SamplingParams(BaseModel):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    # Constrained decoding: a JSON schema as a string (what SGLang's OpenAI server sends for
+    # response_format). The reference engine refuses it (see reference_server).
+    json_schema: str | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -150,6 +155,7 @@ class MetaInfo(BaseModel):
     weight_version: str | None = None
     e2e_latency: float | None = None
     output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[list[LogprobEntry] | None] | None = None
 
 
 class GenerateOutput(BaseModel):

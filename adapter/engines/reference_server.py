@@ -8,7 +8,10 @@ fields follow SGLang's ``http_server.py`` / ``io_struct.py``:
 
 ========================================  ===================================================
 ``POST|PUT /generate``                    ``input_ids`` (list or batch) or ``text``,
-                                          ``sampling_params``, ``return_logprob``, ``rid``,
+                                          ``sampling_params``, ``return_logprob``,
+                                          ``logprob_start_len``, ``top_logprobs_num``
+                                          (``meta_info.output_top_logprobs``),
+                                          ``return_text_in_logprobs``, ``rid``,
                                           ``stream`` (SSE ``data: {...}`` chunks with
                                           cumulative output, then ``data: [DONE]``)
 ``POST /update_weights_from_disk``        ``{model_path, weight_version, abort_all_requests,
@@ -34,7 +37,8 @@ Deliberate deviations (documented, none affects fields swerl reads):
   filtering (raw ``log_softmax(logits)`` for greedy requests, or always with
   ``--return-original-logprob`` / ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``). Input logprobs are raw.
 * Unknown ``sampling_params`` keys are a 400 (SGLang fails with a server error); penalties,
-  ``n > 1``, ``min_new_tokens`` and constrained decoding are refused with a 400 unless neutral.
+  ``n > 1``, ``min_new_tokens`` and constrained decoding (``json_schema``, ``regex``, ``ebnf``:
+  there is no grammar backend) are refused with a 400 naming the field unless neutral.
 * ``stream`` with a batch is refused (400); ``abort_request`` matches the rid exactly (SGLang
   also aborts rids that start with it); ``retract`` pauses like ``in_place``.
 

@@ -106,6 +106,8 @@ class GenerateResult:
     cached_tokens: int
     latency_s: float
     engine_latency_s: float | None
+    # With top_logprobs_num = k: per output token, the k most likely (logprob, token id).
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
 
     @property
     def aborted(self) -> bool:
@@ -191,10 +193,17 @@ class SGLangClient:
         sampling: SamplingParams,
         rid: str | None = None,
         return_logprob: bool = True,
+        top_logprobs_num: int = 0,
     ) -> GenerateResult:
-        """Generate from token ids; returns output ids with their behaviour logprobs."""
+        """Generate from token ids; returns output ids with their behaviour logprobs.
+
+        ``top_logprobs_num = k > 0`` (needs ``return_logprob``) also returns, per output token,
+        the ``k`` most likely tokens with their logprobs (SGLang's ``output_top_logprobs``).
+        """
         if not input_ids:
             raise ValueError("input_ids must not be empty")
+        if top_logprobs_num < 0 or (top_logprobs_num and not return_logprob):
+            raise ValueError("top_logprobs_num must be >= 0 and needs return_logprob")
         rid = rid or uuid.uuid4().hex
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
@@ -203,11 +212,13 @@ class SGLangClient:
             "rid": rid,
             "stream": False,
         }
+        if top_logprobs_num:
+            body["top_logprobs_num"] = top_logprobs_num
         started = time.perf_counter()
         payload = await self._json("POST", "/generate", body)
         latency = time.perf_counter() - started
         return parse_generate_output(
-            payload, self.base_url + "/generate", rid, return_logprob, latency
+            payload, self.base_url + "/generate", rid, return_logprob, latency, top_logprobs_num
         )
 
     # ------------------------------------------------------------------ control
@@ -286,7 +297,12 @@ class SGLangClient:
 
 
 def parse_generate_output(
-    payload: Any, url: str, rid: str | None, return_logprob: bool, latency_s: float
+    payload: Any,
+    url: str,
+    rid: str | None,
+    return_logprob: bool,
+    latency_s: float,
+    top_logprobs_num: int = 0,
 ) -> GenerateResult:
     """Validate a non-streamed ``/generate`` answer and turn it into a :class:`GenerateResult`."""
     if not isinstance(payload, dict):
@@ -329,6 +345,11 @@ def parse_generate_output(
         raise EngineProtocolError(
             url, f"completion_tokens={meta.completion_tokens} but {len(output_ids)} output ids"
         )
+    top = (
+        _parse_top_logprobs(meta.output_top_logprobs, len(output_ids), url)
+        if top_logprobs_num
+        else None
+    )
     return GenerateResult(
         rid=meta.id,
         text=output.text,
@@ -340,7 +361,33 @@ def parse_generate_output(
         cached_tokens=meta.cached_tokens,
         latency_s=latency_s,
         engine_latency_s=meta.e2e_latency,
+        output_top_logprobs=top,
     )
+
+
+def _parse_top_logprobs(
+    entries: list[list[list[Any]] | None] | None, n_tokens: int, url: str
+) -> list[list[tuple[float, int]]]:
+    """``meta_info.output_top_logprobs``: one list of ``[logprob, token_id, text]`` per token."""
+    if entries is None:
+        raise EngineProtocolError(
+            url, "top_logprobs_num was set but output_top_logprobs is missing"
+        )
+    if len(entries) != n_tokens:
+        raise EngineProtocolError(
+            url, f"output_top_logprobs has {len(entries)} entries for {n_tokens} output tokens"
+        )
+    parsed: list[list[tuple[float, int]]] = []
+    for i, position in enumerate(entries):
+        row: list[tuple[float, int]] = []
+        for value, token, _text in position or []:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise EngineProtocolError(url, f"output_top_logprobs[{i}] has logprob {value!r}")
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise EngineProtocolError(url, f"output_top_logprobs[{i}] has token id {token!r}")
+            row.append((float(value), token))
+        parsed.append(row)
+    return parsed
 
 
 def _error_text(response: httpx.Response) -> str:

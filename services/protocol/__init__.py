@@ -1,5 +1,6 @@
 """Wire contracts between swerl's parts: trajectory records, tasks and results, instances."""
 
+from services.protocol.ids import ID_RULE, Ident, check_id, id_problem
 from services.protocol.tasks import (
     AgentLimits,
     RolloutRequest,
@@ -19,7 +20,9 @@ from services.protocol.trajectory import (
 )
 
 __all__ = [
+    "ID_RULE",
     "AgentLimits",
+    "Ident",
     "Outcome",
     "OutcomeStatus",
     "ProtocolError",
@@ -32,4 +35,6 @@ __all__ = [
     "TrajectoryMeta",
     "TrajectoryRecord",
     "Turn",
+    "check_id",
+    "id_problem",
 ]

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.protocol.ids import Ident
 from services.protocol.trajectory import Outcome
-
-Ident = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")]
 
 
 class Message(BaseModel):

@@ -23,10 +23,11 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.protocol.ids import Ident
 from services.protocol.packing import float_array, int_array, pack, unpack
 
 TURN_MAGIC = b"SWT1"
@@ -251,14 +252,20 @@ class Outcome(BaseModel):
 
 
 class TrajectoryMeta(BaseModel):
-    """Identifiers of a trajectory; set when it is opened."""
+    """Identifiers of a trajectory; set when it is opened.
 
-    trajectory_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
-    task_id: str = ""
-    batch_id: str = ""
-    group_id: str = ""
-    instance_id: str = ""
-    created_at: float = Field(default_factory=time.time)
+    Unknown keys and mistyped values (``"5"`` for a number) are refused, not coerced: what a
+    caller meant to record but misspelled would otherwise be lost silently.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    trajectory_id: Ident
+    task_id: Ident | Literal[""] = ""
+    batch_id: Ident | Literal[""] = ""
+    group_id: Ident | Literal[""] = ""
+    instance_id: Ident | Literal[""] = ""
+    created_at: float = Field(default_factory=time.time, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -184,3 +184,48 @@ def test_engine_out_of_rotation_during_refresh_is_reloaded_before_readmission(
             "after-readmission", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
         )
         assert response.headers["x-swerl-weight-version"] == str(v)
+
+
+def test_bad_model_path_is_refused_before_anything_drains(
+    adapter: AdapterFactory, engines: EnginePool, model_dir: Path, tmp_path: Path
+) -> None:
+    """A path that cannot load is a 400; the gate never closes, every engine keeps serving."""
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    (truncated / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    (truncated / "model.safetensors").write_bytes(
+        (model_dir / "model.safetensors").read_bytes()[:64]
+    )
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text("{}")
+    with adapter([engines.a.url, engines.b.url]) as a:
+        v = current_version(a)
+        before = [httpx.get(f"{e.url}/model_info").json()["weight_version"] for e in engines.all()]
+        closes: list[bool] = []
+        gate = a.service.gate
+        original_close = gate.close
+        gate.close = lambda: (closes.append(True), original_close())[1]  # type: ignore[method-assign]
+        for bad, fragment in [
+            (tmp_path / "nowhere", "does not exist"),
+            (no_weights, "no weights"),
+            (truncated, "does not fit the file"),
+            ("relative/dir", "absolute"),
+        ]:
+            r = a.http.post(
+                f"{a.url}/admin/weights",
+                json={"model_path": str(bad), "version": v + 1},
+                headers=a.admin(),
+            )
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["code"] == "invalid_model_path" and error["param"] == "model_path"
+            assert fragment in error["message"] and "nothing was drained" in error["message"]
+        assert closes == []
+        health = a.http.get(f"{a.url}/health").json()
+        assert health["engines"] == {engines.a.url: True, engines.b.url: True}
+        assert current_version(a) == v
+        after = [httpx.get(f"{e.url}/model_info").json()["weight_version"] for e in engines.all()]
+        assert after == before
+        response = a.chat(None, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert response.status_code == 200, response.text

@@ -182,6 +182,25 @@ def test_input_and_top_logprobs(
     assert "output_token_logprobs" not in plain["meta_info"]
 
 
+def test_top_logprobs_carry_token_text_when_asked(
+    reference_server: ThreadedReferenceServer, tokenizer: Any
+) -> None:
+    """SGLang's shape: with return_text_in_logprobs every top entry is [logprob, id, text]."""
+    body = {
+        "input_ids": chat_prompt(tokenizer, "text please"),
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0.0},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
+    meta = httpx.post(reference_server.url + "/generate", json=body, timeout=60).json()["meta_info"]
+    assert len(meta["output_top_logprobs"]) == 3
+    for row in meta["output_top_logprobs"]:
+        assert len(row) == 2
+        for _, token, text in row:
+            assert text == tokenizer.decode([token])
+
+
 # ------------------------------------------------------------------------------ wire format
 
 

@@ -273,6 +273,41 @@ def test_health_model_info_and_flush(engine: EngineUnderTest) -> None:
     assert flushed is True
 
 
+def test_top_logprobs_and_constrained_decoding(
+    engine: EngineUnderTest, engine_tokenizer: Any
+) -> None:
+    prompt = prompt_ids(engine_tokenizer, "Pick a token.")
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+
+    async def top() -> GenerateResult:
+        async with SGLangClient(engine.url) as client:
+            return await client.generate(prompt, greedy, top_logprobs_num=3)
+
+    result = run(top())
+    assert result.output_top_logprobs is not None
+    assert len(result.output_top_logprobs) == len(result.output_ids) == 5
+    for row, token, logprob in zip(
+        result.output_top_logprobs, result.output_ids, result.output_logprobs, strict=True
+    ):
+        assert len(row) == 3 and [lp for lp, _ in row] == sorted(
+            (lp for lp, _ in row), reverse=True
+        )
+        assert row[0][1] == token and abs(row[0][0] - logprob) <= 1e-4  # greedy: the top-1
+
+    constrained = SamplingParams(max_new_tokens=16, json_schema='{"type": "object"}')
+
+    async def json_object() -> GenerateResult:
+        async with SGLangClient(engine.url) as client:
+            return await client.generate(prompt, constrained)
+
+    if engine.is_reference:  # no grammar backend: refused, naming the field it received
+        with pytest.raises(EngineRequestError, match="json_schema") as err:
+            run(json_object())
+        assert err.value.status == 400
+    else:
+        assert run(json_object()).text.lstrip().startswith("{")
+
+
 def test_bad_requests_are_4xx(engine: EngineUnderTest, engine_tokenizer: Any) -> None:
     context = 4096 if engine.is_reference else 1_000_000
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,13 +45,13 @@ def openhands_like_body() -> dict[str, Any]:
         "tool_choice": "auto",
         "max_completion_tokens": 64,
         "prompt_cache_key": "conv-1",
-        "reasoning_effort": "high",
         "temperature": 0.7,
         "top_p": 0.9,
+        "top_k": 20.0,  # litellm sends top_k as a float
         "seed": 3,
-        "presence_penalty": 0.1,
+        "presence_penalty": 0.0,
         "parallel_tool_calls": True,
-        "extra_body": {"anything": 1},
+        "user": "agent-7",
     }
 
 
@@ -187,3 +188,107 @@ def test_stream_chunks_follow_openai_format() -> None:
     assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"a": 1}
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "openhands_requests"
+
+
+@pytest.mark.parametrize("name", ["basic_00", "basic_01", "basic_02", "errors_04"])
+def test_captured_openhands_requests_are_accepted(name: str) -> None:
+    """What the SDK really sends with swerl's capability overrides passes the strict schema."""
+    body = json.loads((SAMPLES / f"{name}.json").read_text())["request"]["body"]
+    request = parse_chat_request(body, tracked=True)
+    assert request.top_k == 20 and request.prompt_cache_key
+
+
+def test_sdk_without_overrides_is_told_about_reasoning_effort() -> None:
+    body = json.loads((SAMPLES / "no_overrides_00.json").read_text())["request"]["body"]
+    with pytest.raises(APIError) as info:
+        parse_chat_request(body)
+    assert info.value.param == "reasoning_effort"
+    assert "reasoning_effort" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 5.5}, "max_tokens"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"top_k": "20"}, "top_k"),
+        ({"stream": 1}, "stream"),
+        ({"stream": "true"}, "stream"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"n": "1"}, "n"),
+        ({"seed": -1}, "seed"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"extra_body": {"top_k": 5}}, "extra_body"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"presence_penalty": 0.1}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"store": True}, "store"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ],
+)
+def test_every_field_is_honoured_or_refused_by_name(patch: dict[str, Any], param: str) -> None:
+    body = {**openhands_like_body(), **patch}
+    with pytest.raises(APIError) as info:
+        parse_chat_request(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert param in info.value.message
+
+
+def test_neutral_values_and_metadata_are_accepted() -> None:
+    body = {
+        **openhands_like_body(),
+        "frequency_penalty": 0,
+        "logit_bias": {},
+        "store": False,
+        "modalities": ["text"],
+        "metadata": {"run": "1"},
+        "safety_identifier": "u1",
+        "service_tier": "auto",
+        "max_tokens": 5.0,  # a JSON number with a zero fraction is an integer
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "top_logprobs": 3,
+        "response_format": {"type": "text"},
+    }
+    request = parse_chat_request(body, tracked=True)
+    assert request.max_tokens == 5 and request.top_logprobs_num == 3
+
+
+def test_response_format_maps_to_sglang_json_schema_on_untracked_routes_only() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    request = parse_chat_request({**openhands_like_body(), "response_format": fmt})
+    assert request.response_format is not None
+    assert json.loads(request.response_format.engine_json_schema() or "") == schema
+    as_object = parse_chat_request(
+        {**openhands_like_body(), "response_format": {"type": "json_object"}}
+    )
+    assert as_object.response_format is not None
+    assert as_object.response_format.engine_json_schema() == '{"type": "object"}'
+    for constrained in (fmt, {"type": "json_object"}):
+        with pytest.raises(APIError) as info:
+            parse_chat_request({**openhands_like_body(), "response_format": constrained}, True)
+        assert info.value.param == "response_format"
+        assert "recorded behaviour logprobs" in info.value.message

@@ -243,3 +243,45 @@ def test_sampling_params_wire_form_omits_defaults() -> None:
     assert SamplingParams().to_wire() == {}
     assert SamplingParams(temperature=0.0, stop="x").to_wire() == {"temperature": 0.0, "stop": "x"}
     assert SamplingParams(temperature=0.0).is_greedy and SamplingParams(top_k=1).is_greedy
+
+
+def test_top_logprobs_are_requested_and_parsed() -> None:
+    seen: list[dict[str, Any]] = []
+    answer = good_answer()
+    top = [[[-0.1, 5, None], [-2.0, 8, None]], [[-0.2, 7, "x"], [-3.0, 1, "y"]], None]
+    answer["meta_info"]["output_top_logprobs"] = top
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=answer)
+
+    sampling = SamplingParams(max_new_tokens=3, json_schema='{"type": "object"}')
+    result = run(client_for(handler).generate([1, 2], sampling, rid="r1", top_logprobs_num=2))
+    assert seen[0]["top_logprobs_num"] == 2 and seen[0]["return_logprob"] is True
+    assert seen[0]["sampling_params"]["json_schema"] == '{"type": "object"}'
+    assert result.output_top_logprobs == [[(-0.1, 5), (-2.0, 8)], [(-0.2, 7), (-3.0, 1)], []]
+    plain = run(
+        client_for(lambda r: httpx.Response(200, json=good_answer())).generate(
+            [1], sampling, rid="r1"
+        )
+    )
+    assert plain.output_top_logprobs is None
+    with pytest.raises(ValueError, match="top_logprobs_num"):
+        run(client_for(handler).generate([1], sampling, return_logprob=False, top_logprobs_num=2))
+
+
+@pytest.mark.parametrize(
+    ("top", "fragment"),
+    [
+        (None, "output_top_logprobs is missing"),
+        ([[[-0.1, 5, None]]], "1 entries for 3 output tokens"),
+        ([[[-0.1, "5", None]]] * 3, "token id"),
+        ([[["x", 5, None]]] * 3, "logprob"),
+    ],
+)
+def test_malformed_top_logprobs_are_protocol_errors(top: Any, fragment: str) -> None:
+    answer = good_answer()
+    answer["meta_info"]["output_top_logprobs"] = top
+    client = client_for(lambda r: httpx.Response(200, json=answer))
+    with pytest.raises(EngineProtocolError, match=fragment):
+        run(client.generate([1, 2], SamplingParams(), rid="r1", top_logprobs_num=1))
