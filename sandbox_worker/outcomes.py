@@ -14,6 +14,10 @@ agent run ended with (:class:`EndReason`)  status           reward
 ``cancelled``                              ``aborted``      none (reason: the cancel's reason)
 =========================================  ===============  ===================================
 
+An ``agent_server_error`` after the policy's first tool call, in a sandbox that still answers,
+is graded as ``agent_error`` (the trajectory runner re-attributes it: the policy's shell can
+kill its own server, and an excluded abort would reward doing so).
+
 Any infrastructure failure around the agent (sandbox not created, image missing, wrong image,
 sandbox lost, evaluation infrastructure failed, the adapter unreachable or having recorded an
 abort itself) is ``aborted`` with its reason, whatever the agent did.

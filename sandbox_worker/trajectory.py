@@ -31,7 +31,7 @@ import logging
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from sandbox_worker.adapter_client import (
@@ -53,7 +53,7 @@ from sandbox_worker.backends.base import (
 from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.openhands.config import OpenHandsConfig
 from sandbox_worker.openhands.prompt import build_swe_prompt
-from sandbox_worker.openhands.result import AgentRunResult
+from sandbox_worker.openhands.result import AgentRunResult, EndReason
 from sandbox_worker.openhands.server import AgentServerBundle, run_agent_in_sandbox
 from sandbox_worker.outcomes import (
     abort_reason_of_end,
@@ -354,6 +354,7 @@ class SandboxTrajectoryRunner:
             run.timed("agent", t0)
             run.durations["conversation"] = round(result.duration_s, 3)
             run.report["agent"] = _agent_report(result)
+            result = self._attribute_server_loss(sandbox, result, run)
             if status_of_end(result.end_reason) is None or run.ctx.cancel.is_set():
                 cancel_reason = run.ctx.cancel.reason if run.ctx.cancel.is_set() else None
                 if cancel_reason is not None:
@@ -381,16 +382,33 @@ class SandboxTrajectoryRunner:
                 raise _Abort(f"adapter: {kept.abort_reason}")
         return result
 
+    def _attribute_server_loss(
+        self, sandbox: Sandbox, result: AgentRunResult, run: _Run
+    ) -> AgentRunResult:
+        """An agent server lost *after* the policy ran tools, in a sandbox that still answers, is
+        the policy's doing: its shell shares the sandbox with the server and can kill, stop or
+        starve it. Excluding such runs as infrastructure failures would teach the policy to
+        kill its server whenever a trajectory goes badly (a 0 turned into an excluded abort),
+        so they are graded like an agent error on whatever patch exists. A server that never
+        ran a tool call, or a sandbox that no longer answers, stays an infrastructure abort."""
+        if result.end_reason is not EndReason.AGENT_SERVER_ERROR:
+            return result
+        if result.summary.n_tool_calls == 0 or not _sandbox_alive(sandbox):
+            return result
+        run.report["agent"]["attributed_to_policy"] = True
+        return replace(
+            result,
+            end_reason=EndReason.AGENT_ERROR,
+            error=f"agent server lost after the policy's tool calls: {result.error}",
+        )
+
     def _extract_patch(self, sandbox: Sandbox, base: DiffBase, run: _Run) -> str:
         """The agent's patch. A repository the agent broke gives an empty patch (its doing,
         graded as such); a sandbox that no longer answers is an infrastructure failure."""
         try:
             return sandbox.diff(base.commit, self.settings.workdir)
         except SandboxInfraError as exc:
-            try:
-                alive = sandbox.exec("true", timeout_s=30).exit_code == 0
-            except (SandboxInfraError, OSError):
-                alive = False
+            alive = _sandbox_alive(sandbox)
             if not alive:
                 raise _Abort(f"sandbox lost before the patch was extracted: {exc}") from exc
             run.report["patch_error"] = str(exc)[:1000]
@@ -427,6 +445,14 @@ class SandboxTrajectoryRunner:
         """Release the adapter connection pool (the hub and backend belong to the caller)."""
         with contextlib.suppress(Exception):
             self.adapter.close_connection()
+
+
+def _sandbox_alive(sandbox: Sandbox) -> bool:
+    """Whether the sandbox still runs a command (the runner's test for "sandbox lost")."""
+    try:
+        return sandbox.exec("true", timeout_s=30).exit_code == 0
+    except (SandboxInfraError, OSError):
+        return False
 
 
 def _agent_report(result: AgentRunResult) -> dict[str, Any]:

@@ -31,6 +31,7 @@ def agent(
     action: Callable[[Sandbox], None] | None = None,
     error: str | None = None,
     calls: list[dict[str, Any]] | None = None,
+    tool_calls: int = 0,
 ) -> Callable[..., AgentRunResult]:
     """A fake ``run_agent_in_sandbox``: runs ``action`` on the sandbox, ends with ``end``."""
 
@@ -41,7 +42,8 @@ def agent(
                           "limits": limits, "sampling": sampling, **kw})  # fmt: skip
         if action is not None:
             action(sandbox)
-        return AgentRunResult(end, 3, 0.5, error, "finished", EventSummary(n_steps=3))
+        summary = EventSummary(n_steps=3, n_tool_calls=tool_calls)
+        return AgentRunResult(end, 3, 0.5, error, "finished", summary)
 
     return run
 
@@ -135,6 +137,36 @@ def test_infrastructure_endings_are_aborted_without_evaluation(
     assert outcome.abort_reason == f"{end.value}: boom"
     final = harness.adapter.closes[-1][1]
     assert final is not None and final.status is OutcomeStatus.ABORTED
+
+
+def test_agent_server_lost_after_tool_calls_is_graded_not_aborted(harness: Harness) -> None:
+    # The policy's shell shares the sandbox with the agent server: `kill` of the server after a
+    # failing attempt must not turn its 0 into an excluded infrastructure failure.
+    def fail_then_kill(sandbox: Sandbox) -> None:
+        sandbox.write_file(f"{harness.settings.workdir}/notes.txt", b"giving up\n")
+
+    runner = harness.runner(
+        agent(EndReason.AGENT_SERVER_ERROR, fail_then_kill, error="server gone", tool_calls=2)
+    )
+    outcome = runner.run(make_task(), make_ctx())
+    assert (outcome.status, outcome.reward) == (OutcomeStatus.ERROR, 0.0)
+    assert "notes.txt" in outcome.patch  # graded on what the agent left
+    agent_report = outcome.test_report["agent"]
+    assert agent_report["end_reason"] == "agent_server_error"
+    assert agent_report["attributed_to_policy"] is True
+
+
+def test_agent_server_lost_with_the_sandbox_is_aborted(harness: Harness) -> None:
+    def lose_sandbox(sandbox: Sandbox) -> None:
+        sandbox.destroy()  # the sandbox itself is gone: not the policy's doing
+
+    runner = harness.runner(
+        agent(EndReason.AGENT_SERVER_ERROR, lose_sandbox, error="gone", tool_calls=2),
+        eval_fn=no_eval,
+    )
+    outcome = runner.run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None
+    assert outcome.abort_reason == "agent_server_error: gone"
 
 
 @pytest.mark.parametrize("reason", ["cancelled", SHUTDOWN])
