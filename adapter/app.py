@@ -11,6 +11,9 @@
 ``GET  /trajectories/{id}``                     the record as JSON
 ``GET  /trajectories/{id}/raw``                 the binary entries, each ``u32 LE length + bytes``
 ``POST /admin/weights``                         ``{model_path, version}``, bearer token
+``POST /admin/weights/group``                   engines join the trainer's broadcast group
+``POST /admin/weights/distributed``             ``{version, group_name, buckets}``: refresh by
+                                                broadcast (:mod:`adapter.weight_sync`)
 ``GET  /admin/versions``                        versions of the adapter and each engine, token
 ``GET  /health``, ``GET /metrics``              liveness, Prometheus text
 ==============================================  ================================================
@@ -38,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from adapter.errors import APIError
 from adapter.openai_schema import completion_response, stream_chunks
 from adapter.service import AdapterService, ChatOutcome
+from adapter.weight_sync import DistributedRefreshRequest, DistributedWeights, GroupRequest
 from services.protocol import Outcome, TrajectoryMeta
 
 log = logging.getLogger("adapter.app")
@@ -250,6 +254,22 @@ def create_app(service: AdapterService) -> FastAPI:
         require_admin(request)
         body: RefreshRequest = _model(RefreshRequest, await _json_body(request))
         return await service.weights.refresh(body.model_path, body.version)
+
+    distributed = DistributedWeights(service.router, service.weights)
+
+    @app.post("/admin/weights/group")
+    async def weights_group(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        body: GroupRequest = _model(GroupRequest, await _json_body(request))
+        return await distributed.init_group(body)
+
+    @app.post("/admin/weights/distributed")
+    async def weights_distributed(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        body: DistributedRefreshRequest = _model(
+            DistributedRefreshRequest, await _json_body(request)
+        )
+        return await distributed.refresh(body)
 
     @app.get("/admin/versions")
     async def versions(request: Request) -> dict[str, Any]:
