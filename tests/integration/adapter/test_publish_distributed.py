@@ -150,3 +150,49 @@ def test_a_mismatched_tensor_is_refused_and_the_old_weights_keep_serving(
             assert_serves(two_engines, backend, backend.version)
         finally:
             publisher.close()
+
+
+def test_bad_distributed_requests_are_refused_before_any_broadcast(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer]
+) -> None:
+    import httpx
+
+    engine = two_engines[0].url
+    bucket = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[4]]}
+    # The engine: an unknown group, lists of different lengths, a non-float dtype -> 400.
+    cases = [
+        ({**bucket, "group_name": "never-made"}, "no weight update group 'never-made'"),
+        ({**bucket, "dtypes": [], "group_name": "never-made"}, "differ in length"),
+    ]
+    for body, needle in cases:
+        r = httpx.post(f"{engine}/update_weights_from_distributed", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["success"] is False
+        assert needle in r.json()["message"]
+    r = httpx.post(
+        f"{engine}/init_weights_update_group",
+        json={
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 3,
+            "world_size": 3,
+            "backend": "gloo",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 400 and "rank_offset 3 must be < world_size 3" in r.json()["message"]
+    with adapter(engines=[e.url for e in two_engines]) as a:
+        current = versions(a)["current_version"]
+        group = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+        r = a.http.post(f"{a.url}/admin/weights/group", json=group, headers=a.admin())
+        assert r.status_code == 400
+        assert "world_size must be 1 (trainer) + 2 engines" in r.json()["error"]["message"]
+        body = {"version": current + 1, "group_name": "nope", "buckets": [bucket]}
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=body, headers=a.admin())
+        assert r.status_code == 409 and "no weight update group 'nope'" in r.text
+        bad = {**body, "buckets": [{**bucket, "shapes": [[4], [4]]}]}
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=bad, headers=a.admin())
+        assert r.status_code == 400 and "differ in length" in r.text
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=body)
+        assert r.status_code == 401  # the admin token is required
+        assert versions(a)["current_version"] == current
+        assert a.service.gate.is_open
