@@ -24,15 +24,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,41 +38,12 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from adapter.engines.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.support.engines import free_port, launch_reference_server  # noqa: E402
+from bench.bench_adapter import ADMIN_TOKEN, start_adapter  # noqa: E402
+from tests.support.engines import launch_reference_server  # noqa: E402
 from tests.support.redis import start_redis, stop_redis  # noqa: E402
 from trainer.backends.torch_backend import TorchBackend  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.publish import PublishConfig, PublishResult, make_publisher  # noqa: E402
-
-ADMIN_TOKEN = "bench-token"
-
-
-def start_adapter(engines: list[str], model_dir: Path, redis_url: str, log: Path) -> Any:
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "adapter", "--engines", ",".join(engines),
-                "--model", str(model_dir), "--redis", redis_url, "--port", str(port),
-                "--admin-token", ADMIN_TOKEN, "--log-level", "warning",
-            ],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"adapter exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise RuntimeError(f"adapter did not start:\n{log.read_text()}")
-        time.sleep(0.2)
 
 
 def move_weights(backend: TorchBackend, seed: int) -> None:
@@ -123,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             engines = list(
                 pool.map(lambda _: launch_reference_server(model_dir, None, "0", (), work), [0, 1])
             )
-        adapter, url = start_adapter([e.url for e in engines], model_dir, store.url, work / "a.log")
+        adapter, url = start_adapter(
+            ",".join(e.url for e in engines), model_dir, store.url, work / "a.log"
+        )
         backend = TorchBackend(TrainerConfig(model=str(model_dir)))
         megabytes = sum(t.numel() * t.element_size() for _, t in backend.named_weights()) / 2**20
         figures: dict[str, Any] = {"model_mb": megabytes, "engines": 2, "rounds": args.rounds}
