@@ -64,8 +64,10 @@ class DistributedReceiver:
             raise DistributedUpdateError(
                 f"rank_offset {request.rank_offset} must be < world_size {request.world_size}"
             )
-        if request.backend not in ("gloo", "nccl"):
-            raise DistributedUpdateError(f"backend {request.backend!r} is not gloo or nccl")
+        if request.backend != "gloo":
+            raise DistributedUpdateError(
+                f"backend {request.backend!r}: the reference engine runs on the CPU, use gloo"
+            )
         try:
             group = open_group(
                 master_address=request.master_address,

@@ -53,12 +53,19 @@ def two_engines(model_dir: Path) -> Iterator[list[ReferenceServer]]:
             server.stop()
 
 
-def config(url: str, bucket_mb: float) -> PublishConfig:
+def config(url: str, bucket_mb: float, weights_dir: Path | None = None) -> PublishConfig:
     return PublishConfig(
         transport="distributed",
         adapter_url=url,
         admin_token=ADMIN_TOKEN,
-        distributed={"backend": "gloo", "bucket_mb": bucket_mb, "timeout_s": 120},
+        weights_dir=str(weights_dir or ""),
+        keep_last=1,
+        distributed={
+            "backend": "gloo",
+            "bucket_mb": bucket_mb,
+            "timeout_s": 120,
+            "export_to_disk": weights_dir is not None,
+        },
     )
 
 
@@ -81,12 +88,13 @@ def assert_serves(engines: list[ReferenceServer], backend: TorchBackend, version
 
 
 def test_broadcast_publishes_to_every_engine(
-    adapter: AdapterFactory, two_engines: list[ReferenceServer]
+    adapter: AdapterFactory, two_engines: list[ReferenceServer], tmp_path: Path
 ) -> None:
     with adapter(engines=[e.url for e in two_engines]) as a:
         backend = trainer(Path(a.service.config.model))
         backend.version = versions(a)["current_version"]
-        publisher = make_publisher(config(a.url, bucket_mb=0.25))
+        # export_to_disk: each version also lands in v<N>/, the adapter's path for readmissions.
+        publisher = make_publisher(config(a.url, bucket_mb=0.25, weights_dir=tmp_path))
         assert isinstance(publisher, DistributedPublisher)
         try:
             for seed in (1, 2):
@@ -98,6 +106,9 @@ def test_broadcast_publishes_to_every_engine(
                 reports = result.adapter["engines"]
                 assert all(len(r["bucket_s"]) == len(result.bucket_s) for r in reports.values())
                 assert_serves(two_engines, backend, backend.version)
+                assert result.model_path == str(tmp_path / f"v{backend.version}")
+                assert versions(a)["model_path"] == result.model_path
+            assert [p.name for p in tmp_path.iterdir()] == [f"v{backend.version}"]  # keep_last 1
         finally:
             publisher.close()
 

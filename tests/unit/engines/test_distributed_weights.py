@@ -109,6 +109,11 @@ def test_malformed_requests_are_refused_without_joining_a_broadcast(runner: Mode
     odd = request(bucket, "nope").model_copy(update={"dtypes": []})
     with pytest.raises(DistributedUpdateError, match="differ in length"):
         receiver.receive(odd)
+    nccl = InitWeightsUpdateGroupRequest(
+        master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, backend="nccl"
+    )
+    with pytest.raises(DistributedUpdateError, match="runs on the CPU, use gloo"):
+        receiver.init_group(nccl)
 
 
 def test_buckets_hold_consecutive_tensors_up_to_the_size() -> None:
