@@ -33,6 +33,14 @@ class DiskPublisher:
             return None
         path = export_version(backend, self.config.weights_dir, version)
         exported = time.perf_counter()
+        served = self.admin.versions()
+        if served["current_version"] == version and served["model_path"] == str(path):
+            # The same version with the same weights (export_version checked the checksum) is
+            # served already: a trainer resumed from an older checkpoint re-publishes. No-op.
+            timings = dict.fromkeys(("transfer", "refresh", "gate_closed", "drain"), 0.0)
+            timings.update(engine_load=0.0, export=exported - started)
+            timings["total"] = time.perf_counter() - started
+            return PublishResult(version, "disk", str(path), timings, {"idempotent": True})
         summary = self.admin.refresh_from_disk(str(path), version)
         refreshed = time.perf_counter()
         pruned = prune_versions(

@@ -80,6 +80,9 @@ def test_a_refused_publish_keeps_the_previous_version_serving(
         ):
             publisher.publish(backend)
         backend.actor.load_state_dict(published)
+        backend.version = 1  # the published version and weights again: idempotent
+        again = publisher.publish(backend)
+        assert again is not None and again.adapter == {"idempotent": True}
         output, logprobs, version = served(engine.url)
         assert version == "1"
         assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
