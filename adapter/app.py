@@ -14,6 +14,9 @@
 ``GET  /trajectories/{id}``                     the record as JSON; worker token
 ``GET  /trajectories/{id}/raw``                 the binary entries, each ``u32 LE length + bytes``
 ``POST /admin/weights``                         ``{model_path, version}``, admin token
+``POST /admin/weights/group``                   engines join the trainer's broadcast group; admin
+``POST /admin/weights/distributed``             ``{version, group_name, buckets}``: refresh by
+                                                broadcast (:mod:`adapter.weight_sync`); admin
 ``GET  /admin/versions``                        versions of the adapter and each engine, admin
 ``GET  /health``, ``GET /metrics``              liveness, Prometheus text
 ==============================================  ================================================
@@ -45,6 +48,7 @@ from adapter.errors import APIError
 from adapter.hygiene import decode_json
 from adapter.openai_schema import ChatCompletionRequest, completion_response, stream_chunks
 from adapter.service import AdapterService, ChatOutcome
+from adapter.weight_sync import DistributedRefreshRequest, DistributedWeights, GroupRequest
 from services.protocol import Outcome, TrajectoryMeta
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
@@ -270,6 +274,22 @@ def create_app(service: AdapterService) -> FastAPI:
         require_admin(request)
         body: RefreshRequest = _model(RefreshRequest, await _json_body(request))
         return await service.weights.refresh(body.model_path, body.version)
+
+    distributed = DistributedWeights(service.router, service.weights)
+
+    @app.post("/admin/weights/group")
+    async def weights_group(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        body: GroupRequest = _model(GroupRequest, await _json_body(request))
+        return await distributed.init_group(body)
+
+    @app.post("/admin/weights/distributed")
+    async def weights_distributed(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        body: DistributedRefreshRequest = _model(
+            DistributedRefreshRequest, await _json_body(request)
+        )
+        return await distributed.refresh(body)
 
     @app.get("/admin/versions")
     async def versions(request: Request) -> dict[str, Any]:

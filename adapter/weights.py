@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +33,9 @@ from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
 
 log = logging.getLogger("adapter.weights")
+
+# Loads the new weights into one engine: {"ok": bool, "error"?: str, "load_s": float, ...}.
+EngineLoader = Callable[[Engine], Awaitable[dict[str, Any]]]
 
 
 class RefreshGate:
@@ -169,24 +172,40 @@ class WeightCoordinator:
             out["error"] = f"engine reports weight_version {reported!r} after loading {version}"
         return out
 
-    async def refresh(self, model_path: str, version: int) -> dict[str, Any]:
+    async def refresh(
+        self,
+        model_path: str | None,
+        version: int,
+        loader: EngineLoader | None = None,
+        check: Callable[[list[Engine]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Step-mode refresh. ``loader`` loads one engine (default: from ``model_path`` on
+        disk); ``check(engines)`` validates before the gate closes (raise APIError to refuse).
+        ``model_path`` may be None for a transport without a disk copy (no reload on
+        readmission then)."""
         if self._refresh_pending:
             raise APIError(409, "a weight refresh is already in progress", code="refresh_busy")
         self._refresh_pending = True
         try:
             async with self._lock:
-                return await self._refresh_locked(model_path, version)
+                return await self._refresh_locked(model_path, version, loader, check)
         finally:
             self._refresh_pending = False
 
-    async def _refresh_locked(self, model_path: str, version: int) -> dict[str, Any]:
+    async def _refresh_locked(
+        self,
+        model_path: str | None,
+        version: int,
+        loader: EngineLoader | None,
+        check: Callable[[list[Engine]], None] | None,
+    ) -> dict[str, Any]:
         if version <= self.state.version:
             raise APIError(
                 409,
                 f"version must increase: current is {self.state.version}, got {version}",
                 code="stale_version",
             )
-        if self.check_model_path:
+        if self.check_model_path and model_path is not None:
             problem = await asyncio.to_thread(checkpoint_problem, model_path)
             if problem is not None:
                 raise APIError(
@@ -196,6 +215,14 @@ class WeightCoordinator:
                     code="invalid_model_path",
                     param="model_path",
                 )
+        if check is not None:
+            check(self.router.healthy())
+        if loader is None:
+            assert model_path is not None
+
+            async def loader(engine: Engine) -> dict[str, Any]:
+                return await self._load(engine, model_path, version)
+
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
@@ -210,7 +237,7 @@ class WeightCoordinator:
                 ) from None
             drained_at = time.perf_counter()
             engines = self.router.healthy()
-            results = await asyncio.gather(*(self._load(e, model_path, version) for e in engines))
+            results = await asyncio.gather(*(loader(e) for e in engines))
             loaded_at = time.perf_counter()
             report = {e.url: r for e, r in zip(engines, results, strict=True)}
             for engine, result in zip(engines, results, strict=True):
@@ -223,7 +250,7 @@ class WeightCoordinator:
                     code="refresh_failed",
                 )
             self.state.version = version
-            self.state.model_path = model_path
+            self.state.model_path = model_path  # None: no disk copy of this version
             self.state.refreshes += 1
         finally:
             self.gate.reopen()

@@ -390,6 +390,14 @@ class ModelRunner:
                 raise WeightLoadError(f"tensor {name} is not a finite floating-point tensor")
         return tensors
 
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the tensors a weight update may name (tied aliases excluded)."""
+        return {
+            name: tuple(tensor.shape)
+            for name, tensor in self.model.state_dict().items()
+            if name not in self._tied_keys
+        }
+
     @torch.inference_mode()
     def apply_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         state = self.model.state_dict()

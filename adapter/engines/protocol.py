@@ -188,6 +188,45 @@ class UpdateWeightsResult(BaseModel):
     num_paused_requests: int | None = 0
 
 
+class InitWeightsUpdateGroupRequest(BaseModel):
+    """Body of ``POST /init_weights_update_group`` (SGLang ``InitWeightsUpdateGroupReqInput``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(BaseModel):
+    """Body of ``POST /update_weights_from_distributed`` (SGLang
+    ``UpdateWeightsFromDistributedReqInput``): one bucket of tensors that rank 0 broadcasts,
+    in this order, while the call runs."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+
+
+class WeightsUpdateGroupResult(BaseModel):
+    """Answer of both distributed weight routes: ``{success, message}``, 200 or 400."""
+
+    model_config = ConfigDict(extra="allow")
+
+    success: bool
+    message: str
+
+
 PauseMode = Literal["abort", "retract", "in_place"]
 
 

@@ -17,6 +17,12 @@ fields follow SGLang's ``http_server.py`` / ``io_struct.py``:
 ``POST /update_weights_from_disk``        ``{model_path, weight_version, abort_all_requests,
                                           flush_cache}`` -> ``{success, message,
                                           num_paused_requests}``, 200 or 400
+``POST /init_weights_update_group``       ``{master_address, master_port, rank_offset,
+                                          world_size, group_name, backend}`` -> ``{success,
+                                          message}`` (joins a gloo/nccl broadcast group)
+``POST /update_weights_from_distributed``  ``{names, dtypes, shapes, group_name, flush_cache,
+                                          weight_version}`` -> ``{success, message}``; see
+                                          :mod:`adapter.engines.distributed_weights`
 ``POST /pause_generation``                ``{mode: abort | in_place | retract}``
 ``POST /continue_generation``             ``{}``
 ``POST /abort_request``                   ``{rid, abort_all}`` -> empty 200
@@ -67,6 +73,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from adapter.engines.distributed_weights import DistributedReceiver, DistributedUpdateError
 from adapter.engines.engine import EngineRequest, ReferenceEngine
 from adapter.engines.model_runner import ModelRunner, WeightLoadError
 from adapter.engines.protocol import (
@@ -74,9 +81,11 @@ from adapter.engines.protocol import (
     NEUTRAL_SAMPLING_DEFAULTS,
     AbortRequest,
     GenerateRequest,
+    InitWeightsUpdateGroupRequest,
     PauseGenerationRequest,
     SamplingParams,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
 )
 from adapter.engines.script import ScriptBook, ScriptError
 
@@ -96,6 +105,7 @@ class ServerState:
     runner: ModelRunner
     model_path: str
     script: ScriptBook | None
+    receiver: DistributedReceiver | None = None
 
 
 def error_response(message: str, status: int = HTTPStatus.BAD_REQUEST) -> JSONResponse:
@@ -454,6 +464,8 @@ def create_app(state: ServerState) -> FastAPI:
         content = {"success": success, "message": message, "num_paused_requests": paused}
         return JSONResponse(content, status_code=200 if success else HTTPStatus.BAD_REQUEST)
 
+    add_distributed_weight_routes(app, state)
+
     @app.post("/pause_generation")
     async def pause_generation(body: PauseGenerationRequest) -> JSONResponse:
         await asyncio.wrap_future(state.engine.pause(body.mode))
@@ -485,6 +497,52 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(content=FLUSH_CACHE_TEXT, status_code=200 if ok else 400)
 
     return app
+
+
+def _group_result(success: bool, message: str) -> JSONResponse:
+    content = {"success": success, "message": message}
+    return JSONResponse(content, status_code=200 if success else HTTPStatus.BAD_REQUEST)
+
+
+def add_distributed_weight_routes(app: FastAPI, state: ServerState) -> None:
+    """SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``."""
+    if state.receiver is None:
+        state.receiver = DistributedReceiver(state.runner)
+    receiver = state.receiver
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        try:
+            message = await asyncio.to_thread(receiver.init_group, body)
+        except DistributedUpdateError as exc:
+            return _group_result(False, str(exc))
+        return _group_result(True, message)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(
+        body: UpdateWeightsFromDistributedRequest,
+    ) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            tensors = await asyncio.to_thread(receiver.receive, body)
+        except DistributedUpdateError as exc:
+            return _group_result(False, str(exc))
+        except Exception as exc:  # a broken broadcast (peer gone, timeout)
+            return _group_result(False, f"broadcast failed: {type(exc).__name__}: {exc}")
+        if tensors is None:
+            return _group_result(True, f"Staged {len(body.names)} tensors (no weight_version).")
+        future = state.engine.update_weights(
+            tensors, body.weight_version, body.abort_all_requests, body.flush_cache
+        )
+        success, message, _ = await asyncio.wrap_future(future)
+        logger.info(
+            "update_weights_from_distributed %d tensors -> %s (%.3f s): %s",
+            len(tensors),
+            state.engine.weight_version,
+            time.perf_counter() - started,
+            message,
+        )
+        return _group_result(success, message)
 
 
 # ---------------------------------------------------------------------------- CLI

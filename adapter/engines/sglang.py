@@ -39,6 +39,7 @@ from adapter.engines.protocol import (
     PauseMode,
     SamplingParams,
     UpdateWeightsResult,
+    WeightsUpdateGroupResult,
 )
 
 __all__ = [
@@ -233,7 +234,67 @@ class SGLangClient:
         body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
         if weight_version is not None:
             body["weight_version"] = weight_version
-        url = self.base_url + "/update_weights_from_disk"
+        result = await self._weights_call("/update_weights_from_disk", body, UpdateWeightsResult)
+        assert isinstance(result, UpdateWeightsResult)
+        return result
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> WeightsUpdateGroupResult:
+        """Join the trainer's broadcast group (blocks until every member joined)."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        result = await self._weights_call(
+            "/init_weights_update_group", body, WeightsUpdateGroupResult
+        )
+        assert isinstance(result, WeightsUpdateGroupResult)
+        return result
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> WeightsUpdateGroupResult:
+        """Receive one bucket that the trainer broadcasts while this call runs."""
+        body: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        result = await self._weights_call(
+            "/update_weights_from_distributed", body, WeightsUpdateGroupResult
+        )
+        assert isinstance(result, WeightsUpdateGroupResult)
+        return result
+
+    async def _weights_call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        answer: type[UpdateWeightsResult] | type[WeightsUpdateGroupResult],
+    ) -> UpdateWeightsResult | WeightsUpdateGroupResult:
+        """POST a weight-control call; ``{success: false}`` or a 4xx -> EngineRequestError."""
+        url = self.base_url + path
         try:
             response = await self._client.post(url, json=body)
         except httpx.TimeoutException as exc:
@@ -245,7 +306,7 @@ class SGLangClient:
                 url, f"HTTP {response.status_code}: {_error_text(response)}", response.status_code
             )
         try:
-            result = UpdateWeightsResult.model_validate(response.json())
+            result = answer.model_validate(response.json())
         except (json.JSONDecodeError, ValidationError) as exc:
             if response.status_code >= 400:
                 raise EngineRequestError(url, _error_text(response), response.status_code) from exc

@@ -1,0 +1,89 @@
+"""Disk transport (issue 11): trainer -> v<N>/ export -> adapter /admin/weights -> engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
+from tests.integration.adapter.publish_support import (
+    max_gap,
+    move_weights,
+    recomputed,
+    served,
+    trainer,
+)
+from tests.support.engines import reference_server_in_thread
+from trainer.publish import DiskPublisher, PublishConfig, PublishError, make_publisher
+
+
+def config(url: str, weights_dir: Path, keep: int) -> PublishConfig:
+    return PublishConfig(
+        adapter_url=url, admin_token=ADMIN_TOKEN, weights_dir=str(weights_dir), keep_last=keep
+    )
+
+
+def test_published_versions_are_served_and_old_ones_pruned(
+    adapter: AdapterFactory, model_dir: Path, tmp_path: Path
+) -> None:
+    backend = trainer(model_dir)
+    weights = tmp_path / "weights"
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publisher = make_publisher(config(a.url, weights, keep=2))
+        assert isinstance(publisher, DiskPublisher)
+        _, before, _ = served(engine.url)
+        for step in (1, 2, 3):
+            move_weights(backend, seed=step)
+            result = publisher.publish(backend)
+            assert result is not None and result.version == step
+            output, logprobs, version = served(engine.url)
+            assert version == str(step)
+            assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
+            manifest = json.loads((weights / f"v{step}" / "manifest.json").read_text())
+            assert manifest["version"] == step
+            assert any(name.endswith(".safetensors") for name in manifest["files"])
+            assert result.timings["export"] > 0 and result.timings["engine_load"] > 0
+        assert (
+            a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()["current_version"] == 3
+        )
+        assert sorted(p.name for p in weights.iterdir()) == ["v2", "v3"]
+        assert [Path(p).name for p in result.pruned] == ["v1"]
+        assert before  # the engine served the initial weights before the first publish
+        publisher.close()
+
+
+def test_a_refused_publish_keeps_the_previous_version_serving(
+    adapter: AdapterFactory, model_dir: Path, tmp_path: Path
+) -> None:
+    backend = trainer(model_dir)
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publisher = make_publisher(config(a.url, tmp_path / "weights", keep=3))
+        move_weights(backend, seed=11)
+        publisher.publish(backend)
+        published = {k: v.clone() for k, v in backend.actor.state_dict().items()}
+        # The trainer goes back to version 1 with other weights (a resume gone wrong).
+        move_weights(backend, seed=12)
+        backend.version = 1
+        with pytest.raises(PublishError, match="exists with other weights"):
+            publisher.publish(backend)
+        backend.version = 0  # a version below the served one: the adapter refuses it
+        with pytest.raises(
+            PublishError, match=r"refused POST /admin/weights \(HTTP 409\).*version must increase"
+        ):
+            publisher.publish(backend)
+        backend.actor.load_state_dict(published)
+        backend.version = 1  # the published version and weights again: idempotent
+        again = publisher.publish(backend)
+        assert again is not None and again.adapter == {"idempotent": True}
+        output, logprobs, version = served(engine.url)
+        assert version == "1"
+        assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
+        publisher.close()

@@ -1,0 +1,209 @@
+"""Distributed transport (issue 11): SGLang's broadcast protocol over gloo, 2 engines.
+
+The trainer (this test process, rank 0) broadcasts bucket by bucket to two reference engine
+subprocesses (ranks 1 and 2) while the adapter drives their ``update_weights_from_distributed``
+calls -- the same trainer and adapter code that uses NCCL between GPUs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.adapter.conftest import (
+    ADMIN_TOKEN,
+    ENGINE_START_TIMEOUT_S,
+    AdapterFactory,
+    RunningAdapter,
+)
+from tests.integration.adapter.publish_support import (
+    max_gap,
+    move_weights,
+    recomputed,
+    served,
+    trainer,
+)
+from tests.support.engines import ReferenceServer, launch_reference_server
+from trainer.backends.torch_backend import TorchBackend
+from trainer.publish import DistributedPublisher, PublishConfig, PublishError, make_publisher
+
+
+@pytest.fixture(scope="module")
+def two_engines(model_dir: Path) -> Iterator[list[ReferenceServer]]:
+    with ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(
+                launch_reference_server, model_dir, None, "0", (), None, ENGINE_START_TIMEOUT_S
+            )
+            for _ in range(2)
+        ]
+        errors = [f.exception() for f in futures]
+    servers = [f.result() for f, e in zip(futures, errors, strict=True) if e is None]
+    try:
+        if any(errors):
+            raise RuntimeError(f"engines did not start: {errors}")
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def config(url: str, bucket_mb: float, weights_dir: Path | None = None) -> PublishConfig:
+    return PublishConfig(
+        transport="distributed",
+        adapter_url=url,
+        admin_token=ADMIN_TOKEN,
+        weights_dir=str(weights_dir or ""),
+        keep_last=1,
+        distributed={
+            "backend": "gloo",
+            "bucket_mb": bucket_mb,
+            "timeout_s": 120,
+            "export_to_disk": weights_dir is not None,
+        },
+    )
+
+
+def versions(a: RunningAdapter) -> dict:
+    return a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+
+
+def wait_all_healthy(a: RunningAdapter, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(e["healthy"] for e in versions(a)["engines"]):
+        assert time.monotonic() < deadline, versions(a)
+        time.sleep(0.1)
+
+
+def assert_serves(engines: list[ReferenceServer], backend: TorchBackend, version: int) -> None:
+    for engine in engines:
+        output, logprobs, reported = served(engine.url)
+        assert reported == str(version), engine.url
+        assert max_gap(logprobs, recomputed(backend, output)) < 1e-5, engine.url
+
+
+def test_broadcast_publishes_to_every_engine(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer], tmp_path: Path
+) -> None:
+    with adapter(engines=[e.url for e in two_engines]) as a:
+        backend = trainer(Path(a.service.config.model))
+        backend.version = versions(a)["current_version"]
+        # export_to_disk: each version also lands in v<N>/, the adapter's path for readmissions.
+        publisher = make_publisher(config(a.url, bucket_mb=0.25, weights_dir=tmp_path))
+        assert isinstance(publisher, DistributedPublisher)
+        try:
+            for seed in (1, 2):
+                move_weights(backend, seed=seed)
+                result = publisher.publish(backend)
+                assert result is not None and result.transport == "distributed"
+                assert len(result.bucket_s) > 1  # 0.9 MB of weights in 0.25 MB buckets
+                assert versions(a)["current_version"] == backend.version
+                reports = result.adapter["engines"]
+                assert all(len(r["bucket_s"]) == len(result.bucket_s) for r in reports.values())
+                assert_serves(two_engines, backend, backend.version)
+                assert result.model_path == str(tmp_path / f"v{backend.version}")
+                assert versions(a)["model_path"] == result.model_path
+            assert [p.name for p in tmp_path.iterdir()] == [f"v{backend.version}"]  # keep_last 1
+        finally:
+            publisher.close()
+
+
+class Renamed:
+    """A trainer whose weights do not fit the served model (one tensor renamed or reshaped)."""
+
+    def __init__(self, backend: TorchBackend, rename: Mapping[str, str], reshape: str = "") -> None:
+        self.backend, self.rename, self.reshape = backend, rename, reshape
+        self.version = backend.version
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.backend.named_weights():
+            if name == self.reshape:
+                tensor = tensor.unsqueeze(0)  # one more dimension
+            yield self.rename.get(name, name), tensor
+
+
+@pytest.mark.parametrize("fault", ["name", "shape"])
+def test_a_mismatched_tensor_is_refused_and_the_old_weights_keep_serving(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer], fault: str
+) -> None:
+    with adapter(engines=[e.url for e in two_engines]) as a:
+        backend = trainer(Path(a.service.config.model))
+        backend.version = versions(a)["current_version"]
+        publisher = make_publisher(config(a.url, bucket_mb=0.25))
+        try:
+            move_weights(backend, seed=7)
+            publisher.publish(backend)  # the version now served
+            served_version = backend.version
+            served_weights = {k: v.clone() for k, v in backend.actor.state_dict().items()}
+            move_weights(backend, seed=8)
+            last = list(dict(backend.named_weights()))[-1]  # in the last bucket: the others
+            if fault == "name":  # before it are received and staged, then dropped
+                bad = Renamed(backend, {last: "model.layers.0.not_a_weight"})
+                needle = "unknown parameter 'model.layers.0.not_a_weight'"
+            else:
+                bad = Renamed(backend, {}, reshape=last)
+                needle = f"{last} has shape"
+            with pytest.raises(PublishError, match="HTTP 502") as refused:
+                publisher.publish(bad)  # type: ignore[arg-type]
+            assert needle in str(refused.value)
+            assert versions(a)["current_version"] == served_version
+            backend.actor.load_state_dict(served_weights)
+            assert_serves(two_engines, backend, served_version)
+            # The group survived (every broadcast completed): the next version goes through.
+            wait_all_healthy(a)
+            move_weights(backend, seed=9)
+            publisher.publish(backend)
+            assert_serves(two_engines, backend, backend.version)
+        finally:
+            publisher.close()
+
+
+def test_bad_distributed_requests_are_refused_before_any_broadcast(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer]
+) -> None:
+    import httpx
+
+    engine = two_engines[0].url
+    bucket = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[4]]}
+    # The engine: an unknown group, lists of different lengths, a non-float dtype -> 400.
+    cases = [
+        ({**bucket, "group_name": "never-made"}, "no weight update group 'never-made'"),
+        ({**bucket, "dtypes": [], "group_name": "never-made"}, "differ in length"),
+    ]
+    for body, needle in cases:
+        r = httpx.post(f"{engine}/update_weights_from_distributed", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["success"] is False
+        assert needle in r.json()["message"]
+    r = httpx.post(
+        f"{engine}/init_weights_update_group",
+        json={
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 3,
+            "world_size": 3,
+            "backend": "gloo",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 400 and "rank_offset 3 must be < world_size 3" in r.json()["message"]
+    with adapter(engines=[e.url for e in two_engines]) as a:
+        current = versions(a)["current_version"]
+        group = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+        r = a.http.post(f"{a.url}/admin/weights/group", json=group, headers=a.admin())
+        assert r.status_code == 400
+        assert "world_size must be 1 (trainer) + 2 engines" in r.json()["error"]["message"]
+        body = {"version": current + 1, "group_name": "nope", "buckets": [bucket]}
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=body, headers=a.admin())
+        assert r.status_code == 409 and "no weight update group 'nope'" in r.text
+        bad = {**body, "buckets": [{**bucket, "shapes": [[4], [4]]}]}
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=bad, headers=a.admin())
+        assert r.status_code == 400 and "differ in length" in r.text
+        r = a.http.post(f"{a.url}/admin/weights/distributed", json=body)
+        assert r.status_code == 401  # the admin token is required
+        assert versions(a)["current_version"] == current
+        assert a.service.gate.is_open

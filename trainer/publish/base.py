@@ -1,0 +1,102 @@
+"""What every publisher returns and raises, and the adapter's admin routes as a client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from trainer.backends.base import TrainerBackend
+
+
+class PublishError(RuntimeError):
+    """A version was not published; the engines keep serving the previous one."""
+
+
+@dataclass
+class PublishResult:
+    """One published version: where it is, how long each phase took, what the adapter said.
+
+    ``timings`` (seconds): ``export`` (disk copy), ``transfer`` (broadcasts), ``refresh`` (the
+    adapter's call, drain + load), ``gate_closed``, ``drain``, ``engine_load``, ``total``.
+    """
+
+    version: int
+    transport: str
+    model_path: str | None
+    timings: dict[str, float]
+    adapter: dict[str, Any] = field(default_factory=dict)
+    pruned: list[str] = field(default_factory=list)
+    bucket_s: list[float] = field(default_factory=list)
+
+
+class Publisher(Protocol):
+    def publish(self, backend: TrainerBackend) -> PublishResult | None: ...
+
+    def close(self) -> None: ...
+
+
+def adapter_timings(summary: dict[str, Any]) -> dict[str, float]:
+    """The gate / drain / load seconds of the adapter's refresh summary."""
+    return {
+        "gate_closed": float(summary.get("gate_closed_s", 0.0)),
+        "drain": float(summary.get("drain_s", 0.0)),
+        "engine_load": float(summary.get("load_s", 0.0)),
+    }
+
+
+class AdminClient:
+    """The adapter's ``/admin`` routes; every refusal becomes a :class:`PublishError`."""
+
+    def __init__(self, url: str, token: str, timeout_s: float) -> None:
+        self.url = url
+        self._http = httpx.Client(
+            timeout=timeout_s, headers={"authorization": f"Bearer {token}"}, trust_env=False
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._http.request(method, self.url + path, json=body)
+        except httpx.HTTPError as exc:
+            raise PublishError(f"adapter {self.url}{path} unreachable: {exc}") from exc
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:500]
+            raise PublishError(
+                f"adapter refused {method} {path} (HTTP {response.status_code}): {message}"
+            )
+        return response.json()
+
+    def versions(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/admin/versions")
+        return result
+
+    def refresh_from_disk(self, model_path: str, version: int) -> dict[str, Any]:
+        body = {"model_path": model_path, "version": version}
+        result: dict[str, Any] = self._call("POST", "/admin/weights", body)
+        return result
+
+    def init_group(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/admin/weights/group", body)
+        return result
+
+    def refresh_distributed(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/admin/weights/distributed", body)
+        return result
+
+    def served_versions(self) -> set[int]:
+        """The adapter's current version and every version an engine reports."""
+        view = self.versions()
+        served = {int(view["current_version"])}
+        for engine in view.get("engines", []):
+            try:
+                served.add(int(str(engine.get("weight_version")).strip()))
+            except ValueError:
+                continue
+        return served

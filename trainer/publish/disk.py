@@ -1,0 +1,56 @@
+"""Disk transport: export ``v<version>/`` then ``POST /admin/weights {model_path, version}``."""
+
+from __future__ import annotations
+
+import time
+
+from trainer.backends.base import TrainerBackend
+from trainer.publish.base import AdminClient, PublishResult, adapter_timings
+from trainer.publish.config import PublishConfig
+from trainer.publish.versions import export_version, prune_versions, version_dir
+
+
+class DiskPublisher:
+    """Publishes through the shared filesystem the engines read ``model_path`` from.
+
+    Only rank 0 talks to the adapter; other data-parallel ranks take part in the (collective)
+    export and return None.
+    """
+
+    def __init__(self, config: PublishConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.admin = AdminClient(config.adapter_url, config.admin_token, config.timeout_s)
+
+    def close(self) -> None:
+        self.admin.close()
+
+    def publish(self, backend: TrainerBackend) -> PublishResult | None:
+        started = time.perf_counter()
+        version = backend.version
+        if self.rank != 0:
+            backend.export_hf(version_dir(self.config.weights_dir, version))  # collective
+            return None
+        path = export_version(backend, self.config.weights_dir, version)
+        exported = time.perf_counter()
+        served = self.admin.versions()
+        if served["current_version"] == version and served["model_path"] == str(path):
+            # The same version with the same weights (export_version checked the checksum) is
+            # served already: a trainer resumed from an older checkpoint re-publishes. No-op.
+            timings = dict.fromkeys(("transfer", "refresh", "gate_closed", "drain"), 0.0)
+            timings.update(engine_load=0.0, export=exported - started)
+            timings["total"] = time.perf_counter() - started
+            return PublishResult(version, "disk", str(path), timings, {"idempotent": True})
+        summary = self.admin.refresh_from_disk(str(path), version)
+        refreshed = time.perf_counter()
+        pruned = prune_versions(
+            self.config.weights_dir, self.config.keep_last, self.admin.served_versions()
+        )
+        timings = {
+            "export": exported - started,
+            "transfer": 0.0,
+            "refresh": refreshed - exported,
+            **adapter_timings(summary),
+            "total": time.perf_counter() - started,
+        }
+        return PublishResult(version, "disk", str(path), timings, summary, [str(p) for p in pruned])

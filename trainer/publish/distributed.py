@@ -1,0 +1,217 @@
+"""Distributed transport: SGLang's ``init_weights_update_group`` / ``update_weights_from_
+distributed`` protocol, coordinated by the adapter, with bucketed broadcasts from rank 0.
+
+Once (and again after a failure): rank 0 hosts a rendezvous store, asks the adapter to make
+every engine in rotation join (``POST /admin/weights/group``, engine ``i`` at rank ``1 + i``)
+and joins as rank 0. Per version: the actor's ``named_weights()`` are cut into buckets of about
+``bucket_mb``; rank 0 sends the buckets' names, dtypes and shapes to the adapter (``POST
+/admin/weights/distributed``), which closes its gate, drains, and calls every engine's
+``update_weights_from_distributed`` bucket by bucket while rank 0 broadcasts the same tensors in
+the same order. The adapter answers once every engine has loaded (or refused) the version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from services.weight_group import WeightGroup, dtype_name, join_group, open_store
+from trainer.backends.base import TrainerBackend
+from trainer.publish.base import AdminClient, PublishError, PublishResult, adapter_timings
+from trainer.publish.config import PublishConfig
+from trainer.publish.versions import export_version, prune_versions
+
+# After the adapter refused, how long to wait for broadcasts that may still complete.
+ABANDON_WAIT_S = 2.0
+
+
+@dataclass
+class Bucket:
+    tensors: list[tuple[str, torch.Tensor]]
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "names": [name for name, _ in self.tensors],
+            "dtypes": [dtype_name(t.dtype) for _, t in self.tensors],
+            "shapes": [list(t.shape) for _, t in self.tensors],
+        }
+
+
+def make_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
+    """Consecutive tensors grouped up to ``bucket_bytes`` (a larger tensor is a bucket alone)."""
+    buckets: list[Bucket] = []
+    current: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > bucket_bytes:
+            buckets.append(Bucket(current))
+            current, size = [], 0
+        current.append((name, tensor))
+        size += nbytes
+    if current:
+        buckets.append(Bucket(current))
+    return buckets
+
+
+class _Call:
+    """An adapter call running in a thread while this thread broadcasts."""
+
+    def __init__(self, fn: Callable[[], dict[str, Any]]) -> None:
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.result = fn()
+            except BaseException as exc:  # handed to the caller
+                self.error = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="publish-admin-call", daemon=True).start()
+
+    def wait(self) -> dict[str, Any]:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+class DistributedPublisher:
+    """Broadcasts each version to the engines through the adapter's coordination."""
+
+    def __init__(self, config: PublishConfig, rank: int = 0, device: str = "cpu") -> None:
+        self.config = config
+        self.dist = config.distributed
+        self.rank = rank
+        self.device = torch.device("cuda" if self.dist.backend == "nccl" else device)
+        self.admin = AdminClient(config.adapter_url, config.admin_token, config.timeout_s)
+        self.group: WeightGroup | None = None
+
+    def close(self) -> None:
+        self.group = None
+        self.admin.close()
+
+    def _connect(self) -> WeightGroup:
+        engines = [e for e in self.admin.versions()["engines"] if e.get("healthy")]
+        if not engines:
+            raise PublishError("no engine in rotation to broadcast to")
+        world_size = 1 + len(engines)
+        store = open_store(
+            self.dist.master_address, self.dist.master_port, 0, world_size, self.dist.timeout_s
+        )
+        body = {
+            "master_address": self.dist.master_address,
+            "master_port": store.port,
+            "world_size": world_size,
+            "group_name": self.dist.group_name,
+            "backend": self.dist.backend,
+        }
+        call = _Call(lambda: self.admin.init_group(body))
+        joined: list[WeightGroup] = []
+
+        def join() -> None:
+            joined.append(
+                join_group(
+                    store,
+                    rank=0,
+                    world_size=world_size,
+                    group_name=self.dist.group_name,
+                    backend=self.dist.backend,
+                    timeout_s=self.dist.timeout_s,
+                )
+            )
+
+        joiner = threading.Thread(target=join, name="publish-group-join", daemon=True)
+        joiner.start()
+        call.wait()  # raises PublishError if the adapter or an engine refused
+        joiner.join(self.dist.timeout_s)
+        if not joined:
+            raise PublishError(f"the broadcast group of {world_size} did not form")
+        return joined[0]
+
+    def publish(self, backend: TrainerBackend) -> PublishResult | None:
+        started = time.perf_counter()
+        version = backend.version
+        weights = list(backend.named_weights())  # collective under data parallel
+        if self.rank != 0:
+            return None
+        model_path = None
+        if self.dist.export_to_disk:
+            model_path = str(export_version(backend, self.config.weights_dir, version))
+        exported = time.perf_counter()
+        current = int(self.admin.versions()["current_version"])
+        if version <= current:  # refuse before anyone joins a broadcast
+            raise PublishError(
+                f"version must increase: the adapter serves {current}, got {version}"
+            )
+        if self.group is None:
+            self.group = self._connect()
+        group = self.group
+        bucket_bytes = int(self.dist.bucket_mb * 1024 * 1024)
+        buckets = make_buckets(
+            ((n, t.detach().to(self.device).contiguous()) for n, t in weights), bucket_bytes
+        )
+        body = {
+            "version": version,
+            "group_name": self.dist.group_name,
+            "buckets": [b.spec() for b in buckets],
+            "model_path": model_path,
+        }
+        call = _Call(lambda: self.admin.refresh_distributed(body))
+        bucket_s: list[float] = []
+
+        def broadcast_all() -> dict[str, Any]:
+            for bucket in buckets:
+                t0 = time.perf_counter()
+                for _, tensor in bucket.tensors:
+                    group.broadcast(tensor)
+                bucket_s.append(time.perf_counter() - t0)
+            return {}
+
+        transfer_started = time.perf_counter()
+        sender = _Call(broadcast_all)
+        while not sender.done.wait(0.05):
+            # The adapter refused while engines may never join the broadcasts: give them a
+            # moment, then abandon the group (it is formed again on the next publish).
+            refused = call.done.is_set() and call.error is not None
+            if refused and not sender.done.wait(ABANDON_WAIT_S):
+                self.group = None
+                assert call.error is not None
+                raise call.error
+        transferred = time.perf_counter()
+        try:
+            sender.wait()
+        except Exception as exc:
+            self.group = None
+            raise PublishError(f"broadcast of version {version} failed: {exc}") from exc
+        summary = call.wait()
+        pruned = []
+        if self.dist.export_to_disk:
+            pruned = prune_versions(
+                self.config.weights_dir, self.config.keep_last, self.admin.served_versions()
+            )
+        timings = {
+            "export": exported - started,
+            "transfer": transferred - transfer_started,
+            "refresh": time.perf_counter() - transfer_started,
+            **adapter_timings(summary),
+            "total": time.perf_counter() - started,
+        }
+        return PublishResult(
+            version,
+            "distributed",
+            model_path,
+            timings,
+            summary,
+            [str(p) for p in pruned],
+            bucket_s,
+        )
