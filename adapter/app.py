@@ -304,6 +304,8 @@ def create_app(service: AdapterService) -> FastAPI:
             "/trajectories": (TrajectoryMeta, True),
             "/trajectories/{trajectory_id}/close": (CloseRequest, False),
             "/admin/weights": (RefreshRequest, True),
+            "/admin/weights/group": (GroupRequest, True),
+            "/admin/weights/distributed": (DistributedRefreshRequest, True),
         },
     )
     return app
