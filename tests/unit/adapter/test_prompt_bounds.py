@@ -9,6 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from adapter.config import AdapterConfig
+from adapter.messages import canonical
+from adapter.openai_schema import ChatMessage
 from adapter.rendering import PROCESS_MIN_CHARS, ContextLengthError, Renderer
 from adapter.tokenize_worker import TokenizerProcesses
 
@@ -115,6 +117,20 @@ def test_long_texts_go_to_tokenizer_processes(tiny_model_dir: Path) -> None:
         assert calls == [len(text)]
     finally:
         processes.close()
+
+
+def test_long_messages_compare_by_whitespace_normalised_text() -> None:
+    """Long contents are normalised in slices (the GIL is released between them); the key is
+    still the text with every whitespace run made one space."""
+    texts = [
+        ("word \n\t " * 40_000) + "end",
+        "x" * 100_000 + " \u00a0\x1c " + "y" * 10,
+        " " * 70_000,
+        ("a" * 65_535 + "\n\n") * 3,
+    ]
+    for text in texts:
+        key = canonical(ChatMessage(role="user", content=text))
+        assert key[1] == " ".join(text.split())
 
 
 @pytest.mark.parametrize(
