@@ -49,6 +49,12 @@ class AdapterConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     engine_timeout_s: float = Field(default=900.0, gt=0)
     engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    engine_max_connections: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="connections to each engine; further calls wait for one (engine_timeout_s)",
+    )
     probe_interval_s: float = Field(default=2.0, gt=0)
     refresh_drain_timeout_s: float = Field(
         default=900.0, gt=0, description="longest wait for in-flight steps during a refresh"
@@ -60,7 +66,7 @@ class AdapterConfig(StrictModel):
         default=7200.0, gt=0, description="in-memory state of an idle trajectory is dropped"
     )
     redis_max_connections: int = Field(
-        default=256,
+        default=64,
         ge=1,
         le=65536,
         description="size of the Redis connection pool; calls beyond it wait for a connection",

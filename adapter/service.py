@@ -121,7 +121,12 @@ class AdapterService:
         self.arguments_as_object = self.parser.name is ToolParserName.QWEN3_CODER
         self.model_name = config.served_model_name or renderer.model_dir.name
         clients = clients or [
-            SGLangClient(url, timeout=config.engine_timeout_s) for url in config.engines
+            SGLangClient(
+                url,
+                timeout=config.engine_timeout_s,
+                max_connections=config.engine_max_connections,
+            )
+            for url in config.engines
         ]
         self.router = Router(
             engines=[Engine(url=c.base_url, client=c) for c in clients],
@@ -157,10 +162,9 @@ class AdapterService:
     async def start(self) -> None:
         tokenizer_json = self.renderer.tokenizer_json()
         if self.config.tokenizer_processes > 0 and tokenizer_json is not None:
+            # The processes start with the first long text (most adapters of the test suite
+            # never see one); start-up costs that request about a second.
             processes = TokenizerProcesses(tokenizer_json, self.config.tokenizer_processes)
-            await asyncio.get_running_loop().run_in_executor(
-                self._tokenize_threads, processes.warm_up
-            )
             self._tokenize_processes = processes
             self.renderer.large_text_encoder = processes.encode
         await self.weights.discover()

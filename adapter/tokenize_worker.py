@@ -49,7 +49,8 @@ class TokenizerWorkerError(RuntimeError):
 
 
 class TokenizerProcesses:
-    """A pool of ``processes`` tokenizer processes; :meth:`encode` blocks the calling thread."""
+    """A pool of ``processes`` tokenizer processes, started with the first call (or
+    :meth:`warm_up`); :meth:`encode` blocks the calling thread."""
 
     def __init__(self, tokenizer_json: str, processes: int) -> None:
         if processes < 1:

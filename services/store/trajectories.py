@@ -32,8 +32,11 @@ import redis.asyncio as aioredis
 from services.protocol import Outcome, OutcomeStatus, TrajectoryMeta, TrajectoryRecord
 
 DEFAULT_PREFIX = "swerl:"
-DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 30.0
+# redis-py's 5 s socket (and connect) timeout is too short for an adapter loop busy with
+# a thousand requests; an unreachable Redis is still detected at once (connection refused).
+SOCKET_TIMEOUT_S = 30.0
 
 
 class TrajectoryNotFoundError(KeyError):
@@ -127,7 +130,12 @@ class TrajectoryStore:
         if max_connections < 1 or pool_timeout_s <= 0:
             raise ValueError("max_connections must be >= 1 and pool_timeout_s > 0")
         pool = WaitingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=pool_timeout_s, decode_responses=False
+            url,
+            max_connections=max_connections,
+            timeout=pool_timeout_s,
+            decode_responses=False,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
         )
         return cls(aioredis.Redis.from_pool(pool), prefix)
 

@@ -9,7 +9,6 @@ a call waits for a free connection, and only a wait longer than ``redis_pool_tim
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
@@ -70,15 +69,9 @@ def test_pool_timeout_is_a_clear_503(adapter: AdapterFactory, engines: EnginePoo
     """With every connection busy past the pool timeout, the answer is a 503 naming the cause;
     once a connection is free again the same call succeeds."""
     with adapter([engines.a.url], redis_max_connections=1, redis_pool_timeout_s=0.2) as a:
-        store = a.service.store
-        # Occupy the only connection with a command that blocks on the server.
-        blocker = asyncio.run_coroutine_threadsafe(
-            store.client.blpop(["cap:never"], timeout=120), a.loop
-        )
-        probe = redis.Redis.from_url(a.service.config.redis_url)
-        while not any(c.get("cmd") == "blpop" for c in probe.client_list()):
-            assert not blocker.done(), blocker.exception()
-            time.sleep(0.01)
+        pool = a.service.store.client.connection_pool
+        # Take the only connection out of the pool (on the adapter's loop) and keep it.
+        held = asyncio.run_coroutine_threadsafe(pool.get_connection(), a.loop).result(timeout=60)
         try:
             response = a.http.post(f"{a.url}/trajectories", json={"trajectory_id": "cap-busy"})
             assert response.status_code == 503, response.text
@@ -86,6 +79,6 @@ def test_pool_timeout_is_a_clear_503(adapter: AdapterFactory, engines: EnginePoo
             assert error["code"] == "store_unavailable"
             assert "no Redis connection became free within 0.2 s" in error["message"]
         finally:
-            blocker.cancel()
+            asyncio.run_coroutine_threadsafe(pool.release(held), a.loop).result(timeout=60)
         response = a.http.post(f"{a.url}/trajectories", json={"trajectory_id": "cap-busy"})
         assert response.status_code == 201, response.text

@@ -137,6 +137,7 @@ def test_long_messages_compare_by_whitespace_normalised_text() -> None:
     ("key", "value"),
     [
         ("redis_max_connections", 0),
+        ("engine_max_connections", 0),
         ("redis_pool_timeout_s", 0),
         ("tokenizer_threads", 0),
         ("tokenizer_processes", -1),
