@@ -49,6 +49,11 @@ class AdapterConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     engine_timeout_s: float = Field(default=900.0, gt=0)
     engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    engine_connect_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest TCP connect to an engine (a refused connection fails at once)",
+    )
     engine_max_connections: int = Field(
         default=256,
         ge=1,
@@ -66,13 +71,13 @@ class AdapterConfig(StrictModel):
         default=7200.0, gt=0, description="in-memory state of an idle trajectory is dropped"
     )
     redis_max_connections: int = Field(
-        default=64,
+        default=128,
         ge=1,
         le=65536,
         description="size of the Redis connection pool; calls beyond it wait for a connection",
     )
     redis_pool_timeout_s: float = Field(
-        default=30.0,
+        default=300.0,
         gt=0,
         le=3600,
         description="longest wait for a free Redis connection before a 503 store_unavailable",

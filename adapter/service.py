@@ -124,6 +124,7 @@ class AdapterService:
             SGLangClient(
                 url,
                 timeout=config.engine_timeout_s,
+                connect_timeout=config.engine_connect_timeout_s,
                 max_connections=config.engine_max_connections,
             )
             for url in config.engines

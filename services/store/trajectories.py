@@ -32,8 +32,8 @@ import redis.asyncio as aioredis
 from services.protocol import Outcome, OutcomeStatus, TrajectoryMeta, TrajectoryRecord
 
 DEFAULT_PREFIX = "swerl:"
-DEFAULT_MAX_CONNECTIONS = 64
-DEFAULT_POOL_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 128
+DEFAULT_POOL_TIMEOUT_S = 300.0
 # redis-py's 5 s socket (and connect) timeout is too short for an adapter loop busy with
 # a thousand requests; an unreachable Redis is still detected at once (connection refused).
 SOCKET_TIMEOUT_S = 30.0

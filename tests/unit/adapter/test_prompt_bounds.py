@@ -138,6 +138,7 @@ def test_long_messages_compare_by_whitespace_normalised_text() -> None:
     [
         ("redis_max_connections", 0),
         ("engine_max_connections", 0),
+        ("engine_connect_timeout_s", 0),
         ("redis_pool_timeout_s", 0),
         ("tokenizer_threads", 0),
         ("tokenizer_processes", -1),
