@@ -14,6 +14,7 @@ The children import only :mod:`tokenizers` (no torch, no transformers) and are s
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -57,6 +58,7 @@ class TokenizerProcesses:
             raise ValueError("processes must be >= 1")
         self._json = tokenizer_json
         self._processes = processes
+        self._lock = threading.Lock()  # guards replacing a broken pool (callers are threads)
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -75,11 +77,14 @@ class TokenizerProcesses:
 
     def encode(self, text: str, limit: int) -> tuple[int, list[int] | None]:
         """Token count of ``text`` and its ids (None when the count is ``>= limit``)."""
+        pool = self._pool
         try:
-            n, packed = self._pool.submit(_encode, text, limit).result()
+            n, packed = pool.submit(_encode, text, limit).result()
         except BrokenProcessPool as exc:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._start()
+            with self._lock:
+                if self._pool is pool:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = self._start()
             raise TokenizerWorkerError(f"a tokenizer process died: {exc}") from None
         if packed is None:
             return n, None

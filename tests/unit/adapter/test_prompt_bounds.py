@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ from adapter.config import AdapterConfig
 from adapter.messages import canonical
 from adapter.openai_schema import ChatMessage
 from adapter.rendering import PROCESS_MIN_CHARS, ContextLengthError, Renderer
-from adapter.tokenize_worker import TokenizerProcesses
+from adapter.tokenize_worker import TokenizerProcesses, TokenizerWorkerError
 
 TEXTS = [
     "hello world",
@@ -115,6 +118,23 @@ def test_long_texts_go_to_tokenizer_processes(tiny_model_dir: Path) -> None:
         assert processes.encode(text, len(expected)) == (len(expected), None)
         assert big.encode_prompt("short") == big.encode("short")  # stays in this process
         assert calls == [len(text)]
+    finally:
+        processes.close()
+
+
+def test_a_killed_tokenizer_process_is_a_clear_error_then_replaced(renderer: Renderer) -> None:
+    processes = TokenizerProcesses(renderer.tokenizer_json() or "", 1)
+    try:
+        processes.warm_up()
+        workers = [p for p in multiprocessing.active_children() if p.name.startswith("Spawn")]
+        assert workers
+        for worker in workers:
+            os.kill(worker.pid or 0, signal.SIGKILL)
+            worker.join(timeout=60)
+        with pytest.raises(TokenizerWorkerError, match="tokenizer process died"):
+            processes.encode("hello world", 100)
+        ids = renderer.encode("hello world")
+        assert processes.encode("hello world", 100) == (len(ids), ids)
     finally:
         processes.close()
 
