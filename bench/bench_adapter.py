@@ -449,7 +449,14 @@ async def run_large_prompt(url: str, size: int, repeats: int, pid: int) -> dict[
                 rss_peak = max(rss_peak, rss_kib(pid))
                 await asyncio.sleep(HEALTH_POLL_S)
             statuses.append((await big).status_code)
+        # The 10 MB prompt: refused at the HTTP layer, before it is read.
+        huge = {"messages": [{"role": "user", "content": content * (10_000_000 // size + 1)}]}
+        start = time.perf_counter()
+        refused = await client.post(f"{url}/t/large-huge/v1/chat/completions", json=huge)
+        huge_s = time.perf_counter() - start
     return {
+        "huge_10mb_status": refused.status_code,
+        "huge_10mb_s": huge_s,
         "health_idle_max_s": max(idle),
         "health_idle_p50_s": percentile(idle, 0.5),
         "health_during_n": len(health),
@@ -571,7 +578,8 @@ def bench_large_prompt(url: str, pid: int, model_dir: Path, figures: dict[str, A
           f"{result['health_idle_p50_s'] * 1000:.1f} ms); adapter RSS "
           f"{rss_before / 1024:.0f} -> {result['adapter_rss_after_kib'] / 1024:.0f} MiB "
           f"(peak during {result['rss_during_peak_kib'] / 1024:.0f} MiB), tokenizer "
-          f"processes {tokenizer_rss / 1024:.0f} MiB")  # fmt: skip
+          f"processes {tokenizer_rss / 1024:.0f} MiB; a 10 MB prompt: "
+          f"{result['huge_10mb_status']} in {result['huge_10mb_s'] * 1000:.0f} ms")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- main
