@@ -344,6 +344,12 @@ def rss_kib(pid: int, field_name: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field_name} for pid {pid}")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def child_pids(pid: int) -> list[int]:
     children: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -529,8 +535,11 @@ def bench_refresh(
 
 def bench_capacity(url: str, pid: int, concurrency: int, figures: dict[str, Any]) -> None:
     rss_before = rss_kib(pid)
+    cpu_before = cpu_s(pid)
     result = asyncio.run(run_capacity(url, concurrency))
     result.update(
+        adapter_cpu_s=cpu_s(pid) - cpu_before,
+        load_average=os.getloadavg(),
         trajectories=concurrency,
         client_timeout_s=CAPACITY_TIMEOUT_S,
         adapter_rss_before_kib=rss_before,
@@ -545,7 +554,8 @@ def bench_capacity(url: str, pid: int, concurrency: int, figures: dict[str, Any]
           f"(non-200 or no answer within {CAPACITY_TIMEOUT_S:.0f} s), "
           f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, {result['wall_s']:.1f} s; "
           f"adapter RSS {rss_before / 1024:.0f} -> {result['adapter_rss_after_kib'] / 1024:.0f} "
-          f"MiB (peak {result['adapter_rss_peak_kib'] / 1024:.0f} MiB)")  # fmt: skip
+          f"MiB (peak {result['adapter_rss_peak_kib'] / 1024:.0f} MiB); adapter CPU "
+          f"{result['adapter_cpu_s']:.1f} s; load {result['load_average'][0]:.1f}")  # fmt: skip
 
 
 def bench_large_prompt(url: str, pid: int, model_dir: Path, figures: dict[str, Any]) -> None:
