@@ -112,6 +112,9 @@ class GenerateResult:
         return self.finish_reason.type == "abort"
 
 
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class SGLangClient:
     """Async HTTP client of one SGLang (or reference) engine.
 
@@ -140,8 +143,13 @@ class SGLangClient:
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(connect_timeout, timeout)),
+            # Idle connections are dropped after 2 s, before the server's keep-alive timeout
+            # (uvicorn's and SGLang's 5 s; httpx's default is also 5 s): reusing a connection the
+            # server is closing fails the call (ReadError) and takes the engine out of rotation.
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
         )
 
