@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from adapter.app import create_app
     from adapter.rendering import Renderer
-    from adapter.service import AdapterService
-    from services.store import TrajectoryStore
+    from adapter.service import AdapterService, open_store
 
     try:
         renderer = Renderer(
@@ -68,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             chat_template_kwargs=config.chat_template_kwargs,
             end_of_turn=config.end_of_turn,
             context_length=config.context_length,
+            max_bytes_per_token=config.max_bytes_per_token,
         )
     except (OSError, ValueError) as exc:
         print(f"error: cannot load the model's tokenizer: {exc}", file=sys.stderr)
         return 2
-    store = TrajectoryStore.from_url(config.redis_url, config.key_prefix)
+    store = open_store(config)
     service = AdapterService(config, renderer, store)
     app = create_app(service)
     uvicorn.run(

@@ -54,8 +54,6 @@ from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 log = logging.getLogger("adapter.app")
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
-
 
 class CloseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -82,10 +80,30 @@ def _validation_message(exc: ValidationError) -> str:
     )
 
 
+async def _read_body(request: Request) -> bytes:
+    """The body, read only while it stays within the service's ``max_body_bytes`` (413 else):
+    a declared ``Content-Length`` over the limit is refused before anything is read."""
+    limit: int = request.app.state.service.max_body_bytes
+    too_large = APIError(
+        413,
+        f"request body is larger than {limit} bytes, the most this adapter accepts "
+        "(adapter.max_body_bytes; a prompt that long cannot fit the context window anyway)",
+    )
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _json_body(request: Request, required: bool = True) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
+    raw = await _read_body(request)
     if not raw.strip():
         if required:
             raise APIError(400, "request body is empty: a JSON object is required")

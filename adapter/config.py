@@ -63,6 +63,17 @@ class AdapterConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     engine_timeout_s: float = Field(default=900.0, gt=0)
     engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    engine_connect_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="longest TCP connect to an engine (a refused connection fails at once)",
+    )
+    engine_max_connections: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="connections to each engine; further calls wait for one (engine_timeout_s)",
+    )
     probe_interval_s: float = Field(default=2.0, gt=0)
     refresh_drain_timeout_s: float = Field(
         default=900.0, gt=0, description="longest wait for in-flight steps during a refresh"
@@ -77,6 +88,43 @@ class AdapterConfig(StrictModel):
     )
     trajectory_idle_ttl_s: float = Field(
         default=7200.0, gt=0, description="in-memory state of an idle trajectory is dropped"
+    )
+    redis_max_connections: int = Field(
+        default=128,
+        ge=1,
+        le=65536,
+        description="size of the Redis connection pool; calls beyond it wait for a connection",
+    )
+    redis_pool_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="longest wait for a free Redis connection before a 503 store_unavailable",
+    )
+    tokenizer_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="threads that render and tokenise prompts (off the event loop)",
+    )
+    tokenizer_processes: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="processes that tokenise long texts (0: long texts are tokenised in the "
+        "threads too, and a huge prompt can stall the event loop while its result is freed)",
+    )
+    max_bytes_per_token: float | None = Field(
+        default=None,
+        gt=0,
+        description="prompt bytes per token above which a prompt is too long without "
+        "tokenising it (default: the longest token of the vocabulary, never a false reject)",
+    )
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=4096,
+        description="largest request body (413 above); default: 4 x context window in bytes "
+        "+ 1 MiB",
     )
     log_level: str = "info"
 

@@ -19,6 +19,9 @@ The engine is fed token ids, never text, and the ids it was fed are exactly the 
   conversation, and the reason is counted (``history_mismatch`` / ``prefix_mismatch``). History is
   never re-tokenised inside a segment.
 
+A prompt that cannot fit the context window is refused while planning
+(:class:`adapter.rendering.ContextLengthError`), before or right after tokenising its new text.
+
 :class:`Recorder` is pure bookkeeping: :meth:`Recorder.plan` decides what to send to the engine
 (it changes nothing, so a request that fails leaves the record as it was), and
 :meth:`Recorder.commit` turns the engine's answer into a :class:`Turn` (and, for a new segment, a
@@ -139,7 +142,9 @@ class Recorder:
                 state.index + 1, SegmentReason.PREFIX_MISMATCH, template_msgs, tools, keys, full
             )
         glue = head[cut + len(self.eot) :] if state.ends_with_eot else head[cut:]
-        observation = self.renderer.encode(glue + full[len(head) :])
+        observation = self.renderer.encode_prompt(
+            glue + full[len(head) :], known_tokens=len(state.token_ids)
+        )
         input_ids = state.token_ids.tolist()
         input_ids.extend(observation)
         return TurnPlan(
@@ -163,7 +168,7 @@ class Recorder:
         rendered: str | None = None,
     ) -> TurnPlan:
         text = rendered or self.renderer.render(template_msgs, tools, add_generation_prompt=True)
-        ids = self.renderer.encode(text)
+        ids = self.renderer.encode_prompt(text)
         return TurnPlan(
             input_ids=ids,
             observation_ids=[],

@@ -3,15 +3,32 @@
 The adapter renders prompts exactly as the model was trained to see them (the tokenizer's chat
 template), and turns text into ids with the same tokenizer, never adding BOS or other special
 tokens implicitly: every special token comes from the template text itself.
+
+Prompts are bounded before they are tokenised (:meth:`Renderer.encode_prompt`): every token of
+the vocabulary stands for at most :attr:`Renderer.bytes_per_token` bytes of text, so a text of
+more than ``tokens_left * bytes_per_token`` UTF-8 bytes cannot fit the context window and is
+refused without tokenising it. A text that passes is tokenised and refused if its token count
+does not fit, before its ids are turned into Python objects. Texts above
+:data:`PROCESS_MIN_CHARS` go to tokenizer processes when the adapter attached them
+(:mod:`adapter.tokenize_worker`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from adapter.errors import APIError
+
+# Texts with more characters than this are tokenised in a tokenizer process when one is attached
+# (freeing the Encoding of ~32k tokens holds the GIL for a few ms; of 500k tokens, ~100 ms).
+PROCESS_MIN_CHARS = 65536
+
+# (text, limit) -> (token count, ids or None when the count is >= limit)
+LargeTextEncoder = Callable[[str, int], tuple[int, list[int] | None]]
 
 
 class RenderError(APIError):
@@ -19,6 +36,20 @@ class RenderError(APIError):
 
     def __init__(self, message: str) -> None:
         super().__init__(400, f"chat template error: {message}", code="template_error")
+
+
+class ContextLengthError(APIError):
+    """The prompt does not fit the context window (LiteLLM's "maximum context length" phrase)."""
+
+    def __init__(self, what: str, context: int) -> None:
+        super().__init__(
+            400,
+            f"{what} but the model's context window is {context} tokens (this model's maximum "
+            f"context length is {context} tokens, the phrase clients such as LiteLLM look for); "
+            "shorten the conversation",
+            code="context_length_exceeded",
+            param="messages",
+        )
 
 
 class Renderer:
@@ -31,6 +62,7 @@ class Renderer:
         chat_template_kwargs: dict[str, Any] | None = None,
         end_of_turn: str | None = None,
         context_length: int | None = None,
+        max_bytes_per_token: float | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "tokenizer_config.json").is_file():
@@ -49,6 +81,29 @@ class Renderer:
             raise ValueError("the tokenizer has no eos token: set adapter.end_of_turn")
         self.context_length = context_length or self._model_context_length()
         self.stop_token_ids = self._stop_token_ids()
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        self._backend = backend if getattr(self.tokenizer, "is_fast", False) else None
+        if self._backend is not None:  # settings changed only here, never while encoding
+            self._backend.no_truncation()
+            self._backend.no_padding()
+        self.max_token_bytes = self._longest_token_bytes()
+        self.bytes_per_token: float = max_bytes_per_token or float(self.max_token_bytes)
+        self.large_text_encoder: LargeTextEncoder | None = None
+
+    def _longest_token_bytes(self) -> int:
+        """An upper bound of the UTF-8 bytes one token stands for: the longest decoded token,
+        plus one byte for a space a decoder strips from a lone token (Metaspace, WordPiece).
+        A partial UTF-8 sequence decodes to U+FFFD (3 bytes), never less than it stands for."""
+        ids = [[i] for i in range(len(self.tokenizer))]
+        if self._backend is not None:
+            texts = self._backend.decode_batch(ids, skip_special_tokens=False)
+        else:
+            texts = [self.tokenizer.decode(i, skip_special_tokens=False) for i in ids]
+        return max(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 1
+
+    def tokenizer_json(self) -> str | None:
+        """The fast tokenizer's full definition (what tokenizer processes load), if any."""
+        return self._backend.to_str() if self._backend is not None else None
 
     def _model_context_length(self) -> int:
         config = self.model_dir / "config.json"
@@ -100,7 +155,39 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        if self._backend is not None:  # one call that releases the GIL while it encodes
+            ids: list[int] = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+            return ids
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    def encode_prompt(self, text: str, known_tokens: int = 0) -> list[int]:
+        """Ids of ``text``, which follows ``known_tokens`` tokens of the prompt; raises
+        :class:`ContextLengthError` when the whole prompt would not fit the context window --
+        from the text's size alone when it is too big to fit, else from its token count."""
+        context = self.context_length
+        limit = context - known_tokens  # the text must tokenise to fewer tokens than this
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if limit <= 0 or size > limit * self.bytes_per_token:
+            least = known_tokens + math.ceil(size / self.bytes_per_token)
+            raise ContextLengthError(
+                f"the prompt is at least {least} tokens ({size} bytes of text at most "
+                f"{self.bytes_per_token:g} bytes per token, after {known_tokens} tokens)",
+                context,
+            )
+        if not text:
+            return []
+        if self.large_text_encoder is not None and len(text) > PROCESS_MIN_CHARS:
+            n, ids = self.large_text_encoder(text, limit)
+        elif self._backend is not None:
+            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+            n = len(encoding)
+            ids = encoding.ids if n < limit else None
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            n = len(ids)
+        if ids is None or n >= limit:
+            raise ContextLengthError(f"the prompt is {known_tokens + n} tokens", context)
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -9,15 +9,25 @@ concurrent call waits its turn rather than racing the record). A request changes
 after the engine answered: a rejected or failed request leaves it as it was. Completed turns are
 written through to Redis at once; if Redis is unreachable they are kept in memory, counted in
 ``swerl_adapter_store_errors_total``, and written with the next turn or at close.
+
+Rendering and tokenising run off the event loop, in a small thread pool (``tokenizer_threads``;
+the fast tokenizer releases the GIL while it encodes), and texts longer than
+:data:`adapter.rendering.PROCESS_MIN_CHARS` characters in tokenizer processes
+(``tokenizer_processes``, :mod:`adapter.tokenize_worker`), so one huge prompt never stalls
+``/health`` or the other trajectories; a prompt too long for the context window is refused before
+it is tokenised (:meth:`adapter.rendering.Renderer.encode_prompt`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +50,9 @@ from adapter.openai_schema import (
     usage,
 )
 from adapter.recorder import Recorder, SegmentState, TurnPlan, TurnResult
-from adapter.rendering import Renderer
+from adapter.rendering import ContextLengthError, Renderer
 from adapter.routing import Engine, NoEngineAvailableError, Router
+from adapter.tokenize_worker import TokenizerProcesses, TokenizerWorkerError
 from adapter.tool_parsers import ToolParser, get_parser
 from adapter.weights import RefreshGate, WeightCoordinator
 from services.protocol import ID_RULE, Outcome, TrajectoryMeta, id_problem
@@ -52,6 +63,17 @@ from services.store import (
 )
 
 log = logging.getLogger("adapter.service")
+
+
+def open_store(config: AdapterConfig) -> TrajectoryStore:
+    """The trajectory store on a blocking pool sized by the configuration."""
+    return TrajectoryStore.from_url(
+        config.redis_url,
+        config.key_prefix,
+        max_connections=config.redis_max_connections,
+        pool_timeout_s=config.redis_pool_timeout_s,
+    )
+
 
 _STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
@@ -107,7 +129,13 @@ class AdapterService:
             untracked=config.untracked_completions,
         )
         clients = clients or [
-            SGLangClient(url, timeout=config.engine_timeout_s) for url in config.engines
+            SGLangClient(
+                url,
+                timeout=config.engine_timeout_s,
+                connect_timeout=config.engine_connect_timeout_s,
+                max_connections=config.engine_max_connections,
+            )
+            for url in config.engines
         ]
         self.router = Router(
             engines=[Engine(url=c.base_url, client=c) for c in clients],
@@ -125,10 +153,30 @@ class AdapterService:
         )
         self.trajectories: dict[str, TrajectoryRuntime] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._tokenize_threads = ThreadPoolExecutor(
+            max_workers=config.tokenizer_threads, thread_name_prefix="adapter-tokenize"
+        )
+        self._tokenize_processes: TokenizerProcesses | None = None
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body: ``max_body_bytes``, else 4x the most text that can fit the
+        context window (JSON escapes, tool schemas, history a template drops) plus 1 MiB."""
+        if self.config.max_body_bytes is not None:
+            return self.config.max_body_bytes
+        fits = self.renderer.context_length * self.renderer.bytes_per_token
+        return int(4 * fits) + (1 << 20)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        tokenizer_json = self.renderer.tokenizer_json()
+        if self.config.tokenizer_processes > 0 and tokenizer_json is not None:
+            # The processes start with the first long text (most adapters of the test suite
+            # never see one); start-up costs that request about a second.
+            processes = TokenizerProcesses(tokenizer_json, self.config.tokenizer_processes)
+            self._tokenize_processes = processes
+            self.renderer.large_text_encoder = processes.encode
         await self.weights.discover()
         self._tasks.append(
             asyncio.create_task(
@@ -151,6 +199,12 @@ class AdapterService:
         for engine in self.router.engines:
             await engine.client.close()
         await self.store.close_connection()
+        if self._tokenize_processes is not None:
+            if self.renderer.large_text_encoder == self._tokenize_processes.encode:
+                self.renderer.large_text_encoder = None
+            self._tokenize_processes.close()
+            self._tokenize_processes = None
+        self._tokenize_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _evict_loop(self) -> None:
         """Drop in-memory state of trajectories idle for longer than the TTL (never closed)."""
@@ -327,14 +381,7 @@ class AdapterService:
     def _sampling(self, request: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
         context = self.renderer.context_length
         if prompt_len >= context:
-            raise APIError(
-                400,
-                f"the prompt is {prompt_len} tokens but the model's context window is "
-                f"{context} tokens (this model's maximum context length is {context} tokens, "
-                "the phrase clients such as LiteLLM look for); shorten the conversation",
-                code="context_length_exceeded",
-                param="messages",
-            )
+            raise ContextLengthError(f"the prompt is {prompt_len} tokens", context)
         budget = context - prompt_len
         wanted = request.requested_max_tokens() or self.config.default_max_tokens
         params: dict[str, Any] = {"max_new_tokens": min(wanted, budget)}
@@ -385,19 +432,39 @@ class AdapterService:
             content = ""
         return assistant_message(content, calls), reason
 
+    async def _off_loop[T](self, fn: Callable[..., T], *args: Any) -> T:
+        """Run CPU-heavy ``fn`` (rendering, tokenising) in the tokenizer thread pool."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._tokenize_threads, functools.partial(fn, *args))
+        except TokenizerWorkerError as exc:
+            raise APIError(503, str(exc), code="tokenizer_unavailable") from None
+
+    def _untracked_plan(
+        self, tmsgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TurnPlan:
+        ids = self.renderer.encode_prompt(self.renderer.render(tmsgs, tools, True))
+        return TurnPlan(ids, [], ids, None, 0, [], tmsgs, tools)
+
     async def chat(self, trajectory_id: str | None, body: Any) -> ChatOutcome:
         request = parse_chat_request(body, tracked=trajectory_id is not None)
         tmsgs = template_messages(request.messages, self.arguments_as_object)
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         if trajectory_id is None:
-            ids = self.renderer.encode(self.renderer.render(tmsgs, tools, True))
-            plan = TurnPlan(ids, [], ids, None, 0, [], tmsgs, tools)
+            plan = await self._off_loop(self._untracked_plan, tmsgs, tools)
             return await self._generate_and_answer(request, None, plan)
         runtime = await self._runtime(trajectory_id)
         async with runtime.lock:
             runtime.last_used = time.monotonic()
-            plan = self.recorder.plan(
-                runtime.state, request.messages, tmsgs, tools, runtime.n_segments
+            # Planning reads the trajectory's state and changes nothing; the lock keeps the
+            # state as it is until this request committed or failed.
+            plan = await self._off_loop(
+                self.recorder.plan,
+                runtime.state,
+                request.messages,
+                tmsgs,
+                tools,
+                runtime.n_segments,
             )
             return await self._generate_and_answer(request, runtime, plan)
 

@@ -115,11 +115,17 @@ class GenerateResult:
         return self.finish_reason.type == "abort"
 
 
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class SGLangClient:
     """Async HTTP client of one SGLang (or reference) engine.
 
     ``timeout`` bounds a whole call (generation included); connecting is bounded separately by
-    ``connect_timeout`` so a dead engine is detected quickly.
+    ``connect_timeout`` so a dead engine is detected quickly. ``max_connections`` bounds the
+    connections to the engine (kept alive and reused): further calls wait for one (within
+    ``timeout``) instead of all connecting at once, which under load can exceed
+    ``connect_timeout`` and take a live engine out of rotation.
     """
 
     def __init__(
@@ -128,16 +134,26 @@ class SGLangClient:
         timeout: float = 600.0,
         connect_timeout: float = 5.0,
         client: httpx.AsyncClient | None = None,
+        max_connections: int = 256,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must start with http:// or https://, got {base_url!r}")
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeouts must be positive")
+        if max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
         self.base_url = base_url.rstrip("/")
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(connect_timeout, timeout)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # Idle connections are dropped after 2 s, before the server's keep-alive timeout
+            # (uvicorn's and SGLang's 5 s; httpx's default is also 5 s): reusing a connection the
+            # server is closing fails the call (ReadError) and takes the engine out of rotation.
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
         )
 
     async def __aenter__(self) -> Self:

@@ -2,6 +2,7 @@
 
 from services.store.trajectories import (
     DEFAULT_PREFIX,
+    StoreBusyError,
     TrajectoryExistsError,
     TrajectoryKeys,
     TrajectoryNotFoundError,
@@ -11,6 +12,7 @@ from services.store.trajectories import (
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "StoreBusyError",
     "TrajectoryExistsError",
     "TrajectoryKeys",
     "TrajectoryNotFoundError",

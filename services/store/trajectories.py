@@ -13,10 +13,16 @@ Keys, all under one prefix (default ``swerl:``), for trajectory ``ID``:
 
 Each append is one MULTI/EXEC transaction (entries and counters move together), so a reader never
 sees a turn without its counters. Token data stays binary (packed int32/float32) end to end.
+
+The async store uses a *blocking*, sized connection pool: when every connection is busy a call
+waits for one to be released (up to ``pool_timeout_s``) instead of failing at once, as redis-py's
+default pool does past 100 connections; only a wait that times out raises
+:class:`StoreBusyError` (a ``redis.exceptions.ConnectionError``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,11 @@ import redis.asyncio as aioredis
 from services.protocol import Outcome, OutcomeStatus, TrajectoryMeta, TrajectoryRecord
 
 DEFAULT_PREFIX = "swerl:"
+DEFAULT_MAX_CONNECTIONS = 128
+DEFAULT_POOL_TIMEOUT_S = 300.0
+# redis-py's 5 s socket (and connect) timeout is too short for an adapter loop busy with
+# a thousand requests; an unreachable Redis is still detected at once (connection refused).
+SOCKET_TIMEOUT_S = 30.0
 
 
 class TrajectoryNotFoundError(KeyError):
@@ -35,6 +46,26 @@ class TrajectoryNotFoundError(KeyError):
 
 class TrajectoryExistsError(ValueError):
     """A trajectory with that id is already open or recorded."""
+
+
+class StoreBusyError(redis.exceptions.ConnectionError):
+    """No pooled Redis connection became free within the pool timeout."""
+
+
+class WaitingConnectionPool(aioredis.BlockingConnectionPool):
+    """A blocking pool whose timeout says what happened (:class:`StoreBusyError`)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as exc:
+            if not isinstance(exc.__cause__, asyncio.TimeoutError):
+                raise
+            raise StoreBusyError(
+                f"no Redis connection became free within {self.timeout:g} s: all "
+                f"{self.max_connections} pooled connections stayed busy "
+                "(adapter.redis_max_connections / redis_pool_timeout_s)"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -87,8 +118,27 @@ class TrajectoryStore:
         self.prefix = prefix
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX) -> TrajectoryStore:
-        return cls(aioredis.Redis.from_url(url, decode_responses=False), prefix)
+    def from_url(
+        cls,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
+    ) -> TrajectoryStore:
+        """A store on a blocking pool of at most ``max_connections`` connections; a call waits
+        up to ``pool_timeout_s`` for a free one, then raises :class:`StoreBusyError`."""
+        if max_connections < 1 or pool_timeout_s <= 0:
+            raise ValueError("max_connections must be >= 1 and pool_timeout_s > 0")
+        pool = WaitingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=pool_timeout_s,
+            decode_responses=False,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
+        )
+        return cls(aioredis.Redis.from_pool(pool), prefix)
 
     def keys(self, trajectory_id: str) -> TrajectoryKeys:
         return TrajectoryKeys(self.prefix, trajectory_id)

@@ -31,8 +31,7 @@ import uvicorn
 from adapter.app import create_app
 from adapter.config import AdapterConfig
 from adapter.rendering import Renderer
-from adapter.service import AdapterService
-from services.store import TrajectoryStore
+from adapter.service import AdapterService, open_store
 from tests.support.engines import ReferenceServer, free_port, tiny_model_path
 from tests.support.engines import launch_reference_server as launch
 
@@ -176,7 +175,7 @@ AdapterFactory = Callable[..., AbstractContextManager[RunningAdapter]]
 @pytest.fixture
 def adapter(redis_url: str, model_dir: Path) -> Iterator[AdapterFactory]:
     """``with adapter(engines=[url, ...], **config) as a:`` runs an adapter in-process."""
-    renderers: dict[tuple[str, int | None], Renderer] = {}
+    renderers: dict[tuple[str, int | None, float | None], Renderer] = {}
 
     @contextmanager
     def run(engines: list[str], **overrides: Any) -> Iterator[RunningAdapter]:
@@ -189,12 +188,14 @@ def adapter(redis_url: str, model_dir: Path) -> Iterator[AdapterFactory]:
             **overrides,
         }
         config = AdapterConfig(**settings)
-        key = (config.model, config.context_length)
+        key = (config.model, config.context_length, config.max_bytes_per_token)
         if key not in renderers:
-            renderers[key] = Renderer(config.model, context_length=config.context_length)
-        service = AdapterService(
-            config, renderers[key], TrajectoryStore.from_url(config.redis_url, config.key_prefix)
-        )
+            renderers[key] = Renderer(
+                config.model,
+                context_length=config.context_length,
+                max_bytes_per_token=config.max_bytes_per_token,
+            )
+        service = AdapterService(config, renderers[key], open_store(config))
         port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
