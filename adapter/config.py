@@ -63,6 +63,13 @@ class AdapterConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     engine_timeout_s: float = Field(default=900.0, gt=0)
     engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    engine_outage_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="when every engine is out of rotation, how long a call waits for one to be "
+        "re-admitted before it fails (0: fail at once)",
+    )
     engine_connect_timeout_s: float = Field(
         default=30.0,
         gt=0,

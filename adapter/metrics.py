@@ -165,6 +165,10 @@ class AdapterMetrics:
             "swerl_adapter_engine_failures_total", "Failed generate calls per engine.", ["engine"]
         )
         self.retries = Counter("swerl_adapter_retries_total", "Requests retried on another engine.")
+        self.outage_waits = Counter(
+            "swerl_adapter_outage_waits_total",
+            "Calls that waited for an engine to be re-admitted (every engine was out).",
+        )
         self.store_errors = Counter(
             "swerl_adapter_store_errors_total", "Failed write-throughs to Redis (kept, retried)."
         )

@@ -9,6 +9,9 @@
   while it was away.
 * A call that failed before any token reached the client is retried on another healthy engine
   (``engine_attempts`` engines at most); the trajectory then sticks to the engine that answered.
+* When *every* engine is out of rotation, a call waits (at most ``outage_wait_s``) for the
+  prober to re-admit one instead of failing at once: one transient timeout on the only engine
+  must not abort every trajectory in flight.
   When no engine can serve it, :class:`NoEngineAvailableError` is raised (the app answers 503
   and marks the trajectory as an infrastructure failure).
 """
@@ -59,6 +62,7 @@ class Router:
     engines: list[Engine]
     metrics: AdapterMetrics
     attempts: int = 3
+    outage_wait_s: float = 0.0  # longest wait for a re-admission when every engine is out
     sticky: dict[str, str] = field(default_factory=dict)  # trajectory id -> engine url
 
     def __post_init__(self) -> None:
@@ -136,6 +140,8 @@ class Router:
         extra = {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {}
         for attempt in range(self.attempts):
             engine = self.pick(trajectory_id, exclude=tried)
+            if engine is None and not self.healthy():
+                engine = await self._wait_for_readmission(trajectory_id)
             if engine is None:
                 break
             tried.add(engine.url)
@@ -168,6 +174,19 @@ class Router:
             return result, engine
         detail = "; ".join(errors) if errors else "no healthy engine"
         raise NoEngineAvailableError(detail)
+
+    async def _wait_for_readmission(self, trajectory_id: str | None) -> Engine | None:
+        """Every engine is out of rotation: wait up to ``outage_wait_s`` for the prober to put
+        one back. A re-admitted engine passed a probe, so engines already tried this call are
+        eligible again (``attempts`` still bounds the calls)."""
+        deadline = time.monotonic() + self.outage_wait_s
+        if self.outage_wait_s > 0:
+            self.metrics.outage_waits.inc()
+        while (remaining := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(0.05, remaining))
+            if self.healthy():
+                return self.pick(trajectory_id)
+        return None
 
     async def probe_loop(
         self,

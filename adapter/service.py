@@ -141,6 +141,7 @@ class AdapterService:
             engines=[Engine(url=c.base_url, client=c) for c in clients],
             metrics=self.metrics,
             attempts=config.engine_attempts,
+            outage_wait_s=config.engine_outage_wait_s,
         )
         self.gate = RefreshGate()
         self.weights = WeightCoordinator(

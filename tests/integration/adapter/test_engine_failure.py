@@ -26,7 +26,7 @@ def test_engine_killed_mid_run(adapter: AdapterFactory, engines: EnginePool) -> 
     try:
         with (
             adapter([doomed.url, engines.a.url]) as pair,
-            adapter([doomed.url], key_prefix="solo:") as solo,
+            adapter([doomed.url], key_prefix="solo:", engine_outage_wait_s=0.3) as solo,
         ):
             x: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
             y: list[dict[str, Any]] = [{"role": "user", "content": "y"}]
@@ -77,6 +77,8 @@ def test_engine_killed_mid_run(adapter: AdapterFactory, engines: EnginePool) -> 
             assert "no inference engine" in after_d["outcome"]["abort_reason"]
             assert after_d["counters"]["infra_failures"] == 1
             assert solo.http.get(f"{solo.url}/health").status_code == 503
+            # It waited for a re-admission first (the engine stayed dead).
+            assert "swerl_adapter_outage_waits_total 1" in solo.http.get(f"{solo.url}/metrics").text
             # A later close with a score cannot turn the infrastructure failure into a 0/1.
             closed = solo.http.post(
                 f"{solo.url}/trajectories/fail-d/close",
@@ -90,7 +92,7 @@ def test_engine_killed_mid_run(adapter: AdapterFactory, engines: EnginePool) -> 
 @pytest.mark.parametrize("stream", [False, True])
 def test_all_engines_unreachable_is_503(adapter: AdapterFactory, stream: bool) -> None:
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    with adapter(dead) as a:
+    with adapter(dead, engine_outage_wait_s=0) as a:
         body = {"messages": [{"role": "user", "content": "x"}], "stream": stream}
         for tid in (None, "unreachable"):
             response = a.chat(tid, body)

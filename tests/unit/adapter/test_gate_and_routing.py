@@ -6,9 +6,15 @@ import asyncio
 
 import pytest
 
-from adapter.engines.sglang import SGLangClient
+from adapter.engines.protocol import FinishReason
+from adapter.engines.sglang import (
+    EngineUnavailableError,
+    GenerateResult,
+    SamplingParams,
+    SGLangClient,
+)
 from adapter.metrics import AdapterMetrics
-from adapter.routing import Engine, Router
+from adapter.routing import Engine, NoEngineAvailableError, Router
 from adapter.weights import RefreshGate, parse_version
 
 
@@ -111,3 +117,74 @@ def test_stick_and_forget_keep_assignment_counts() -> None:
     router.forget("a")
     router.forget("unknown")
     assert (e0.assigned, e1.assigned) == (1, 0)
+
+
+STOP = FinishReason(type="stop")
+
+
+class FlakyClient(SGLangClient):
+    """An engine client whose first ``failures`` calls fail as if the engine timed out."""
+
+    def __init__(self, url: str, failures: int) -> None:
+        super().__init__(url)
+        self.failures = failures
+        self.calls = 0
+
+    async def generate(self, input_ids: list[int], sampling: object, **_: object) -> GenerateResult:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise EngineUnavailableError(self.base_url, "read timed out")
+        return GenerateResult(
+            rid="r", text="ok", output_ids=[1], output_logprobs=[-0.5], finish_reason=STOP,
+            weight_version="0", prompt_tokens=len(input_ids), cached_tokens=0, latency_s=0.0,
+            engine_latency_s=None,
+        )  # fmt: skip
+
+
+def _flaky_router(outage_wait_s: float, failures: int) -> tuple[Router, FlakyClient]:
+    client = FlakyClient("http://127.0.0.1:9100", failures)
+    router = Router(
+        engines=[Engine(url=client.base_url, client=client)],
+        metrics=AdapterMetrics(),
+        attempts=3,
+        outage_wait_s=outage_wait_s,
+    )
+    return router, client
+
+
+def test_a_call_waits_for_the_only_engine_to_be_readmitted() -> None:
+    # One transient timeout on the only engine must not fail the call (and abort its
+    # trajectory): it waits for the prober to re-admit the engine, then retries there.
+    router, client = _flaky_router(outage_wait_s=60.0, failures=1)
+
+    async def scenario() -> str:
+        async def prober() -> None:
+            while router.engines[0].healthy:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # the call is now waiting
+            router.mark_healthy(router.engines[0])
+
+        probe = asyncio.create_task(prober())
+        result, engine = await router.generate("t1", [1, 2], SamplingParams(), rid="r")
+        await probe
+        return f"{result.text}@{engine.url}"
+
+    assert asyncio.run(scenario()) == "ok@http://127.0.0.1:9100"
+    assert client.calls == 2
+    assert router.metrics.outage_waits.get() == 1
+    assert router.sticky == {"t1": "http://127.0.0.1:9100"}
+
+
+def test_without_a_readmission_the_call_fails_after_the_wait() -> None:
+    router, client = _flaky_router(outage_wait_s=0.2, failures=10)
+    with pytest.raises(NoEngineAvailableError, match="read timed out"):
+        asyncio.run(router.generate("t1", [1], SamplingParams(), rid="r"))
+    assert client.calls == 1  # never re-admitted: no second call
+    assert router.metrics.outage_waits.get() == 1
+
+
+def test_no_outage_wait_fails_at_once() -> None:
+    router, client = _flaky_router(outage_wait_s=0.0, failures=10)
+    with pytest.raises(NoEngineAvailableError):
+        asyncio.run(router.generate(None, [1], SamplingParams(), rid="r"))
+    assert client.calls == 1 and router.metrics.outage_waits.get() == 0
