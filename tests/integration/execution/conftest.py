@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import pytest
 from sandbox_worker.runner import SimulatedProbe
 from services.manager.api import RolloutManager
 from services.manager.config import ManagerConfig
+from services.protocol.trajectory import TrajectoryMeta
 from services.queue.config import QueueConfig
 from services.queue.store import TaskQueue
+from services.store.trajectories import TrajectoryStore
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -158,3 +161,16 @@ def wait_nodes(queue: TaskQueue, names: set[str], procs: Procs, timeout: float =
         f"nodes {sorted(names)} to heartbeat",
         procs.logs,
     )
+
+
+def open_record(redis_url: str, trajectory_id: str) -> None:
+    """Open a trajectory record in the store, as the adapter does when a worker starts a run."""
+
+    async def _open() -> None:
+        store = TrajectoryStore.from_url(redis_url)
+        try:
+            await store.open(TrajectoryMeta(trajectory_id=trajectory_id))
+        finally:
+            await store.close_connection()
+
+    asyncio.run(_open())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -15,18 +14,17 @@ from sandbox_worker.worker import Worker
 from services.manager.api import RolloutManager, tasks_for_request
 from services.manager.service import ManagerService
 from services.protocol import RolloutRequest, TaskResult
-from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
+from services.protocol.trajectory import Outcome, OutcomeStatus
 from services.queue.config import QueueConfig
 from services.queue.entries import decode_task_entry
 from services.queue.keys import WORKER_GROUP
 from services.queue.store import BatchConflictError, QueueError, TaskQueue, UnknownBatchError
 from services.store.trajectories import (
     TrajectoryKeys,
-    TrajectoryStore,
     abort_lost_trajectory,
     load_trajectory,
 )
-from tests.integration.execution.conftest import MANAGER_CFG, wait_for
+from tests.integration.execution.conftest import MANAGER_CFG, open_record, wait_for
 
 NODE = "n1"
 
@@ -329,19 +327,6 @@ def test_submit_rejects_a_batch_id_too_long_for_trajectory_ids(q: TaskQueue) -> 
     assert q.batch_ids() == []
 
 
-def _open_record(redis_url: str, trajectory_id: str) -> None:
-    """Open a trajectory record in the store, as the adapter does when a worker starts a run."""
-
-    async def _open() -> None:
-        store = TrajectoryStore.from_url(redis_url)
-        try:
-            await store.open(TrajectoryMeta(trajectory_id=trajectory_id))
-        finally:
-            await store.close_connection()
-
-    asyncio.run(_open())
-
-
 def _record(q: TaskQueue, trajectory_id: str) -> tuple[str, Outcome | None]:
     info = q.redis.hgetall(TrajectoryKeys(q.cfg.prefix, trajectory_id).info)
     raw = info.get(b"outcome")
@@ -359,7 +344,7 @@ def test_requeued_attempt_closes_its_open_record_as_aborted_worker_lost(
     entries = {tid: eid for eid, tid, _ in take(q, node="dead")}
     for tid, eid in entries.items():
         q.start(tid, eid, "dead")
-        _open_record(redis_url, f"{tid}.a1")
+        open_record(redis_url, f"{tid}.a1")
     # t_done's worker recorded its outcome before it died (its result never reached the queue)
     done_outcome = Outcome(status=OutcomeStatus.COMPLETED, reward=1.0)
     q.redis.hset(
@@ -392,7 +377,7 @@ def test_an_adapter_abort_on_an_open_record_is_kept(q: TaskQueue, redis_url: str
     q.dispatch(NODE, 2, 1)
     [(eid, _, _)] = take(q)
     q.start(tid, eid, NODE)
-    _open_record(redis_url, f"{tid}.a1")
+    open_record(redis_url, f"{tid}.a1")
     adapter_abort = Outcome(status=OutcomeStatus.ABORTED, abort_reason="no engine")
     q.redis.hset(
         TrajectoryKeys(q.cfg.prefix, f"{tid}.a1").info, "outcome", adapter_abort.model_dump_json()

@@ -8,7 +8,6 @@ then take the node over -- never exit "node already served", which leaves the no
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import uuid
 from collections.abc import Iterator
@@ -20,24 +19,17 @@ from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.runner import SimulatedProbe
 from services.manager.api import RolloutManager
 from services.protocol import RolloutRequest
-from services.protocol.trajectory import OutcomeStatus, TrajectoryMeta
+from services.protocol.trajectory import OutcomeStatus
 from services.queue.store import TaskQueue
-from services.store.trajectories import TrajectoryStore, load_trajectory
-from tests.integration.execution.conftest import Procs, on_host, wait_for, wait_nodes
+from services.store.trajectories import load_trajectory
+from tests.integration.execution.conftest import (
+    Procs,
+    on_host,
+    open_record,
+    wait_for,
+    wait_nodes,
+)
 from tests.support.docker import build_test_images, ensure_dockerd
-
-
-def _open_record(redis_url: str, trajectory_id: str) -> None:
-    """What the adapter does when the worker opens the attempt's trajectory."""
-
-    async def _open() -> None:
-        store = TrajectoryStore.from_url(redis_url)
-        try:
-            await store.open(TrajectoryMeta(trajectory_id=trajectory_id))
-        finally:
-            await store.close_connection()
-
-    asyncio.run(_open())
 
 
 def _log(procs: Procs, node: str, n: int) -> str:
@@ -54,7 +46,7 @@ def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
     wait_nodes(queue, {"mover"}, procs)
     batch = manager.submit(RolloutRequest(instance_ids=["t.sleep20000"], n_samples=1))
     wait_for(probe.starts, 20, "the task to start", procs.logs)
-    _open_record(redis_url, f"{batch}:0:0.a1")
+    open_record(redis_url, f"{batch}:0:0.a1")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
 
