@@ -260,3 +260,37 @@ def test_git_diffs_without_hunks_and_no_newline_markers_parse() -> None:
     two_files = PATCH + "--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+x\n+y\n"
     for patch in (rename + PATCH, no_newline, two_files):
         assert SWEInstance.model_validate({**SWEBENCH_ROW, "patch": patch}).patch == patch
+
+
+def test_verified_parquet_with_json_string_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {**SWEBENCH_ROW, "difficulty": "<15 min fix"}  # Verified: every column a string
+    path = tmp_path / "test-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    (inst,) = load_instances(path)
+    assert inst.FAIL_TO_PASS == ["t.py::test_new"] and inst.PASS_TO_PASS == ["t.py::test_old"]
+    assert inst.to_swebench_dict() == row
+
+
+MALFORMED_DIFFS = [
+    PATCH.replace("@@ -1 +1 @@", "@@ -x +1 @@"),
+    PATCH.replace("\n-a\n", "\n*a\n"),
+    PATCH.replace("@@ -1 +1 @@", "@@ -1,3 +1,3 @@"),
+    "@@ -1 +1 @@\n-a\n+b\n",
+]
+
+
+def test_what_the_evaluation_parser_rejects_the_loader_rejects() -> None:
+    """A row the loader accepts never makes the evaluation's diff parser raise later."""
+    from sandbox_worker.evaluation.patches import PatchParseError, patched_files
+    from services.protocol.diffs import unified_diff_problem
+
+    for diff in MALFORMED_DIFFS:
+        with pytest.raises(PatchParseError):
+            patched_files(diff)
+        assert unified_diff_problem(diff) is not None, diff
+    for inst in load_instances(MINI):
+        for diff in (inst.patch, inst.test_patch):
+            assert unified_diff_problem(diff) is None and patched_files(diff)
