@@ -11,7 +11,12 @@ as is. The variants differ in details this model absorbs:
 * SWE-smith rows have no ``base_commit`` (the instance image's ``HEAD`` *is* the buggy base)
   and no ``test_patch`` (the failing tests are already in the repository); both are optional,
   and :attr:`SWEInstance.base_ref` says which revision to diff against.
-* Unknown extra columns (``image_name``, ``meta``...) are kept, not rejected.
+* Unknown extra columns (SWE-smith's ``image_name``, SWE-bench Verified's ``difficulty``,
+  ``meta``...) are kept on purpose (``model_extra``, written back by ``to_swebench_dict``), not
+  rejected: image naming and reports read them, and a loader that dropped columns would make
+  a round trip lossy.
+* ``patch`` and ``test_patch`` must parse as unified diffs (:mod:`services.protocol.diffs`):
+  a truncated or garbled gold patch is that row's error, not a silent 0 reward later.
 
 ``test_cmd`` is swerl's extension: the command (before the test files) that runs the
 instance's tests; ``None`` means the evaluation's default pytest command.
@@ -24,6 +29,8 @@ from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.protocol.diffs import unified_diff_problem
 
 # instance ids appear in sandbox names, image tags and Redis keys: keep them to a safe alphabet.
 INSTANCE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+\-]{0,199}$"
@@ -70,9 +77,10 @@ class SWEInstance(BaseModel):
 
     @field_validator("patch", "test_patch")
     @classmethod
-    def _looks_like_a_diff(cls, value: str) -> str:
-        if value and "\n+++ " not in value and not value.startswith("+++ "):
-            raise ValueError("is not a unified diff (no '+++ ' file header)")
+    def _parses_as_a_diff(cls, value: str) -> str:
+        problem = unified_diff_problem(value) if value else None
+        if problem:
+            raise ValueError(f"is not a unified diff: {problem}")
         return value
 
     @field_validator("version", "created_at", mode="before")

@@ -123,6 +123,11 @@ def test_bad_json_names_the_line(tmp_path: Path) -> None:
         ({"patch": ""}, "'patch'.*at least 1 character"),
         ({"patch": "just words"}, "'patch'.*not a unified diff"),
         ({"test_patch": "junk"}, "'test_patch'.*not a unified diff"),
+        ({"patch": PATCH[: PATCH.index("-a")]}, "'patch'.*truncated hunk"),
+        ({"patch": PATCH.replace("@@ -1 +1 @@", "@@ -x +1 @@")}, "'patch'.*malformed hunk"),
+        ({"patch": PATCH.replace("\n-a\n", "\n*a\n")}, "'patch'.*diff line 5: '\\*a' inside"),
+        ({"patch": PATCH.replace("+b\n", "+b\n+c\n-d\n")}, "'patch'.*longer than its header"),
+        ({"patch": "@@ -1 +1 @@\n-a\n+b\n"}, "'patch'.*hunk before any"),
         ({"problem_statement": 7}, "'problem_statement'.*valid string"),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None,
@@ -208,3 +213,84 @@ def test_model_directly() -> None:
     assert inst.FAIL_TO_PASS == ["a", "b"]
     with pytest.raises(ValueError):
         inst.__setattr__("patch", "x")  # frozen
+
+
+# Rows in the published shapes (field lists from the datasets' cards: SWE-Gym/SWE-Gym has
+# SWE-bench's fields without environment_setup_commit, lists for the test ids; SWE-smith has
+# instance_id, patch, FAIL_TO_PASS, PASS_TO_PASS (lists), image_name, repo, problem_statement).
+GYM_ROW: dict[str, Any] = {
+    **{k: v for k, v in SWEBENCH_ROW.items() if k != "environment_setup_commit"},
+    "instance_id": "octo__lib-90",
+    "FAIL_TO_PASS": ["t.py::test_new"],
+    "PASS_TO_PASS": ["t.py::test_old", "t.py::test_other"],
+}
+
+
+def test_verified_row_keeps_its_extra_columns(tmp_path: Path) -> None:
+    row = {**SWEBENCH_ROW, "difficulty": "15 min - 1 hour"}
+    (inst,) = load_instances(write_jsonl(tmp_path / "verified.jsonl", [row]))
+    assert inst.model_extra == {"difficulty": "15 min - 1 hour"}
+    assert inst.to_swebench_dict() == row
+
+
+def test_gym_row_with_lists_in_jsonl(tmp_path: Path) -> None:
+    (inst,) = load_instances(write_jsonl(tmp_path / "gym.jsonl", [GYM_ROW]))
+    assert inst.PASS_TO_PASS == ["t.py::test_old", "t.py::test_other"]
+    assert inst.environment_setup_commit is None and inst.base_ref == "a" * 40
+
+
+def test_smith_parquet_with_list_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "smith.parquet"
+    pq.write_table(pa.Table.from_pylist([SMITH_ROW]), path)
+    (inst,) = load_instances(path)
+    assert inst.base_ref == "HEAD" and inst.FAIL_TO_PASS == ["t.py::test_new"]
+    assert inst.model_extra == {"image_name": SMITH_ROW["image_name"]}
+    garbled = {**SMITH_ROW, "patch": PATCH.replace("+b\n", "")}
+    pq.write_table(pa.Table.from_pylist([SMITH_ROW, garbled]), path)
+    with pytest.raises(DatasetError, match=r"smith\.parquet:row 2 .*'patch'.*truncated hunk"):
+        load_instances(path)
+
+
+def test_git_diffs_without_hunks_and_no_newline_markers_parse() -> None:
+    rename = "diff --git a/x.py b/y.py\nsimilarity index 100%\nrename from x.py\nrename to y.py\n"
+    no_newline = PATCH.rstrip("\n") + "\n\\ No newline at end of file\n"
+    two_files = PATCH + "--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+x\n+y\n"
+    for patch in (rename + PATCH, no_newline, two_files):
+        assert SWEInstance.model_validate({**SWEBENCH_ROW, "patch": patch}).patch == patch
+
+
+def test_verified_parquet_with_json_string_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {**SWEBENCH_ROW, "difficulty": "<15 min fix"}  # Verified: every column a string
+    path = tmp_path / "test-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    (inst,) = load_instances(path)
+    assert inst.FAIL_TO_PASS == ["t.py::test_new"] and inst.PASS_TO_PASS == ["t.py::test_old"]
+    assert inst.to_swebench_dict() == row
+
+
+MALFORMED_DIFFS = [
+    PATCH.replace("@@ -1 +1 @@", "@@ -x +1 @@"),
+    PATCH.replace("\n-a\n", "\n*a\n"),
+    PATCH.replace("@@ -1 +1 @@", "@@ -1,3 +1,3 @@"),
+    "@@ -1 +1 @@\n-a\n+b\n",
+]
+
+
+def test_what_the_evaluation_parser_rejects_the_loader_rejects() -> None:
+    """A row the loader accepts never makes the evaluation's diff parser raise later."""
+    from sandbox_worker.evaluation.patches import PatchParseError, patched_files
+    from services.protocol.diffs import unified_diff_problem
+
+    for diff in MALFORMED_DIFFS:
+        with pytest.raises(PatchParseError):
+            patched_files(diff)
+        assert unified_diff_problem(diff) is not None, diff
+    for inst in load_instances(MINI):
+        for diff in (inst.patch, inst.test_patch):
+            assert unified_diff_problem(diff) is None and patched_files(diff)
