@@ -57,8 +57,8 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from adapter.engines.sglang import SamplingParams, SGLangClient  # noqa: E402
-from adapter.engines.tiny_model import ensure_tiny_model  # noqa: E402
 from services.store import load_trajectory  # noqa: E402
+from services.tiny_model.build import ensure_tiny_model  # noqa: E402
 from tests.support.engines import free_port, launch_reference_server  # noqa: E402
 from tests.support.redis import start_redis, stop_redis  # noqa: E402
 

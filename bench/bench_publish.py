@@ -37,8 +37,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from adapter.engines.tiny_model import ensure_tiny_model  # noqa: E402
 from bench.bench_adapter import ADMIN_TOKEN, start_adapter  # noqa: E402
+from services.tiny_model.build import ensure_tiny_model  # noqa: E402
 from tests.support.engines import launch_reference_server  # noqa: E402
 from tests.support.redis import start_redis, stop_redis  # noqa: E402
 from trainer.backends.torch_backend import TorchBackend  # noqa: E402

@@ -5,12 +5,12 @@
 #
 # Starts `python -m sglang.launch_server --model-path MODEL_DIR` on 127.0.0.1:PORT (default 30000),
 # waits for /health, then runs the client contract tests
-# (tests/integration/engines/test_sglang_client.py) against it by setting SWERL_SGLANG_URL and
+# (tests/integration/adapter/engines/test_sglang_client.py) against it by setting SWERL_SGLANG_URL and
 # SWERL_SGLANG_MODEL_DIR. The same tests run against the CPU reference engine when those variables
-# are unset (plain `pytest tests/integration/engines`), so both servers are held to one contract.
+# are unset (plain `pytest tests/integration/adapter/engines`), so both servers are held to one contract.
 #
 # MODEL_DIR: a local Hugging Face model directory (e.g. a Qwen3-0.6B download), or `tiny` to build
-# swerl's tiny random model here (python -m adapter.engines.tiny_model).
+# swerl's tiny random model here (python -m services.tiny_model.build).
 #
 # Environment:
 #   PYTHON             python with swerl's test dependencies (default: .venv/bin/python)
@@ -71,7 +71,7 @@ WORK="$(mktemp -d -t swerl-gpu-check-XXXXXX)"
 LOG="$WORK/sglang.log"
 MODEL="$1"
 if [[ "$MODEL" == "tiny" ]]; then
-  (cd "$REPO" && "$PY" -m adapter.engines.tiny_model "$WORK/tiny-model")
+  (cd "$REPO" && "$PY" -m services.tiny_model.build "$WORK/tiny-model")
   MODEL="$WORK/tiny-model"
   EXTRA="${SGLANG_EXTRA_ARGS:---dtype bfloat16 --attention-backend triton --disable-cuda-graph}"
 else
@@ -108,7 +108,7 @@ cd "$REPO"
 status=0
 SWERL_SGLANG_URL="http://127.0.0.1:$PORT" SWERL_SGLANG_MODEL_DIR="$MODEL" \
   SWERL_LONG_TOKENS="${SWERL_LONG_TOKENS:-3000}" \
-  "$PY" -m pytest tests/integration/engines/test_sglang_client.py -v -p no:cacheprovider \
+  "$PY" -m pytest tests/integration/adapter/engines/test_sglang_client.py -v -p no:cacheprovider \
   || status=$?
 if (( status != 0 )); then
   echo "contract tests FAILED against SGLang (exit $status); server log: $LOG" >&2

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import redis
 
-from adapter.engines.tiny_model import ensure_tiny_model
 from sandbox_worker.images import DEFAULT_INSTANCES
 from sandbox_worker.tasks.scripted import write_script
 from services.datasets import load_instances
@@ -42,6 +41,7 @@ from services.local_stack import LocalStack, StackError, free_port, http_ok
 from services.manager.api import RolloutManager
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
 from services.store.trajectories import load_trajectory
+from services.tiny_model.build import ensure_tiny_model
 
 # The adapter runs in training mode as in production: the worker token is shared by the adapter
 # and the worker through their environments (never a command line), fresh for every demo.
@@ -77,7 +77,7 @@ def start_services(
     engines = []
     for name, extra in (("engine-scripted", ["--script", str(script)]), ("engine-random", [])):
         port = free_port()
-        stack.python(name, "adapter.engines.reference_server",
+        stack.python(name, "services.reference_engine.server",
                      ["--model", str(model), "--port", str(port), *extra],
                      http_ok(f"http://127.0.0.1:{port}/health"))  # fmt: skip
         engines.append(f"http://127.0.0.1:{port}")

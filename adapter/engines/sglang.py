@@ -1,9 +1,9 @@
 """Async client for SGLang's native HTTP API -- the only way the adapter talks to engines.
 
 It speaks to a real SGLang server and to the reference engine alike (the same contract tests run
-against both, see ``tests/integration/engines``). Every answer is validated; anything that does
-not look like SGLang's wire format raises :class:`EngineProtocolError` rather than propagating
-half-parsed data into a trajectory record.
+against both, see ``tests/integration/adapter/engines``). Every answer is validated;
+anything that does not look like SGLang's wire format raises :class:`EngineProtocolError`
+rather than propagating half-parsed data into a trajectory record.
 
 Error model (what a caller can rely on):
 
@@ -32,7 +32,7 @@ from typing import Any, Self
 import httpx
 from pydantic import ValidationError
 
-from adapter.engines.protocol import (
+from services.protocol.sglang import (
     FinishReason,
     GenerateOutput,
     ModelInfo,

@@ -64,8 +64,8 @@ step_model() {
     log "tiny models cached"; return
   fi
   log "building the tiny models"
-  .venv/bin/python -m adapter.engines.tiny_model "$CACHE/tiny-model"
-  .venv/bin/python -m adapter.engines.tiny_model "$CACHE/tiny-model-coder" --coder
+  .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model"
+  .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-coder" --coder
 }
 
 step_docker() { deploy/dev/dockerd.sh start; }

@@ -2,9 +2,9 @@
 
 Test machinery. A tiny random model cannot solve a task, so the end-to-end tests that need an
 agent which *succeeds* run the reference engine in scripted mode
-(``python -m adapter.engines.reference_server --script FILE``, see
-:mod:`adapter.engines.script`): the engine replays given assistant outputs (with the model's
-real logprobs) instead of sampling. This module writes such a script from instances' gold
+(``python -m services.reference_engine.server --script FILE``, see
+:mod:`services.reference_engine.script`): the engine replays given assistant outputs (with the
+model's real logprobs) instead of sampling. This module writes such a script from instances' gold
 patches, so the real OpenHands agent, through the real adapter, fixes each instance in its real
 sandbox with the real tools. Nothing here is a policy; every scripted turn says so in its text.
 

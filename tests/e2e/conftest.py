@@ -2,7 +2,7 @@
 
 * a private ``redis-server`` (``tests/conftest.py``) holding trajectory records and the queue;
 * the private dockerd and the mini task set's images (built if missing, cached);
-* the tiny model; two reference engines (``python -m adapter.engines.reference_server``): one in
+* the tiny model; two reference engines (``python -m services.reference_engine.server``): one in
   **SCRIPTED mode** replaying the gold solutions of :mod:`sandbox_worker.tasks.scripted` (test
   machinery: the agent succeeds because the engine replays the gold patch, not because a model
   solved anything), one sampling freely from the random tiny model;

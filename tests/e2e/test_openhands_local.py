@@ -1,7 +1,7 @@
 """A real OpenHands SDK conversation driven through the adapter (issue 2), local workspace.
 
 Stack, all real processes except the agent: reference engines (``python -m
-adapter.engines.reference_server``) -> the adapter (``python -m adapter``) with a private Redis
+services.reference_engine.server``) -> the adapter (``python -m adapter``) with a private Redis
 -> OpenHands' ``LocalConversation`` (terminal + file editor) run by
 :func:`sandbox_worker.openhands.runner.run_agent` in this process on a temporary git repository.
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sandbox_worker import images
 from tests.support import sandboxes
+from tests.support.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERD_SCRIPT = REPO_ROOT / "deploy" / "dev" / "dockerd.sh"
 DOCKERD_LOG = Path("/var/log/swerl-dockerd.log")
 

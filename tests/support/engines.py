@@ -2,7 +2,7 @@
 
 ``tiny_model_path`` builds (once) the tiny model under ``$SWERL_CACHE_DIR`` if that is set, else
 under a pytest temporary directory. ``start_reference_server`` runs
-``python -m adapter.engines.reference_server`` on a free loopback port as a real subprocess and
+``python -m services.reference_engine.server`` on a free loopback port as a real subprocess and
 waits for ``/health``; use it as a context manager (or call ``stop()``).
 ``reference_server_in_thread`` serves the same app from a thread of the test process: it starts in
 well under a second once torch is imported (a subprocess pays ~5-25 s of imports on a busy
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from adapter.engines.tiny_model import ensure_tiny_model
+from services.tiny_model.build import ensure_tiny_model
+from tests.support.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 90.0
 
 
@@ -103,7 +103,7 @@ def launch_reference_server(
     args = [
         sys.executable,
         "-m",
-        "adapter.engines.reference_server",
+        "services.reference_engine.server",
         "--model",
         str(model_dir),
         "--port",
@@ -165,7 +165,7 @@ class ThreadedReferenceServer:
 
     url: str
     port: int
-    state: object  # adapter.engines.reference_server.ServerState
+    state: object  # services.reference_engine.server.ServerState
 
 
 @contextmanager
@@ -178,7 +178,7 @@ def reference_server_in_thread(
     """Serve a reference engine in-process (same CLI arguments as the subprocess)."""
     import uvicorn
 
-    from adapter.engines.reference_server import build_state, create_app, parse_args
+    from services.reference_engine.server import build_state, create_app, parse_args
 
     port = free_port()
     argv = ["--model", str(model_dir), "--port", str(port), "--log-level", "warning"]

@@ -49,7 +49,8 @@ CODER_CALL = (
 )
 MALFORMED_CALL = '<tool_call>\n{"name": "bash", "arguments": {oops}\n</tool_call>'
 
-# Scripted conversations, chosen by a marker in the user message (see adapter.engines.script).
+# Scripted conversations, chosen by a marker in the user message
+# (see services.reference_engine.script).
 SCRIPTS: list[dict[str, Any]] = [
     {"match": "TASK-JSON", "turns": [JSON_CALL_LS, JSON_CALL_CAT, "All done."]},
     {"match": "TASK-CODER", "turns": [CODER_CALL, "Done."]},

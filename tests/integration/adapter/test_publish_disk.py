@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
-from tests.integration.adapter.publish_support import (
+from tests.support.engines import reference_server_in_thread
+from tests.support.publish import (
     max_gap,
     move_weights,
     recomputed,
     served,
     trainer,
 )
-from tests.support.engines import reference_server_in_thread
 from trainer.publish import DiskPublisher, PublishConfig, PublishError, make_publisher
 
 

@@ -21,14 +21,14 @@ from tests.integration.adapter.conftest import (
     AdapterFactory,
     RunningAdapter,
 )
-from tests.integration.adapter.publish_support import (
+from tests.support.engines import ReferenceServer, launch_reference_server
+from tests.support.publish import (
     max_gap,
     move_weights,
     recomputed,
     served,
     trainer,
 )
-from tests.support.engines import ReferenceServer, launch_reference_server
 from trainer.backends.torch_backend import TorchBackend
 from trainer.publish import DistributedPublisher, PublishConfig, PublishError, make_publisher
 

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from adapter.engines.protocol import FinishReason
 from adapter.engines.sglang import (
     EngineUnavailableError,
     GenerateResult,
@@ -16,6 +15,7 @@ from adapter.engines.sglang import (
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, NoEngineAvailableError, Router
 from adapter.weights import RefreshGate, parse_version
+from services.protocol.sglang import FinishReason
 
 
 def test_closed_gate_makes_new_calls_wait_and_drain_waits_for_inflight() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from adapter.errors import APIError
 from adapter.messages import canonical, template_messages
 from adapter.openai_schema import ChatMessage, parse_chat_request, stream_chunks
+from tests.support.paths import TEST_DATA
 
 TOOL = {
     "type": "function",
@@ -190,7 +190,7 @@ def test_stream_chunks_follow_openai_format() -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage
 
 
-SAMPLES = Path(__file__).resolve().parents[2] / "data" / "openhands_requests"
+SAMPLES = TEST_DATA / "openhands_requests"
 
 
 @pytest.mark.parametrize("name", ["basic_00", "basic_01", "basic_02", "errors_04"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from adapter.config import ToolParserName
-from adapter.engines.chat_templates import (
+from adapter.tool_parsers import HermesParser, Qwen3CoderParser, detect_parser, get_parser
+from services.tiny_model.chat_templates import (
     QWEN3_CODER_XML_TOOLS_TEMPLATE,
     QWEN_JSON_TOOLS_TEMPLATE,
 )
-from adapter.tool_parsers import HermesParser, Qwen3CoderParser, detect_parser, get_parser
 
 TOOLS = [
     {

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from tests.support.dp_worker import run
 from tests.support.engines import REPO_ROOT, free_port
-from tests.unit.trainer.backends.dp_worker import run
-from tests.unit.trainer.records import record, turn
+from tests.support.trajectory_records import record, turn
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
 from trainer.data import build_batch
@@ -49,7 +49,7 @@ def test_two_rank_fsdp_step_equals_one_process(tiny_model_dir: Path, tmp_path: P
             [
                 sys.executable,
                 "-m",
-                "tests.unit.trainer.backends.dp_worker",
+                "tests.support.dp_worker",
                 str(rank),
                 "2",
                 port,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.unit.trainer.backends.recorded import record_conversations, update_engine_weights
-from tests.unit.trainer.records import record, turn
+from tests.support.recorded_conversations import record_conversations, update_engine_weights
+from tests.support.trajectory_records import record, turn
 from trainer.algorithms import ObjectiveBatch, compute_objective
 from trainer.backends import StepObjective, create_backend
 from trainer.backends.torch_backend import TorchBackend

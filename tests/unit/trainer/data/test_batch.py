@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from services.protocol import OutcomeStatus
-from tests.unit.trainer.records import record, turn
+from tests.support.trajectory_records import record, turn
 from trainer.config import BatchConfig
 from trainer.data import BatchError, RecordError, build_batch
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.unit.trainer.records import record, turn
+from tests.support.trajectory_records import record, turn
 from trainer.data import build_batch, plan_micro_batches
 
 

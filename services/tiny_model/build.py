@@ -1,0 +1,265 @@
+"""Build the tiny Qwen3-architecture model used by every CPU test and by ``make demo``.
+
+``python -m services.tiny_model.build DIR [--coder] [--seed N]`` writes a complete Hugging Face
+model directory: a 2-layer, hidden-64 ``Qwen3ForCausalLM`` with random float32 weights (fixed
+seed, safetensors), a byte-level BPE tokenizer trained here on an embedded corpus (no downloads),
+the Qwen special tokens, and a Qwen-style chat template with tool support
+(:mod:`services.tiny_model.chat_templates`). The model cannot do anything useful; it exists so that
+the whole token path (chat template -> token ids -> engine -> logprobs -> trainer) runs for real
+on a CPU in seconds. The same seed produces the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from services.tiny_model.chat_templates import (
+    QWEN3_CODER_XML_TOOLS_TEMPLATE,
+    QWEN_JSON_TOOLS_TEMPLATE,
+)
+from services.tiny_model.corpus import CORPUS
+
+# Tokens with ``special=True`` are control tokens (skipped when decoding with
+# ``skip_special_tokens``); the tool and think markers are ordinary added tokens, as in Qwen, so
+# they survive decoding and the adapter can parse them from the text.
+SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+MARKER_TOKENS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+# Qwen2's pre-tokenisation regex: contractions, letter runs, single digits, punctuation runs,
+# newline runs and spaces -- so that merges never cross these boundaries.
+_QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+STAMP_FILE = "swerl_tiny_model.json"
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of the tiny model; recorded in :data:`STAMP_FILE` so a cached build can be checked."""
+
+    coder: bool = False
+    seed: int = 0
+    target_vocab_size: int = 2048
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    # head_dim 64 (not hidden/heads = 32) keeps the model loadable by GPU attention kernels
+    # (FlashInfer/FA3) so deploy/gpu_check_sglang.sh can serve it with real SGLang.
+    head_dim: int = 64
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    format_version: int = _FORMAT_VERSION
+
+
+def _train_tokenizer(target_vocab_size: int) -> object:
+    """Train the byte-level BPE tokenizer (a ``tokenizers.Tokenizer``) on the embedded corpus."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    # The added tokens take ids after the trained vocabulary, like Qwen's.
+    trained_size = target_vocab_size - len(SPECIAL_TOKENS) - len(MARKER_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=trained_size,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tokenizer.train_from_iterator(list(CORPUS), trainer=trainer)
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
+    return tokenizer
+
+
+def _write_tokenizer(out: Path, spec: TinyModelSpec) -> int:
+    """Save the tokenizer files into ``out``; return the vocabulary size (model rows)."""
+    from transformers import PreTrainedTokenizerFast
+
+    raw = _train_tokenizer(spec.target_vocab_size)
+    template = QWEN3_CODER_XML_TOOLS_TEMPLATE if spec.coder else QWEN_JSON_TOOLS_TEMPLATE
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        chat_template=template,
+        model_max_length=spec.max_position_embeddings,
+        clean_up_tokenization_spaces=False,
+        add_prefix_space=False,
+    )
+    wrapped.save_pretrained(str(out))
+    _normalise_tokenizer_config(out)
+    return len(wrapped)
+
+
+def _normalise_tokenizer_config(out: Path) -> None:
+    """Name a tokenizer class every recent transformers (4.5x and 5.x, SGLang's too) can load."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _write_model(out: Path, spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None, do_sample=True
+    )
+    model.save_pretrained(str(out))
+
+
+def build_tiny_model(directory: str | os.PathLike[str], coder: bool = False, seed: int = 0) -> Path:
+    """Build the tiny model into ``directory`` (created or overwritten); return its path.
+
+    The build happens in a sibling temporary directory that is renamed into place, so a reader
+    never sees a half-written model.
+    """
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    target = Path(directory).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    spec = TinyModelSpec(coder=coder, seed=seed)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        vocab_size = _write_tokenizer(staging, spec)
+        tokenizer = AutoTokenizer.from_pretrained(str(staging))
+        eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+        pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+        _write_model(staging, spec, vocab_size, eos_id, pad_id)
+        stamp = {**asdict(spec), "vocab_size": vocab_size, "eos_token_id": eos_id}
+        (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        # Readable by everyone (sandboxes and engine containers mount it), whatever the umask.
+        for item in staging.iterdir():
+            item.chmod(0o644)
+        staging.chmod(0o755)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def read_stamp(directory: str | os.PathLike[str]) -> dict[str, object] | None:
+    """The build parameters of a tiny model directory, or None if it is not a complete build."""
+    path = Path(directory) / STAMP_FILE
+    if not path.is_file():
+        return None
+    required = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    if not all((Path(directory) / name).is_file() for name in required):
+        return None
+    stamp: dict[str, object] = json.loads(path.read_text(encoding="utf-8"))
+    return stamp
+
+
+def ensure_tiny_model(
+    directory: str | os.PathLike[str], coder: bool = False, seed: int = 0
+) -> Path:
+    """Return ``directory`` holding the tiny model, building it only if it is missing.
+
+    A directory holding a different variant (other seed, template or format) is an error rather
+    than being silently overwritten: callers should use one cache directory per variant.
+    """
+    target = Path(directory).resolve()
+    stamp = read_stamp(target)
+    if stamp is None:
+        if target.exists() and any(target.iterdir()):
+            raise FileExistsError(f"{target} exists and is not a complete tiny model build")
+        return build_tiny_model(target, coder=coder, seed=seed)
+    wanted = asdict(TinyModelSpec(coder=coder, seed=seed))
+    mismatched = {k: (stamp.get(k), v) for k, v in wanted.items() if stamp.get(k) != v}
+    if mismatched:
+        raise ValueError(
+            f"{target} holds a different tiny model variant (stamp vs wanted: {mismatched}); "
+            "use a separate directory per variant"
+        )
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.tiny_model.build",
+        description="Build the tiny random-weight Qwen3-architecture test model (offline).",
+    )
+    parser.add_argument("directory", type=Path, help="output directory (overwritten)")
+    parser.add_argument(
+        "--coder", action="store_true", help="use the Qwen3-Coder XML tool-call chat template"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (>= 0)")
+    args = parser.parse_args(argv)
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    path = build_tiny_model(args.directory, coder=args.coder, seed=args.seed)
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    print(f"tiny model written to {path} ({size / 1e6:.2f} MB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""Image naming, the build scripts' idempotency and error handling, the prepull ops script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from sandbox_worker import images
+from sandbox_worker.backends import ImageNotFoundError
+from tests.integration.sandbox_worker.conftest import SessionEnv
+from tests.support import sandboxes
+from tests.support.paths import REPO_ROOT
+
+pytestmark = pytest.mark.docker
+
+REPO = REPO_ROOT
+PREPULL = REPO / "deploy" / "images" / "prepull_swebench.sh"
+BUILD_INSTANCES = REPO / "deploy" / "images" / "build_instances.py"
+
+
+def _build_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_instances", BUILD_INSTANCES)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- naming -----------------------------------------------------------------------------------
+
+
+def test_instance_image_follows_swebench_naming() -> None:
+    # The official image of this SWE-bench Verified instance, as published by SWE-bench.
+    assert (
+        images.instance_image("django__django-11099", namespace="swebench")
+        == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    )
+    assert (
+        images.instance_image("Psf__Requests-2317", namespace="swebench", tag="v2", arch="arm64")
+        == "swebench/sweb.eval.arm64.psf_1776_requests-2317:v2"
+    )
+    assert images.instance_image("swerl__strkit-1").startswith("swerl/sweb.eval.x86_64.")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"instance_id": ""},
+        {"instance_id": "a b"},
+        {"instance_id": "x/../y"},
+        {"instance_id": "ok-1", "namespace": "Bad NS"},
+        {"instance_id": "ok-1", "arch": "sparc"},
+        {"instance_id": "ok-1", "tag": "bad tag"},
+    ],
+)
+def test_instance_image_rejects_bad_input(kwargs: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        images.instance_image(**kwargs)
+
+
+def test_rootfs_lookup_of_unbuilt_image_is_image_not_found(tmp_path: Path) -> None:
+    with pytest.raises(ImageNotFoundError) as err:
+        images.rootfs_info("swerl/never-built:1", cache=tmp_path)
+    assert "python -m sandbox_worker.images build" in str(err.value)
+    assert images.rootfs_key("a/b:c") != images.rootfs_key("a_b_c")
+
+
+def test_rootfs_of_built_image_is_the_same_tree(sandbox_env: SessionEnv) -> None:
+    info = images.rootfs_info(sandbox_env.image)
+    base = images.rootfs_info(images.base_image())
+    assert info.root == base.root  # instance images share the base tree
+    assert info.testbed is not None
+    assert (info.testbed / "calc.py").read_text().startswith("def add")
+    assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in info.env
+    assert (info.root / "usr" / "bin" / "python3").exists()
+
+
+# -- build ------------------------------------------------------------------------------------
+
+
+def test_build_is_idempotent_and_fast_when_warm(sandbox_env: SessionEnv) -> None:
+    instances = sandbox_env.root / "images" / "instances.jsonl"
+    env = {**os.environ, "DOCKER_HOST": images.docker_host()}
+    cmd = [
+        sys.executable,
+        str(BUILD_INSTANCES),
+        "--instances",
+        str(instances),
+        "--materializer",
+        sandboxes.MATERIALIZER,
+    ]
+    started = time.monotonic()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    elapsed = time.monotonic() - started
+    assert res.returncode == 0, res.stderr
+    assert "0 images built, 0 bwrap trees written" in res.stdout
+    assert elapsed < 15
+    base = subprocess.run(
+        ["bash", str(REPO / "deploy" / "images" / "build_base.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert base.returncode == 0 and "nothing to do" in base.stderr
+
+
+def test_build_instances_reports_bad_records(tmp_path: Path) -> None:
+    mod = _build_module()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"instance_id": "x-1", "repo": "r"}) + "\n")
+    with pytest.raises(mod.BuildError, match="base_commit"):
+        mod.load_instances(bad)
+    bad.write_text("{not json\n")
+    with pytest.raises(mod.BuildError, match="not valid JSON"):
+        mod.load_instances(bad)
+    rec = {"instance_id": "x-1", "repo": "r", "base_commit": "abc"}
+    bad.write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(mod.BuildError, match="duplicate"):
+        mod.load_instances(bad)
+    with pytest.raises(mod.BuildError, match="MODULE:FUNCTION"):
+        mod.load_materializer("no_colon")
+
+
+def test_build_refuses_a_repo_at_the_wrong_commit(tmp_path: Path) -> None:
+    instances = sandboxes.write_instances(tmp_path / "i.jsonl", "0" * 40)
+    env = {**os.environ, "DOCKER_HOST": images.docker_host(), "SWERL_IMAGE_NAMESPACE": "swerltest"}
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(BUILD_INSTANCES),
+            "--instances",
+            str(instances),
+            "--materializer",
+            sandboxes.MATERIALIZER,
+            "--no-bwrap",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert res.returncode == 1
+    assert "but the instance's base_commit is 0000" in res.stderr
+
+
+# -- prepull ops script -----------------------------------------------------------------------
+
+
+def test_prepull_dry_run_uses_the_same_names(tmp_path: Path) -> None:
+    ids = ["django__django-11099", "Astropy__astropy-12907", "swerl__strkit-1"]
+    src = tmp_path / "ids.jsonl"
+    src.write_text("".join(json.dumps({"instance_id": i}) + "\n" for i in ids))
+    res = subprocess.run(
+        ["bash", str(PREPULL), "--dry-run", str(src)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": images.docker_host()},
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("\t") for line in res.stdout.splitlines()]
+    assert [r[0] for r in rows] == ids
+    assert [r[1] for r in rows] == [images.instance_image(i, namespace="swebench") for i in ids]
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path) -> Path:
+    """A `docker` stand-in: `present:` images exist, `flaky:` ones pull on the 2nd try."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    script = f"""#!/usr/bin/env bash
+img="${{@: -1}}"; key="$(printf '%s' "$img" | tr '/:' '__')"
+case "$1 $2" in
+  "image inspect") [[ -e "{state}/$key" || "$img" == *present-* ]] ;;
+  "pull --quiet")
+    echo "$img" >> "{state}/pulls"
+    if [[ "$img" == *flaky-* ]]; then
+      if [[ -e "{state}/$key.tried" ]]; then touch "{state}/$key"; exit 0; fi
+      touch "{state}/$key.tried"
+    fi
+    exit 1 ;;
+  *) exit 3 ;;
+esac
+"""
+    (bin_dir / "docker").write_text(script)
+    (bin_dir / "docker").chmod(0o755)
+    return bin_dir
+
+
+def test_prepull_retries_and_reports_missing(tmp_path: Path, fake_docker: Path) -> None:
+    src = tmp_path / "ids.txt"
+    src.write_text("present-1\nflaky-1\ngone-1\n")
+    missing = tmp_path / "missing.txt"
+    env = {**os.environ, "PATH": f"{fake_docker}:{os.environ['PATH']}"}
+    res = subprocess.run(
+        ["bash", str(PREPULL), "--retries", "2", "--missing-out", str(missing), str(src)],
+        capture_output=True,
+        text=True,
+        env={**env, "PREPULL_BACKOFF_S": "0"},
+        timeout=120,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert missing.read_text().split() == ["gone-1"]
+    assert "gone-1 -> swebench/sweb.eval.x86_64.gone-1:latest" in res.stderr
+    pulls = (tmp_path / "state" / "pulls").read_text().split()
+    assert pulls.count("swebench/sweb.eval.x86_64.flaky-1:latest") == 2
+    assert pulls.count("swebench/sweb.eval.x86_64.gone-1:latest") == 2
+    assert "swebench/sweb.eval.x86_64.present-1:latest" not in pulls

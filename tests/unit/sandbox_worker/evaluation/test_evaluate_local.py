@@ -1,0 +1,182 @@
+"""evaluate_patch through the LocalDir test double: apply fallbacks, restoration, outcomes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
+from sandbox_worker.evaluation.evaluate import ALREADY_APPLIED
+from services.protocol.instance import SWEInstance
+from tests.support.local_sandbox import LocalDirBackend
+from tests.unit.sandbox_worker.evaluation.conftest import image_of
+
+
+def test_gold_patch_resolves(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__strkit-1"]
+    report = evaluate_patch(local_backend, inst, inst.patch, image_of(inst), config=local_config)
+    assert report.infra_error is None, report.log_tail
+    assert report.applied and report.apply_method == "git apply --verbose"
+    assert report.resolved and report.reward == 1.0
+    assert sorted(report.f2p_success) == sorted(inst.FAIL_TO_PASS)
+    assert sorted(report.p2p_success) == sorted(inst.PASS_TO_PASS)
+    assert report.f2p_failure == [] and report.p2p_failure == []
+    assert report.tests_status["tests/test_text.py::test_truncate_custom_suffix"] == "PASSED"
+    assert report.test_exit_code == 0
+    assert local_backend.created[-1].destroyed
+
+
+def _run(
+    backend: LocalDirBackend, inst: SWEInstance, patch: str | None, config: EvalConfig
+) -> EvalReport:
+    return evaluate_patch(backend, inst, patch, image_of(inst), config=config)
+
+
+def test_empty_patch_is_not_applied_and_runs_no_tests(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__spanlib-1"]
+    for patch in ("", "  \n", None):
+        report = _run(local_backend, inst, patch, local_config)
+        assert report.infra_error is None
+        assert not report.applied and report.apply_method is None
+        assert not report.resolved and report.reward == 0.0
+        assert not report.tests_run and report.tests_status == {}
+
+
+def test_empty_patch_graded_shows_the_base_state(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__spanlib-1"]
+    config = local_config.model_copy(update={"grade_empty_patch": True})
+    report = _run(local_backend, inst, "", config)
+    assert report.tests_run and report.log_valid and not report.applied
+    assert not report.resolved
+    assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
+    assert sorted(report.p2p_success) == sorted(inst.PASS_TO_PASS)
+    assert report.test_exit_code == 1
+
+
+def test_patch_that_does_not_apply_is_reward_zero_not_abort(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__tinyini-2"]
+    garbage = inst.patch.replace("-        if value in _TRUE:", "-        if value in TRUE_VALUES:")
+    assert garbage != inst.patch
+    report = _run(local_backend, inst, garbage.replace("index ", "x-index "), local_config)
+    assert report.infra_error is None and report.reward == 0.0
+    assert not report.applied and not report.tests_run
+    # Every fallback was tried, with a pristine tree before each retry.
+    commands = local_backend.created[-1].commands
+    tried = [c for c in commands if "swerl-model.diff" in c]
+    assert [c.split(" /")[0] for c in tried] == [
+        "git apply --verbose",
+        "git apply --verbose --3way",
+        "git apply --verbose --reject",
+        "patch --batch --forward --fuzz=5 -p1 -i",
+        "git apply --check --reverse",
+    ]
+    assert commands.count("git checkout -- . ; git clean -fd") == 3
+    assert ">>>>> Patch Apply Failed" in report.log_tail
+
+
+def test_fuzzy_patch_applies_with_the_patch_fallback(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__strkit-1"]
+    # One context line no longer matches the code: git apply refuses, patch --fuzz copes.
+    fuzzy = inst.patch.replace(
+        '         raise ValueError(f"width must be >= 0, got {width}")',
+        '         raise ValueError(f"width must not be negative: {width}")',
+    )
+    assert fuzzy != inst.patch
+    report = _run(local_backend, inst, fuzzy, local_config)
+    assert report.applied and report.apply_method == "patch --batch --forward --fuzz=5 -p1 -i"
+    assert report.resolved, report.log_tail
+
+
+def test_already_applied_patch_counts_as_applied(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+    templates: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    inst = mini_instances["swerl__strkit-2"]
+    # A patch whose result is the base itself (the gold patch reversed).
+    checkout = tmp_path / "reverse"
+    subprocess.run(["cp", "-a", str(templates["strkit"]), str(checkout)], check=True)
+    subprocess.run(["git", "apply"], input=inst.patch, text=True, cwd=checkout, check=True)
+    reverse = subprocess.run(
+        ["git", "diff", "-R"], cwd=checkout, capture_output=True, text=True, check=True
+    ).stdout
+    report = _run(local_backend, inst, reverse, local_config)
+    assert report.applied and report.apply_method == ALREADY_APPLIED
+    assert report.tests_run and not report.resolved
+    assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
+
+
+def test_tampered_protected_test_file_is_restored(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__spanlib-3"]
+    # Gold patch + an edit that would make the new F2P tests pass trivially if kept.
+    cheat = inst.patch + (
+        "--- a/tests/test_daterange.py\n+++ b/tests/test_daterange.py\n"
+        "@@ -1,3 +1,4 @@\n+import pytest; pytest.skip(allow_module_level=True)\n"
+        " from datetime import date\n \n import pytest\n"
+    )
+    report = _run(local_backend, inst, cheat, local_config)
+    assert report.applied and report.apply_method == "git apply --verbose"
+    assert report.resolved, report.log_tail
+
+
+def test_skipping_the_failing_tests_does_not_resolve(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__spanlib-3"]
+    # No fix; a new conftest.py skips every test instead. Skipped F2P tests are failures.
+    skip_all = (
+        "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1,6 @@\n"
+        "+import pytest\n+\n+\n+def pytest_collection_modifyitems(items):\n"
+        "+    for item in items:\n+        item.add_marker(pytest.mark.skip(reason='nope'))\n"
+    )
+    report = _run(local_backend, inst, skip_all, local_config)
+    assert report.applied and report.tests_run
+    assert not report.resolved and report.reward == 0.0
+    assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
+
+
+def test_hanging_tests_time_out_as_reward_zero(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__strkit-1"]
+    hang = inst.patch.replace(
+        "+    if width <= len(suffix):\n",
+        "+    while True:\n+        pass\n+    if width <= len(suffix):\n",
+    ).replace("@@ -26,7 +26,9 @@", "@@ -26,7 +26,11 @@")
+    config = local_config.model_copy(update={"test_timeout_s": 2})
+    report = _run(local_backend, inst, hang, config)
+    assert report.infra_error is None, report.infra_error
+    assert report.applied and report.tests_timed_out
+    assert report.test_exit_code == 124
+    assert not report.resolved and not report.log_valid and report.reward == 0.0

@@ -1,0 +1,113 @@
+"""Every mini instance through validate's four checks, on the LocalDir test double (fast path).
+
+The real acceptance runs the same checks through the docker and bwrap backends
+(tests/integration/evaluation); this path catches a broken instance without any sandbox.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from sandbox_worker import validate
+from sandbox_worker.evaluation import EvalConfig
+from services.protocol.instance import SWEInstance
+from tests.support.local_sandbox import LocalDirBackend
+from tests.unit.sandbox_worker.evaluation.conftest import INSTANCES, image_of
+
+
+def test_every_instance_is_valid_locally(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    """Gold resolves; at base every FAIL_TO_PASS fails and every PASS_TO_PASS passes.
+
+    (tampered/broken run for every instance through the real backends; here they run for
+    single instances below, to keep the unit suite fast.)
+    """
+    instances = list(mini_instances.values())
+    by_id = {inst.instance_id: image_of(inst) for inst in instances}
+    progress = io.StringIO()
+    results = validate.validate_all(
+        local_backend,
+        instances,
+        by_id.__getitem__,
+        config=local_config,
+        progress=progress,
+        checks=("gold", "empty"),
+    )
+    table = validate.format_table(results)
+    assert all(result.ok for result in results), table
+    assert f"{len(instances)}/{len(instances)} instances valid" in table
+    assert len(progress.getvalue().splitlines()) == len(instances)
+    # A fresh sandbox per evaluation, all destroyed.
+    assert len(local_backend.created) == 2 * len(instances)
+    assert all(sandbox.destroyed for sandbox in local_backend.created)
+
+
+def test_unknown_checks_are_rejected(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = mini_instances["swerl__strkit-1"]
+    for checks in ((), ("gold", "golden")):
+        with pytest.raises(ValueError, match="subset"):
+            validate.validate_instance(
+                local_backend, inst, image_of(inst), config=local_config, checks=checks
+            )
+
+
+def test_a_wrong_instance_fails_validation_with_reasons(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    good = mini_instances["swerl__tinyini-2"]
+    # A PASS_TO_PASS test declared FAIL_TO_PASS: it passes at base, which "empty" must catch.
+    wrong = good.model_copy(update={"FAIL_TO_PASS": [*good.FAIL_TO_PASS, good.PASS_TO_PASS[0]]})
+    result = validate.validate_instance(
+        local_backend, wrong, image_of(wrong), config=local_config, checks=("gold", "empty")
+    )
+    checks = {check.name: check for check in result.checks}
+    assert not result.ok
+    assert checks["gold"].ok and not checks["empty"].ok
+    assert "FAIL_TO_PASS passing at base" in checks["empty"].detail
+    table = validate.format_table([result])
+    assert "0/1 instances valid" in table and "swerl__tinyini-2 empty: FAIL_TO_PASS" in table
+
+
+def test_cli_exit_status(
+    monkeypatch: pytest.MonkeyPatch,
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import sandbox_worker.backends
+    import sandbox_worker.images
+
+    monkeypatch.setattr(sandbox_worker.backends, "make_backend", lambda name: local_backend)
+    monkeypatch.setattr(sandbox_worker.images, "instance_image", lambda iid: iid[7:-2])
+    monkeypatch.setattr(validate, "EvalConfig", lambda test_timeout_s: local_config)
+    # (The passing run of the CLI is exercised with the real bwrap backend in
+    # tests/integration/evaluation.) An instance whose gold patch does not fix the bug:
+    broken = tmp_path / "broken.jsonl"
+    line = next(line for line in INSTANCES.read_text().splitlines() if "swerl__strkit-2" in line)
+    inst = SWEInstance.model_validate_json(line)
+    no_fix = inst.model_copy(update={"patch": inst.patch.replace("(?=[A-Z][a-z])", "(?=[A-Z])")})
+    broken.write_text(no_fix.model_dump_json() + "\n")
+    assert validate.main(["--backend", "bwrap", "--instances", str(broken)]) == 1
+    out = capsys.readouterr()
+    assert "0/1 instances valid" in out.out and "[1/1] swerl__strkit-2: gold FAIL" in out.err
+    assert "swerl__strkit-2 gold: not resolved: FAIL_TO_PASS failing" in out.out
+    # Bad arguments / files: exit status 2 with the reason.
+    assert validate.main(["--instances", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such dataset file" in capsys.readouterr().err
+    assert validate.main(["--only", "nope", "--instances", str(broken)]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        validate.main(["--backend", "podman"])
+    assert exit_info.value.code == 2

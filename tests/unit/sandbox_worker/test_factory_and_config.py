@@ -1,0 +1,189 @@
+"""``build_runner`` (the worker's factory), the ``worker.rollout`` config, the worker CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox_worker.config import WorkerConfig
+from sandbox_worker.openhands.server import AgentServerBundle
+from sandbox_worker.openhands_runner import (
+    NodeCleanup,
+    backend_kwargs,
+    build_runner,
+    load_task_instances,
+    runner_settings,
+)
+from sandbox_worker.relay.host_relay import RelayHub
+from sandbox_worker.runner import RunnerUnavailableError, TrajectoryRunner
+from sandbox_worker.sandbox_names import sandbox_node_name
+from services.datasets import DatasetError
+from tests.support.local_sandbox import LocalDirBackend
+from tests.support.paths import REPO_ROOT
+from tests.unit.sandbox_worker.conftest import INSTANCES, make_task
+
+
+def cfg(**rollout: object) -> WorkerConfig:
+    return WorkerConfig(backend="docker", rollout=rollout)
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("ftp://a:1", "http"),
+        ("http://a:1/t/x/v1", "no path"),
+        ("http://a:99999", "invalid port"),
+        ("http://:80", "HOST:PORT"),
+        ("http://a:1?x=1", "no path"),
+    ],
+)
+def test_bad_adapter_urls_are_refused(url: str, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        cfg(adapter_url=url)
+
+
+def test_rollout_config_is_strict() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        cfg(adapter_ur="http://a:1")
+    with pytest.raises(ValidationError, match="memory_mb"):
+        cfg(sandbox={"memory_mb": 1})
+    with pytest.raises(ValidationError, match="disk_mb"):
+        cfg(sandbox={"disk_mb": 8})
+    with pytest.raises(ValidationError, match="inodes"):
+        cfg(evaluation={"limits": {"inodes": 10}})
+    with pytest.raises(ValidationError, match="cgroups"):
+        cfg(backend={"cgroups": "maybe"})
+    with pytest.raises(ValidationError, match="grading"):
+        cfg(evaluation={"grading": "stdout"})
+    with pytest.raises(ValidationError, match="protected_dir"):
+        cfg(evaluation={"infra_rules": {"o/p": {"protected_dir": ["x"]}}})
+
+
+def test_settings_follow_the_config() -> None:
+    c = cfg(
+        adapter_url="http://10.1.2.3:8200/",
+        relay_port=19000,
+        sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64, "disk_mb": 512, "inodes": 5000},
+        evaluation={
+            "test_timeout_s": 60,
+            "limits": {"cpus": 0.5, "disk_mb": 300},
+            "grading": "swebench",
+            "infra_rules": {"o/p": {"protected_paths": ["bin/test"]}},
+        },
+    )
+    s = runner_settings(c.rollout)
+    assert s.evaluation.grading == "swebench" and s.evaluation.restore_test_infra
+    assert s.evaluation.infra_rules["o/p"].protected_paths == ("bin/test",)
+    assert (s.adapter_host, s.adapter_port, s.relay_port) == ("10.1.2.3", 8200, 19000)
+    assert (s.limits.cpus, s.limits.memory_mb, s.limits.pids) == (2.0, 1024, 64)
+    assert (s.limits.disk_mb, s.limits.inodes) == (512, 5000)
+    assert (s.evaluation.test_timeout_s, s.evaluation.limits.cpus) == (60, 0.5)
+    assert s.evaluation.limits.disk_mb == 300
+    assert s.evaluation.workdir == s.workdir == "/testbed"
+    assert runner_settings(cfg(adapter_url="https://adapter").rollout).adapter_port == 443
+
+
+def test_backend_kwargs() -> None:
+    rc = cfg(
+        backend={"state_root": "/s", "docker_host": "unix:///d.sock", "rootfs_cache": "/c"}
+    ).rollout
+    assert backend_kwargs("docker", rc) == {
+        "state_root": Path("/s"),
+        "docker_host": "unix:///d.sock",
+    }
+    assert backend_kwargs("bwrap", rc) == {
+        "state_root": Path("/s"),
+        "cgroups": "auto",
+        "rootfs_cache": Path("/c"),
+    }
+
+
+def test_instances_default_to_the_mini_set_and_must_be_distinct(tmp_path: Path) -> None:
+    assert "swerl__strkit-1" in load_task_instances([])
+    with pytest.raises(DatasetError, match="also in another file"):
+        load_task_instances([str(INSTANCES), str(INSTANCES)])
+
+
+def _local(tmp_path: Path) -> tuple[LocalDirBackend, RelayHub]:
+    return LocalDirBackend({}, tmp_path / "scratch"), RelayHub()
+
+
+def test_adapter_credential_and_sandboxed_condenser_rules() -> None:
+    with pytest.raises(ValidationError, match="adapter_token"):
+        cfg(adapter_token="short")
+    # an untracked summary call would need the adapter's /v1, which no sandbox can reach
+    with pytest.raises(ValidationError, match=r"condenser\.tracked"):
+        cfg(openhands={"condenser": {"enabled": True, "tracked": False}})
+    assert cfg(openhands={"condenser": {"enabled": True}}).rollout.openhands.condenser.tracked
+
+
+def test_build_runner_sends_the_worker_token(tmp_path: Path) -> None:
+    backend, hub = _local(tmp_path)
+    try:
+        runner, _ = build_runner(cfg(adapter_token="t" * 24), backend=backend, hub=hub)
+        headers = runner.adapter._client.headers  # type: ignore[attr-defined]
+        assert headers["authorization"] == "Bearer " + "t" * 24
+    finally:
+        hub.close()
+
+
+def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) -> None:
+    backend, hub = _local(tmp_path)
+    try:
+        runner, cleaner = build_runner(cfg(image_namespace="swebench"), backend=backend, hub=hub)
+        assert isinstance(runner, TrajectoryRunner) and isinstance(cleaner, NodeCleanup)
+        assert runner.image_for("django__django-11099") == (
+            "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+        )
+        assert "swerl__spanlib-1" in runner.instances
+        # The cleaner speaks worker node names; the backend sees the mapped name.
+        spec = runner.agent_spec(make_task(), sandbox_node_name("Node_A"), "img")
+        (tmp_path / "template").mkdir()
+        backend.templates["img"] = tmp_path / "template"
+        spec = dataclasses.replace(spec, workdir=str(tmp_path / "wd"))
+        backend.create(spec)
+        assert cleaner.list_sandboxes("Node_A") == [spec.sandbox_id]
+        assert cleaner.cleanup_node("Node_A") == 1 and backend.live == {}
+    finally:
+        hub.close()
+
+
+def test_build_runner_refusals(tmp_path: Path) -> None:
+    backend, hub = _local(tmp_path)
+    try:
+        with pytest.raises(RunnerUnavailableError, match="needs a sandbox backend"):
+            build_runner(WorkerConfig(backend="simulated"), backend=backend, hub=hub)
+        with pytest.raises(RunnerUnavailableError, match="cannot load the task instances"):
+            build_runner(cfg(instances=[str(tmp_path / "none.jsonl")]), backend=backend, hub=hub)
+        with pytest.raises(RunnerUnavailableError, match="bad image naming"):
+            build_runner(cfg(image_namespace="Bad Namespace"), backend=backend, hub=hub)
+        with pytest.raises(RunnerUnavailableError, match="agent server"):
+            build_runner(
+                cfg(), backend=backend, hub=hub, bundle=AgentServerBundle("/nope", "/nope-venv")
+            )
+        with pytest.raises(ValueError, match="RelayHub"):
+            build_runner(cfg(), backend=backend)
+    finally:
+        hub.close()
+
+
+def test_worker_cli_exits_2_when_the_runner_cannot_be_built(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "SWERL_WORKER__ROLLOUT__INSTANCES": f"[{tmp_path / 'missing.jsonl'}]",
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "sandbox_worker", "--backend", "docker",
+         "--redis", "redis://127.0.0.1:1/0", "--node", "n1"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "cannot load the task instances" in res.stderr
+    assert "missing.jsonl" in res.stderr
