@@ -31,6 +31,7 @@ def test_unknown_checks_are_rejected(
             )
 
 
+@pytest.mark.slow  # runs the test suite twice
 def test_a_wrong_instance_fails_validation_with_reasons(
     local_backend: LocalDirBackend,
     local_config: EvalConfig,
@@ -50,6 +51,7 @@ def test_a_wrong_instance_fails_validation_with_reasons(
     assert "0/1 instances valid" in table and "swerl__tinyini-2 empty: FAIL_TO_PASS" in table
 
 
+@pytest.mark.slow  # runs the test suite
 def test_cli_exit_status(
     monkeypatch: pytest.MonkeyPatch,
     local_backend: LocalDirBackend,
