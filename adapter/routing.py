@@ -113,10 +113,17 @@ class Router:
             return None
         return min(candidates, key=Engine.load)
 
+    def placement_index(self, meta: TrajectoryMeta) -> int | None:
+        """The sample index a trajectory being opened is placed by: None under ``least_busy``
+        (whatever its metadata holds) or without one; a malformed one is a 400."""
+        if self.placement is not Placement.SAMPLE_INDEX:
+            return None
+        return sample_index_of(meta)
+
     def place(self, trajectory_id: str, sample_index: int | None) -> None:
-        """At open: pin the trajectory to engine ``sample_index mod n`` under the
-        ``sample_index`` placement (no-op otherwise, or without a sample index)."""
-        if self.placement is Placement.SAMPLE_INDEX and sample_index is not None:
+        """At open: pin the trajectory to engine ``sample_index mod n`` (from
+        :meth:`placement_index`; None: placed at its first call, least busy)."""
+        if sample_index is not None:
             self.stick(trajectory_id, self.engines[sample_index % len(self.engines)])
 
     def stick(self, trajectory_id: str, engine: Engine) -> None:

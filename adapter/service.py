@@ -51,7 +51,7 @@ from adapter.openai_schema import (
 )
 from adapter.recorder import Recorder, SegmentState, TurnPlan, TurnResult
 from adapter.rendering import ContextLengthError, Renderer
-from adapter.routing import Engine, NoEngineAvailableError, Router, sample_index_of
+from adapter.routing import Engine, NoEngineAvailableError, Router
 from adapter.tokenize_worker import TokenizerProcesses, TokenizerWorkerError
 from adapter.tool_parsers import ToolParser, get_parser
 from adapter.weights import RefreshGate, WeightCoordinator
@@ -238,7 +238,7 @@ class AdapterService:
 
     async def open_trajectory(self, meta: TrajectoryMeta) -> str:
         """Create the record; returns its bearer token (only its digest is stored)."""
-        sample_index = sample_index_of(meta)
+        sample_index = self.router.placement_index(meta)
         token = new_trajectory_token()
         digest = token_digest(token)
         try:

@@ -25,11 +25,13 @@ def test_sample_index_placement_pins_sample_k_to_engine_k_mod_n_whatever_the_loa
     scripted.inflight = 5  # the busier engine still gets every sample 0
     for group in ("g0", "g1"):
         for k in range(4):
-            r.place(f"{group}:{k}", k)
+            meta = TrajectoryMeta(trajectory_id=f"{group}:{k}", extra={"sample_index": k})
+            r.place(meta.trajectory_id, r.placement_index(meta))
     for group in ("g0", "g1"):
         assert [r.pick(f"{group}:{k}") for k in range(4)] == [scripted, sampling] * 2
     assert (scripted.assigned, sampling.assigned) == (4, 4)
     # Without a sample index the trajectory is placed as usual (least busy, at its first call).
+    assert r.placement_index(TrajectoryMeta(trajectory_id="untracked")) is None
     r.place("untracked", None)
     assert r.pick("untracked") is sampling
     # A pinned engine out of rotation: the trajectory goes elsewhere, as any sticky one does.
@@ -43,9 +45,14 @@ def test_least_busy_placement_ignores_the_sample_index() -> None:
     r = router(2, Placement.LEAST_BUSY)
     busy, idle = r.engines
     busy.inflight = 1
-    r.place("t", 0)
+    meta = TrajectoryMeta(trajectory_id="t", extra={"sample_index": 0})
+    assert r.placement_index(meta) is None
+    r.place("t", r.placement_index(meta))
     assert (busy.assigned, idle.assigned) == (0, 0)
     assert r.pick("t") is idle
+    # Metadata it does not read is not its to refuse.
+    odd = TrajectoryMeta(trajectory_id="u", extra={"sample_index": "first"})
+    assert r.placement_index(odd) is None
 
 
 def test_sample_index_is_read_from_the_open_metadata_and_checked() -> None:
