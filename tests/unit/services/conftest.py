@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.engines import tiny_model_for_session
+from tests.support.engines import engine_url, tiny_model_for_session  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="session")
