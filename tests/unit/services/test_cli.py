@@ -57,7 +57,7 @@ def _services_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the service started although it should have exited")
 
-    monkeypatch.setattr("services.manager.__main__.TaskQueue", started)
+    monkeypatch.setattr("services.manager.__main__.connect", started)
     monkeypatch.setattr("sandbox_worker.__main__.connect", started)
     monkeypatch.setattr("adapter.__main__.configure_logging", started)
 
