@@ -191,14 +191,15 @@ def _format_errors(exc: ValidationError, model: type[BaseModel], section: str) -
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         env = ENV_PREFIX + "__".join([section.upper()] + [str(p).upper() for p in err["loc"]])
-        got = (
-            f" (got {err['input']!r})"
-            if "input" in err and not isinstance(err["input"], dict)
-            else ""
-        )
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        unknown = err["type"] == "extra_forbidden"
+        # The value is shown unless it may be a secret: a secret key's, or an unknown key's
+        # (a misspelled admin_token); an unknown key is fixed by its name, not its value.
+        hidden = unknown or _SECRET_KEY.search(key) or isinstance(err.get("input"), dict)
+        got = f" (got {err['input']!r})" if "input" in err and not hidden else ""
         hint = ""
-        if err["type"] == "extra_forbidden" and err["loc"]:
-            close = _closest(str(err["loc"][-1]), _keys_at(model, err["loc"][:-1]))
+        if unknown and err["loc"]:
+            close = _closest(key, _keys_at(model, err["loc"][:-1]))
             hint = f" (did you mean '{close}'?)" if close else ""
         lines.append(f"  - {section}.{loc}: {err['msg']}{hint}{got}  [env: {env}]")
     return "\n".join(lines)

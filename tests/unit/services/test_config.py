@@ -192,7 +192,21 @@ def test_an_unknown_key_without_a_close_one_has_no_hint(tmp_path: Path) -> None:
     f.write_text("worker:\n  limits: {qqqq: 1}\n")
     with pytest.raises(ConfigError) as err:
         load_config(WorkerCfg, section="worker", path=f, environ={})
-    assert "worker.limits.qqqq: Extra inputs are not permitted (got 1)  [env:" in str(err.value)
+    assert "worker.limits.qqqq: Extra inputs are not permitted  [env:" in str(err.value)
+
+
+def test_values_that_may_be_secrets_are_not_echoed(tmp_path: Path) -> None:
+    """A bad secret's value, or an unknown key's (a misspelled token), stays out of the logs."""
+    f = tmp_path / "swerl.yaml"
+    f.write_text("worker:\n  admin_tokn: s3cret-a\n  admin_token: [s3cret-b]\n  slots: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(WorkerCfg, section="worker", path=f, environ={})
+    msg = str(err.value)
+    assert "worker.admin_tokn: Extra inputs are not permitted (did you mean 'admin_token'?)" in msg
+    assert "worker.admin_token: Input should be a valid string  [env:" in msg
+    assert "s3cret" not in msg
+    assert "worker.slots: Input should be a valid integer, unable to parse string as an integer " \
+        "(got 'x')" in msg  # fmt: skip
 
 
 def test_register_section_accepts_only_known_names_and_one_model_each(
