@@ -109,31 +109,31 @@ def test_env_values_are_scalars_unless_flow_collections(raw: str, expected: obje
 # --- the root schema: every section of a file and of SWERL_<SECTION>__ must be a known one -----
 
 
-def test_a_misspelled_yaml_section_is_an_error_naming_the_closest(tmp_path: Path) -> None:
+def error_of(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> str:
+    """The ConfigError message of loading the worker section of a file holding ``text``."""
     f = tmp_path / "swerl.yaml"
-    f.write_text("worker:\n  slots: 2\nadpater: {port: 9999}\n")
+    f.write_text(text)
     with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", path=f, environ={})
-    msg = str(err.value)
+        load_config(WorkerCfg, section="worker", path=f, environ=environ or {})
+    return str(err.value)
+
+
+def test_a_misspelled_yaml_section_is_an_error_naming_the_closest(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "worker:\n  slots: 2\nadpater: {port: 9999}\n")
+    f = tmp_path / "swerl.yaml"
     assert msg.startswith("unknown configuration section:")
     assert f"section 'adpater' of config file {f}: did you mean 'adapter'?" in msg
 
 
-def test_a_misspelled_env_section_is_an_error_naming_the_closest() -> None:
-    with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", environ={"SWERL_ADPATER__PORT": "1"})
-    assert "environment variable SWERL_ADPATER__PORT: did you mean SWERL_ADAPTER__PORT?" in str(
-        err.value
-    )
+def test_a_misspelled_env_section_is_an_error_naming_the_closest(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "", {"SWERL_ADPATER__PORT": "1"})
+    assert "environment variable SWERL_ADPATER__PORT: did you mean SWERL_ADAPTER__PORT?" in msg
 
 
 def test_every_unknown_section_is_named_at_once(tmp_path: Path) -> None:
-    f = tmp_path / "swerl.yaml"
-    f.write_text("Worker: {}\nzzz: {}\n7: {}\n")
     env = {"SWERL_WROKER__QUEUE__PREFIX": "x", "SWERL_QQQ__A": "1"}
-    with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", path=f, environ=env)
-    msg = str(err.value)
+    msg = error_of(tmp_path, "Worker: {}\nzzz: {}\n7: {}\n", env)
+    f = tmp_path / "swerl.yaml"
     assert "section 'Worker' of config file" in msg and "did you mean 'worker'?" in msg
     assert "did you mean SWERL_WORKER__QUEUE__PREFIX?" in msg
     # No close name: the line names the culprit, and the message lists the sections.
@@ -180,28 +180,19 @@ def test_reading_an_unknown_section_is_a_programming_error() -> None:
 def test_an_unknown_key_names_the_closest_key(
     tmp_path: Path, text: str, env: dict[str, str], hint: str
 ) -> None:
-    f = tmp_path / "swerl.yaml"
-    f.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", path=f, environ=env)
-    assert hint in str(err.value)
+    assert hint in error_of(tmp_path, text, env)
 
 
 def test_an_unknown_key_without_a_close_one_has_no_hint(tmp_path: Path) -> None:
-    f = tmp_path / "swerl.yaml"
-    f.write_text("worker:\n  limits: {qqqq: 1}\n")
-    with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", path=f, environ={})
-    assert "worker.limits.qqqq: Extra inputs are not permitted  [env:" in str(err.value)
+    msg = error_of(tmp_path, "worker:\n  limits: {qqqq: 1}\n")
+    assert "worker.limits.qqqq: Extra inputs are not permitted  [env:" in msg
 
 
 def test_values_that_may_be_secrets_are_not_echoed(tmp_path: Path) -> None:
     """A bad secret's value, or an unknown key's (a misspelled token), stays out of the logs."""
-    f = tmp_path / "swerl.yaml"
-    f.write_text("worker:\n  admin_tokn: s3cret-a\n  admin_token: [s3cret-b]\n  slots: x\n")
-    with pytest.raises(ConfigError) as err:
-        load_config(WorkerCfg, section="worker", path=f, environ={})
-    msg = str(err.value)
+    msg = error_of(
+        tmp_path, "worker:\n  admin_tokn: s3cret-a\n  admin_token: [s3cret-b]\n  slots: x\n"
+    )
     assert "worker.admin_tokn: Extra inputs are not permitted (did you mean 'admin_token'?)" in msg
     assert "worker.admin_token: Input should be a valid string  [env:" in msg
     assert "s3cret" not in msg
