@@ -23,9 +23,13 @@ import importlib
 import pkgutil
 
 
-def import_baselines() -> list[str]:
-    """Import every module of this package (each registers itself); return their names."""
-    names = [info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")]
+def import_baselines(package: str = __name__) -> list[str]:
+    """Import every module of ``package`` (this one by default; each module registers
+    itself) and return their names; names starting with ``_`` are skipped."""
+    path = importlib.import_module(package).__path__
+    names = sorted(
+        info.name for info in pkgutil.iter_modules(path) if not info.name.startswith("_")
+    )
     for name in names:
-        importlib.import_module(f"{__name__}.{name}")
+        importlib.import_module(f"{package}.{name}")
     return names

@@ -105,5 +105,23 @@ def test_a_name_cannot_be_registered_twice_by_accident() -> None:
     assert compute_objective("grpo", _batch()).estimator == "grpo"  # unchanged
 
 
-def test_the_baselines_package_is_imported_with_the_algorithms() -> None:
-    assert import_baselines() == []  # no extra baseline ships yet; each module would be listed
+def test_a_baselines_package_registers_its_modules_on_import(
+    tmp_path, monkeypatch, registered
+) -> None:
+    package = tmp_path / "test_extra_baselines"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "constant.py").write_text(
+        "from trainer.algorithms import ESTIMATORS, Estimate, register_composed\n"
+        "\n"
+        "@ESTIMATORS.register('test_constant')\n"
+        "def constant(batch, config, all_reduce=None):\n"
+        "    return Estimate(batch.rewards * 0 - 1.0, None, 'test_constant')\n"
+        "\n"
+        "register_composed('test_constant', 'test_constant', 'dis')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_baselines("test_extra_baselines") == ["constant"]
+    registered += [(ESTIMATORS, "test_constant"), (ALGORITHM_REGISTRY, "test_constant")]
+    # DIS at rho = 1 with A = -1 on every row: J = -1, loss = 1
+    assert float(compute_objective("test_constant", _batch()).actor_loss.detach()) == 1.0
