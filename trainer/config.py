@@ -88,8 +88,9 @@ class TrainerConfig(StrictModel):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, name: str) -> str:
-        if name not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {name!r}, expected one of {ALGORITHMS}")
+        from trainer.algorithms.objectives import ALGORITHM_REGISTRY  # registered baselines too
+
+        ALGORITHM_REGISTRY.get(name)  # ValueError "unknown algorithm ...; known: ..."
         return name
 
     @field_validator("device")
