@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from adapter.auth import UntrackedPolicy
-from services.config import StrictModel
+from services.config import StrictModel, register_section
 
 
 class ToolParserName(StrEnum):
@@ -195,3 +195,6 @@ class AdapterConfig(StrictModel):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must start with redis://, rediss:// or unix://: {value!r}")
         return value
+
+
+register_section("adapter", AdapterConfig)

@@ -51,10 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sandbox_worker.runner import SimulatedProbe  # noqa: E402
-from services.manager.api import RolloutManager  # noqa: E402
+from services.manager.client import RolloutManager  # noqa: E402
 from services.protocol import RolloutRequest  # noqa: E402
 from services.queue.config import QueueConfig  # noqa: E402
-from services.queue.store import TaskQueue  # noqa: E402
+from services.queue.submitter import SubmitterQueue  # noqa: E402
 from tests.support.redis import RedisServer, start_redis, stop_redis  # noqa: E402
 
 Figures = dict[str, Any]
@@ -152,7 +152,7 @@ def cluster(
                 env=env,
             )
         )
-    queue = TaskQueue(url, QueueConfig(prefix=prefix))
+    queue = SubmitterQueue(url, QueueConfig(prefix=prefix))
     try:
         deadline = time.monotonic() + 60
         while sum(n.alive for n in queue.nodes()) < nodes:

@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunnerUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    from services.queue.store import TaskQueue
+    from services.queue.worker import WorkerQueue
 
-    worker = Worker(cfg, runner, backend=backend, queue=TaskQueue(client, cfg.queue))
+    worker = Worker(cfg, runner, backend=backend, queue=WorkerQueue(client, cfg.queue))
 
     def on_signal(signum: int, _frame: object) -> None:
         logging.getLogger("swerl.worker").info("signal %d: shutting down", signum)

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from sandbox_worker.backends.base import MIN_DISK_MB, MIN_INODES
 from sandbox_worker.evaluation.infra import TestInfraRule
 from sandbox_worker.openhands.config import OpenHandsConfig
-from services.config import StrictModel
+from services.config import StrictModel, register_section
 from services.queue.config import QueueConfig
 
 NODE_PATTERN = r"^[A-Za-z0-9._\-]{1,100}$"
@@ -170,3 +170,6 @@ class WorkerConfig(StrictModel):
                 "looks dead between two heartbeats"
             )
         return self
+
+
+register_section("worker", WorkerConfig)

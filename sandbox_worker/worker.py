@@ -40,9 +40,10 @@ from sandbox_worker.runner import (
 )
 from services.protocol.tasks import RolloutTask, TaskResult
 from services.protocol.trajectory import Outcome, OutcomeStatus
+from services.queue.base import RequeueKind
 from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep, retry_forever
 from services.queue.entries import PayloadError, decode_task_entry
-from services.queue.store import RawEntry, RequeueKind, TaskQueue
+from services.queue.worker import RawEntry, WorkerQueue
 
 log = logging.getLogger("swerl.worker")
 
@@ -82,13 +83,13 @@ class Worker:
         runner: TrajectoryRunner,
         *,
         backend: NodeCleaner | None = None,
-        queue: TaskQueue | None = None,
+        queue: WorkerQueue | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = cfg.node
         self.runner = runner
         self.backend = backend
-        self.queue = queue or TaskQueue(cfg.redis_url, cfg.queue)
+        self.queue = queue or WorkerQueue(cfg.redis_url, cfg.queue)
         self.instance = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
         self.started_at = time.time()

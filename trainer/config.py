@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from services.config import StrictModel, load_config
+from services.config import StrictModel, load_config, register_section
 from trainer.algorithms import ALGORITHMS, ObjectiveConfig
 
 SECTION = "trainer"
@@ -88,8 +88,9 @@ class TrainerConfig(StrictModel):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, name: str) -> str:
-        if name not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {name!r}, expected one of {ALGORITHMS}")
+        from trainer.algorithms.objectives import ALGORITHM_REGISTRY  # registered baselines too
+
+        ALGORITHM_REGISTRY.get(name)  # ValueError "unknown algorithm ...; known: ..."
         return name
 
     @field_validator("device")
@@ -105,6 +106,9 @@ class TrainerConfig(StrictModel):
         if self.precision == "bf16" and not self.device.startswith("cuda"):
             raise ValueError("precision bf16 is the GPU path; on the CPU use fp32")
         return self
+
+
+register_section(SECTION, TrainerConfig)
 
 
 def load_trainer_config(

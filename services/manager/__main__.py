@@ -13,8 +13,10 @@ from dataclasses import asdict
 from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
 from services.config import dump_config
 from services.manager.config import ManagerConfig
-from services.manager.service import ManagerService
-from services.queue.store import TaskQueue
+from services.manager.dispatcher import Dispatcher
+from services.queue.connection import connect
+from services.queue.dispatcher import DispatcherQueue
+from services.queue.submitter import SubmitterQueue
 
 DESCRIPTION = """\
 Rollout manager of swerl: dispatches rollout tasks from Redis to the sandbox workers.
@@ -49,6 +51,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def cluster_status(queue: SubmitterQueue) -> dict[str, object]:
+    """``--status``: the nodes, the pending count and every batch's progress."""
+    return {
+        "nodes": [asdict(n) for n in queue.nodes()],
+        "pending": queue.pending_count(),
+        "batches": [queue.progress(b).model_dump(mode="json") for b in queue.batch_ids()],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = {"redis_url": args.redis, "prefetch": args.prefetch, "queue.prefix": args.prefix}
@@ -56,14 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(cfg, int):
         return cfg
     configure_logging(cfg.log_level)
-    queue = TaskQueue(cfg.redis_url, cfg.queue)
+    client = connect(cfg.redis_url, cfg.queue)
     if args.status:
-        status = {
-            "nodes": [asdict(n) for n in queue.nodes()],
-            "pending": queue.pending_count(),
-            "batches": [queue.progress(b).model_dump(mode="json") for b in queue.batch_ids()],
-        }
-        print(json.dumps(status, indent=2))
+        print(json.dumps(cluster_status(SubmitterQueue(client, cfg.queue)), indent=2))
+        client.close()
         return 0
     logging.getLogger("swerl.manager").info("effective config:\n%s", dump_config(cfg))
     stop = threading.Event()
@@ -74,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    ManagerService(queue, cfg).run(stop)
-    queue.close()
+    Dispatcher(DispatcherQueue(client, cfg.queue), cfg).run(stop)
+    client.close()
     return 0
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from services.config import StrictModel
+from services.config import StrictModel, register_section
 from services.queue.config import QueueConfig
 
 
@@ -23,3 +23,6 @@ class ManagerConfig(StrictModel):
     summary_interval_s: float = Field(30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     queue: QueueConfig = Field(default_factory=QueueConfig)
+
+
+register_section("manager", ManagerConfig)

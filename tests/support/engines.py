@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from services.tiny_model.build import ensure_tiny_model
 from tests.support.paths import REPO_ROOT
@@ -205,3 +206,10 @@ def reference_server_in_thread(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    """A reference engine serving the tiny model (``tiny_model_dir``), for one test module."""
+    with reference_server_in_thread(tiny_model_dir) as server:
+        yield server.url

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker.runner import SimulatedProbe
-from services.manager.api import RolloutManager
+from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
 from services.protocol.trajectory import TrajectoryMeta
 from services.queue.config import QueueConfig
-from services.queue.store import TaskQueue
+from services.queue.submitter import SubmitterQueue
 from services.store.trajectories import TrajectoryStore
 from tests.support.paths import REPO_ROOT
 
@@ -121,8 +121,8 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 
 
 @pytest.fixture
-def queue(redis_url: str) -> Iterator[TaskQueue]:
-    q = TaskQueue(redis_url, QUEUE_CFG)
+def queue(redis_url: str) -> Iterator[SubmitterQueue]:
+    q = SubmitterQueue(redis_url, QUEUE_CFG)
     yield q
     q.close()
 
@@ -137,7 +137,7 @@ def manager(redis_url: str) -> Iterator[RolloutManager]:
 
 
 @pytest.fixture
-def probe(queue: TaskQueue) -> SimulatedProbe:
+def probe(queue: SubmitterQueue) -> SimulatedProbe:
     return SimulatedProbe(queue.redis, queue.cfg.prefix)
 
 
@@ -155,7 +155,7 @@ def wait_for(
         time.sleep(0.05)
 
 
-def wait_nodes(queue: TaskQueue, names: set[str], procs: Procs, timeout: float = 30.0) -> None:
+def wait_nodes(queue: SubmitterQueue, names: set[str], procs: Procs, timeout: float = 30.0) -> None:
     wait_for(
         lambda: names <= {n.name for n in queue.nodes() if n.alive},
         timeout,

@@ -34,7 +34,7 @@ from services.config import load_config
 from services.protocol.tasks import RolloutTask
 from services.protocol.trajectory import Outcome
 from services.queue.connection import connect
-from services.queue.store import TaskQueue
+from services.queue.worker import WorkerQueue
 
 
 class MarkerBackend:
@@ -130,7 +130,7 @@ def main() -> int:
         args.image,
     )
     backend = MarkerBackend(args.dir, client, cfg.queue.prefix, real)
-    worker = Worker(cfg, runner, backend=backend, queue=TaskQueue(client, cfg.queue))
+    worker = Worker(cfg, runner, backend=backend, queue=WorkerQueue(client, cfg.queue))
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
     signal.signal(signal.SIGINT, lambda *_: worker.request_stop())
     return worker.run()

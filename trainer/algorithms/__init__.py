@@ -1,10 +1,15 @@
 """Li2SAO, its baselines, PACT and SR-PPO as pure, vectorised torch functions.
 
-Batch layout: padded ``[N, T]`` tensors, one row per trajectory holding the post-prompt
-sequence; ``action_mask`` is 1 on model-generated tokens; ``group_ids`` ``[N]`` long (same
+Batch layout: padded ``[N, T]`` tensors, one row per segment holding the post-prompt
+sequence (a trajectory with several segments has several rows; ``ObjectiveBatch.trajectory_index``
+says which); ``action_mask`` is 1 on model-generated tokens; ``group_ids`` ``[N]`` long (same
 prompt = same id); ``rewards`` ``[N]`` float; ``tokens`` hold ``-1`` past a trajectory's end.
 Every function accepts float32 and float64 on any device and raises ``ValueError`` naming the
 problem on bad input. See ``docs/algorithms.md`` for the equations and the choices made.
+
+Algorithms, advantage estimators and policy losses are chosen by name from registries
+(:mod:`.registry`): a new baseline is a module in :mod:`trainer.algorithms.baselines` that
+registers itself.
 """
 
 from trainer.algorithms.advantages import (
@@ -15,6 +20,7 @@ from trainer.algorithms.advantages import (
     normalize_rewards,
     whiten,
 )
+from trainer.algorithms.components import ESTIMATORS, POLICY_LOSSES, Estimate
 from trainer.algorithms.critic import (
     bce_value_loss,
     clipped_value_loss,
@@ -30,18 +36,23 @@ from trainer.algorithms.gae import (
 )
 from trainer.algorithms.masks import ActionMask, last_action_index
 from trainer.algorithms.objectives import (
+    ALGORITHM_REGISTRY,
     ALGORITHMS,
     PACT_POLICY_LOSSES,
     PHASES,
     STAGES,
+    AlgorithmEntry,
     AlgorithmName,
+    Composition,
     Estimator,
     ObjectiveBatch,
     ObjectiveConfig,
+    ObjectiveRequest,
     ObjectiveResult,
     PactPolicyLoss,
     Phase,
     Stage,
+    composed_objective,
     compute_objective,
     dapo_objective,
     grpo_objective,
@@ -49,6 +60,7 @@ from trainer.algorithms.objectives import (
     li2sao_objective,
     lisao_objective,
     pact_objective,
+    register_composed,
     srppo_objective,
 )
 from trainer.algorithms.pact import (
@@ -78,6 +90,7 @@ from trainer.algorithms.readiness import (
     ReadinessStats,
     readiness_statistics,
 )
+from trainer.algorithms.registry import Registry
 from trainer.algorithms.sampling import DynamicSamplingResult, dynamic_sampling_filter
 from trainer.algorithms.srppo import srppo_advantages, srppo_passk_weights
 from trainer.algorithms.staleness import (
@@ -86,34 +99,49 @@ from trainer.algorithms.staleness import (
     off_policy_token_ratio,
     policy_lag,
 )
+from trainer.algorithms.trajectories import Trajectories, trajectory_rows
+
+from trainer.algorithms.baselines import import_baselines  # isort: skip (registers last)
+
+import_baselines()
 
 __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
+    "ALGORITHM_REGISTRY",
     "CRITIC_IS_MODES",
+    "ESTIMATORS",
     "PACT_POLICY_LOSSES",
     "PHASES",
+    "POLICY_LOSSES",
     "STAGES",
     "ActionMask",
     "Aggregation",
+    "AlgorithmEntry",
     "AlgorithmName",
     "AllReduce",
+    "Composition",
     "CriticIS",
     "DynamicSamplingResult",
+    "Estimate",
     "Estimator",
     "GateConfig",
     "LagFilter",
     "ObjectiveBatch",
     "ObjectiveConfig",
+    "ObjectiveRequest",
     "ObjectiveResult",
     "PactPolicyLoss",
     "Phase",
     "ReadinessGate",
     "ReadinessStats",
+    "Registry",
     "Stage",
+    "Trajectories",
     "adaptive_lambda",
     "bce_value_loss",
     "clipped_value_loss",
+    "composed_objective",
     "compute_objective",
     "dapo_objective",
     "dis_policy_loss",
@@ -143,6 +171,7 @@ __all__ = [
     "policy_lag",
     "ppo_clip_policy_loss",
     "readiness_statistics",
+    "register_composed",
     "reverse_discounted_cumsum",
     "skip_observation_gae",
     "srppo_advantages",
@@ -152,5 +181,6 @@ __all__ = [
     "terminal_reward_tokens",
     "terminal_values",
     "tis_weights",
+    "trajectory_rows",
     "whiten",
 ]

@@ -11,8 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.algorithms.groups import cross_outcome_pairs, group_all_equal, group_index, group_mean
+from trainer.algorithms.groups import (
+    cross_outcome_pairs,
+    group_all_equal,
+    group_index,
+    group_mean,
+    group_sum,
+)
 from trainer.algorithms.masks import ActionMask
+from trainer.algorithms.trajectories import require_dense_trajectory_index
 from trainer.algorithms.validation import (
     action_mask_bool,
     require_floating,
@@ -31,6 +38,7 @@ def group_residual_targets(
     group_ids: Tensor,
     action_mask: Tensor | ActionMask | None = None,
     *,
+    trajectory_index: Tensor | None = None,
     check: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Centred critic targets ``G~_{i,t} = G_{i,t} - mu_g`` (section 4.1) and the group filter.
@@ -40,6 +48,9 @@ def group_residual_targets(
         rewards: ``[N]`` outcome rewards; ``mu_g`` is their group mean.
         group_ids: ``[N]`` group ids.
         action_mask: optional ``[N, T]``; when given, targets are 0 outside action tokens.
+        trajectory_index: optional ``[N]`` dense trajectory index (``0..K-1``) of each row:
+            ``mu_g`` is then the mean over the group's trajectories, each counted once however
+            many rows (segments) it has. None: every row is a trajectory.
 
     Returns:
         ``(targets, keep)``: ``targets`` ``[N, T]`` (no gradient); ``keep`` ``[N]`` bool, False
@@ -58,15 +69,29 @@ def group_residual_targets(
         if isinstance(action_mask, Tensor):
             require_same_shape(returns=returns, action_mask=action_mask)
             action_mask = action_mask_bool(action_mask, require_action_per_row=False)
+        if trajectory_index is not None:
+            require_dense_trajectory_index(trajectory_index, rewards)
     index = group_index(group_ids)
     rewards = rewards.detach()
-    mu = group_mean(rewards, index)[index.inverse]
+    if trajectory_index is None:
+        mu = group_mean(rewards, index)[index.inverse]
+    else:  # one weight per trajectory, on its first row
+        first = torch.zeros_like(rewards).index_fill_(0, _first_rows(trajectory_index), 1.0)
+        mu = (group_sum(rewards * first, index) / group_sum(first, index))[index.inverse]
     targets = returns.detach() - mu[:, None].to(returns.dtype)  # section 4.1: G~ = G - mu_g
     if action_mask is not None:
         am = ActionMask.of(action_mask, check=False)
         targets = targets * am.weights(targets.dtype)
     keep = ~group_all_equal(rewards, index)[index.inverse]
     return targets, keep
+
+
+def _first_rows(trajectory_index: Tensor) -> Tensor:
+    """``[K]`` the first row of each trajectory of a dense ``[N]`` trajectory index."""
+    n = trajectory_index.shape[0]
+    rows = torch.arange(n, device=trajectory_index.device)
+    first = torch.full((int(trajectory_index.max()) + 1,), n, device=rows.device)
+    return first.scatter_reduce(0, trajectory_index, rows, reduce="amin")
 
 
 def clipped_value_loss(

@@ -21,6 +21,13 @@ srppo      w^ (R - V), w^ = Pass   PPO clip               BCE + MSE on y = R, si
            @k weight k(1-q^)^(k-1)
 =========  ======================  =====================  ====================================
 
+Each algorithm is registered by name in :data:`ALGORITHM_REGISTRY`; the critic-free baselines
+are compositions of a registered estimator and policy loss (:mod:`trainer.algorithms.components`,
+:func:`register_composed`), so a new baseline is a module that registers itself (modules in
+:mod:`trainer.algorithms.baselines` are imported with the package). Rows are segments: group
+statistics, the ``1/sum(m)`` weight and the readiness statistics count trajectories
+(``ObjectiveBatch.trajectory_index``).
+
 PACT and SR-PPO follow PACT_SRPPO_SPEC (rewards normalised to ``[0, 1]`` first). The batch is
 validated once when it is built; the objective then calls the primitives with
 ``check=False``. Advantages and returns are computed from ``old_values`` (the critic frozen once
@@ -29,19 +36,19 @@ per batch), so they are identical across the ``K`` critic passes of one batch.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from trainer.algorithms.advantages import (
-    AllReduce,
-    adaptive_lambda,
-    grpo_advantages,
-    normalize_rewards,
-    whiten,
+from trainer.algorithms.advantages import AllReduce
+from trainer.algorithms.components import (
+    ESTIMATORS,
+    POLICY_LOSSES,
+    Estimate,
+    normalized_rewards,
+    require_critic,
 )
 from trainer.algorithms.critic import (
     bce_value_loss,
@@ -51,246 +58,92 @@ from trainer.algorithms.critic import (
     value_loss_terms,
 )
 from trainer.algorithms.divergence import divergence_mask
-from trainer.algorithms.gae import discounted_returns, gae_advantages_and_returns
-from trainer.algorithms.groups import GroupIndex, group_all_equal, group_index
+from trainer.algorithms.gae import discounted_returns
+from trainer.algorithms.groups import group_all_equal
 from trainer.algorithms.masks import ActionMask
+from trainer.algorithms.objective_types import (
+    ALGORITHMS,
+    DEFAULT_CONFIG,
+    PACT_POLICY_LOSSES,
+    PHASES,
+    STAGES,
+    AlgorithmName,
+    Estimator,
+    ObjectiveBatch,
+    ObjectiveConfig,
+    ObjectiveResult,
+    PactPolicyLoss,
+    Phase,
+    Stage,
+)
 from trainer.algorithms.pact import (
-    CRITIC_IS_MODES,
-    CriticIS,
     mean_abs_credit,
-    pact_advantages,
     pact_is_weights,
     targets_from_weights,
     tis_weights,
 )
-from trainer.algorithms.policy_losses import (
-    AGGREGATIONS,
-    Aggregation,
-    dis_policy_loss,
-    gspo_policy_loss,
-    ppo_clip_policy_loss,
-)
+from trainer.algorithms.policy_losses import Aggregation
 from trainer.algorithms.positions import first_action_values, terminal_values
 from trainer.algorithms.readiness import ReadinessStats, readiness_statistics
-from trainer.algorithms.srppo import srppo_advantages, srppo_passk_weights
+from trainer.algorithms.registry import Registry
+from trainer.algorithms.srppo import srppo_passk_weights
 from trainer.algorithms.staleness import off_policy_token_ratio, policy_lag
-from trainer.algorithms.validation import (
-    require_floating,
-    require_group_ids,
-    require_positive,
-    require_rewards,
-    require_same_device,
-    require_same_shape,
-    require_tokens,
-    require_unit_interval,
-)
 
-AlgorithmName = Literal["grpo", "dapo", "gspo", "lisao", "li2sao", "pact", "srppo"]
-ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
-Phase = Literal["bootstrap", "switched"]
-PHASES: tuple[str, ...] = get_args(Phase)
-Stage = Literal["actor", "critic"]
-STAGES: tuple[str, ...] = get_args(Stage)
-Estimator = Literal["grpo", "gae"]
-PactPolicyLoss = Literal["dis", "ppo"]
-PACT_POLICY_LOSSES: tuple[str, ...] = get_args(PactPolicyLoss)
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_REGISTRY",
+    "DEFAULT_CONFIG",
+    "PACT_POLICY_LOSSES",
+    "PHASES",
+    "STAGES",
+    "AlgorithmEntry",
+    "AlgorithmName",
+    "Composition",
+    "Estimator",
+    "ObjectiveBatch",
+    "ObjectiveConfig",
+    "ObjectiveRequest",
+    "ObjectiveResult",
+    "PactPolicyLoss",
+    "Phase",
+    "Stage",
+    "composed_objective",
+    "compute_objective",
+    "dapo_objective",
+    "grpo_objective",
+    "gspo_objective",
+    "li2sao_objective",
+    "lisao_objective",
+    "pact_objective",
+    "register_composed",
+    "srppo_objective",
+]
+
 PASSK_HARD_BELOW = 3 / 8
 """SR-PPO difficulty bins on ``q^`` (sec. 5.5 bins 8 rollouts: hard <= 2, easy >= 6 correct)."""
 PASSK_EASY_FROM = 6 / 8
 
 
 @dataclass(frozen=True)
-class ObjectiveConfig:
-    """Hyper-parameters of every objective (defaults: LI2SAO_SPEC and PACT_SRPPO_SPEC).
+class ObjectiveRequest:
+    """What ``compute_objective`` passes to a registered algorithm besides the batch."""
 
-    ``aggregation`` None means the algorithm's own default: ``token-mean`` for DAPO (its
-    token-level loss), ``seq-mean-token-mean`` (Eq. 1) for the others. GSPO always averages
-    per sequence. ``gamma``, ``dis_low/high``, ``ppo_eps_low/high`` and ``whiten_eps`` are
-    shared with PACT and SR-PPO; the fields after ``whiten_eps`` are theirs.
-    """
-
-    grpo_eps: float = 1e-6
-    ppo_eps_low: float = 0.2
-    ppo_eps_high: float = 0.28
-    gspo_eps_low: float = 3e-4
-    gspo_eps_high: float = 4e-4
-    dis_low: float = 0.7
-    dis_high: float = 6.0
-    aggregation: Aggregation | None = None
-    gamma: float = 1.0
-    lambda_alpha: float = 1.5
-    value_clip: float = 0.2
-    alpha_rank: float = 0.1
-    rank_margin: float = 0.1
-    whiten_eps: float = 1e-8
-    reward_min: float = 0.0
-    reward_max: float = 1.0
-    pact_policy_loss: PactPolicyLoss = "dis"
-    tis_low: float = 0.0
-    tis_high: float = 2.0
-    pact_critic_is: CriticIS = "token"
-    pact_is_low: float = 0.0
-    pact_is_high: float = 6.0
-    pact_whiten: bool = False
-    srppo_k: float = 4.0
-    srppo_bce_coef: float = 1.0
-    srppo_mse_coef: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("grpo_eps", "ppo_eps_low", "ppo_eps_high", "gspo_eps_low", "gspo_eps_high"):
-            require_positive(name, getattr(self, name), allow_zero=True)
-        for name in ("dis_low", "value_clip", "alpha_rank", "rank_margin", "whiten_eps"):
-            require_positive(name, getattr(self, name), allow_zero=True)
-        require_positive("dis_high", self.dis_high)
-        require_positive("lambda_alpha", self.lambda_alpha)
-        require_unit_interval("gamma", self.gamma)
-        if not self.dis_low < self.dis_high:
-            raise ValueError(f"dis_low must be < dis_high, got {self.dis_low}, {self.dis_high}")
-        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS} or None")
-        self._check_pact_srppo()
-
-    def _check_pact_srppo(self) -> None:
-        for name in ("reward_min", "reward_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {value!r}")
-        if not self.reward_max > self.reward_min:
-            raise ValueError(
-                f"reward_max must be > reward_min, got {self.reward_min}, {self.reward_max}"
-            )
-        if self.pact_policy_loss not in PACT_POLICY_LOSSES:
-            raise ValueError(f"pact_policy_loss must be one of {PACT_POLICY_LOSSES}")
-        if self.pact_critic_is not in CRITIC_IS_MODES:
-            raise ValueError(f"pact_critic_is must be one of {CRITIC_IS_MODES}")
-        for low, high in (("tis_low", "tis_high"), ("pact_is_low", "pact_is_high")):
-            require_positive(low, getattr(self, low), allow_zero=True)
-            require_positive(high, getattr(self, high))
-            if not getattr(self, low) < getattr(self, high):
-                raise ValueError(f"{low} must be < {high}")
-        if not isinstance(self.pact_whiten, bool):
-            raise ValueError(f"pact_whiten must be a bool, got {self.pact_whiten!r}")
-        require_positive("srppo_k", self.srppo_k)
-        if self.srppo_k < 1:
-            raise ValueError(f"srppo_k must be >= 1, got {self.srppo_k}")
-        require_positive("srppo_bce_coef", self.srppo_bce_coef, allow_zero=True)
-        require_positive("srppo_mse_coef", self.srppo_mse_coef, allow_zero=True)
-        if self.srppo_bce_coef == 0 and self.srppo_mse_coef == 0:
-            raise ValueError("srppo_bce_coef and srppo_mse_coef are both 0 (no critic loss)")
-
-
-DEFAULT_CONFIG = ObjectiveConfig()
+    phase: Phase = "bootstrap"
+    stage: Stage = "actor"
+    config: ObjectiveConfig = DEFAULT_CONFIG
+    all_reduce: AllReduce | None = None
 
 
 @dataclass(frozen=True)
-class ObjectiveBatch:
-    """One training batch in the padded ``[N, T]`` layout (one row per trajectory).
+class AlgorithmEntry:
+    """A registered algorithm: its objective and the stages it has (``"actor"``, and
+    ``"critic"`` for an algorithm with a separate critic stage such as PACT)."""
 
-    Attributes:
-        tokens: ``[N, T]`` integer post-prompt token ids, ``-1`` past each trajectory's end.
-        action_mask: ``[N, T]`` 1 on model-generated tokens (stored as bool after validation).
-        group_ids: ``[N]`` non-negative integer prompt-group ids.
-        rewards: ``[N]`` float outcome rewards.
-        behavior_logp: ``[N, T]`` log-probabilities recorded by the rollout engine.
-        logp: ``[N, T]`` log-probabilities of the current policy (with gradient).
-        values: ``[N, T]`` critic values ``V(s_t)`` (with gradient); needed by lisao/li2sao.
-            With ``value_logits`` it is set to ``sigmoid(value_logits)`` (give one, not both).
-        old_values: ``[N, T]`` critic values frozen once per batch; defaults to
-            ``values.detach()`` (right for the first critic pass of a batch).
-        token_versions: optional ``[N, T]`` integer policy version of each token.
-        trainer_version: the trainer's policy version; required with ``token_versions``.
-        old_logp: optional ``[N, T]`` log-probabilities recomputed by the trainer under the
-            pre-update policy (no gradient); PACT's actor ratio and TIS use it (absent: the
-            behaviour log-probabilities).
-        value_logits: optional ``[N, T]`` raw outputs ``z_t`` of a sigmoid value head (with
-            gradient); PACT's critic stage and SR-PPO need them (BCE on logits).
-    """
-
-    tokens: Tensor
-    action_mask: Tensor
-    group_ids: Tensor
-    rewards: Tensor
-    behavior_logp: Tensor
-    logp: Tensor
-    values: Tensor | None = None
-    old_values: Tensor | None = None
-    token_versions: Tensor | None = None
-    trainer_version: int | None = None
-    old_logp: Tensor | None = None
-    value_logits: Tensor | None = None
-    mask: ActionMask = field(init=False, repr=False, compare=False)
-    groups: GroupIndex = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        action_mask = ActionMask(self.action_mask)
-        mask = action_mask.mask
-        require_tokens(self.tokens, mask)
-        require_rewards(self.rewards)
-        require_group_ids(self.group_ids, self.rewards.shape[0])
-        if self.rewards.shape[0] != mask.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {self.rewards.shape[0]} entries, "
-                f"action_mask has {mask.shape[0]} rows"
-            )
-        floats = {"logp": self.logp, "behavior_logp": self.behavior_logp}
-        if self.old_logp is not None:
-            floats["old_logp"] = self.old_logp
-        if self.value_logits is not None:
-            if self.values is not None:
-                raise ValueError(
-                    "give values or value_logits, not both (values := sigmoid(value_logits))"
-                )
-            floats["value_logits"] = self.value_logits
-        elif self.old_values is not None and self.values is None:
-            raise ValueError("old_values given without values")
-        if self.values is not None:
-            floats["values"] = self.values
-        if self.old_values is not None:
-            floats["old_values"] = self.old_values
-        for name, tensor in floats.items():
-            require_floating(name, tensor)
-        require_same_shape(action_mask=mask, **floats)
-        require_same_device(
-            tokens=self.tokens, group_ids=self.group_ids, rewards=self.rewards, **floats
-        )
-        if (self.token_versions is None) != (self.trainer_version is None):
-            raise ValueError("token_versions and trainer_version must be given together")
-        if self.token_versions is not None and self.trainer_version is not None:
-            policy_lag(self.trainer_version, self.token_versions, action_mask)  # validates both
-        object.__setattr__(self, "action_mask", mask)
-        object.__setattr__(self, "mask", action_mask)
-        if self.value_logits is not None:
-            object.__setattr__(self, "values", torch.sigmoid(self.value_logits))
-        if self.values is not None and self.old_values is None:
-            object.__setattr__(self, "old_values", self.values.detach())
-        object.__setattr__(self, "groups", group_index(self.group_ids))
-
-    @property
-    def largest_group_size(self) -> int:
-        """Size of the largest prompt group in the batch (decides Li2SAO's estimator)."""
-        return int(self.groups.counts.max())
+    objective: Callable[[ObjectiveBatch, ObjectiveRequest], ObjectiveResult]
+    stages: tuple[str, ...] = ("actor",)
 
 
-@dataclass(frozen=True)
-class ObjectiveResult:
-    """What an objective returns.
-
-    Attributes:
-        actor_loss: scalar to minimise for the policy, or None (PACT's critic stage).
-        critic_loss: scalar to minimise for the critic, or None (critic-free baselines and
-            PACT's actor stage).
-        metrics: float metrics of this batch (local to this rank).
-        estimator: the actor's advantage estimator, ``"grpo"`` or ``"gae"``.
-        readiness: Li2SAO bootstrap only: statistics to merge across ranks and feed to the gate.
-    """
-
-    actor_loss: Tensor | None
-    critic_loss: Tensor | None
-    metrics: dict[str, float]
-    estimator: Estimator
-    readiness: ReadinessStats | None = None
+ALGORITHM_REGISTRY: Registry[AlgorithmEntry] = Registry("algorithm")
 
 
 def _to_floats(metrics: dict[str, Tensor | float]) -> dict[str, float]:
@@ -304,13 +157,16 @@ def _to_floats(metrics: dict[str, Tensor | float]) -> dict[str, float]:
 
 
 def _batch_metrics(batch: ObjectiveBatch) -> dict[str, Tensor | float]:
-    constant = group_all_equal(batch.rewards.detach(), batch.groups)
+    trajectories = batch.trajectories
+    rewards = trajectories.rewards.detach()
+    constant = group_all_equal(rewards, batch.groups)
     metrics: dict[str, Tensor | float] = {
-        "batch/trajectories": float(batch.rewards.shape[0]),
+        "batch/trajectories": float(trajectories.count),
+        "batch/rows": float(batch.rewards.shape[0]),
         "batch/groups": float(batch.groups.num_groups),
         "batch/largest_group": batch.groups.counts.max(),
         "batch/mixed_group_frac": (~constant).to(torch.float64).mean(),
-        "batch/reward_mean": batch.rewards.detach().mean(),
+        "batch/reward_mean": rewards.mean(),
         "batch/action_tokens": batch.mask.total(torch.float64),
     }
     if batch.token_versions is not None and batch.trainer_version is not None:
@@ -341,52 +197,94 @@ def _prefixed(prefix: str, metrics: dict[str, Tensor]) -> dict[str, Tensor | flo
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
 
-def _require_critic(batch: ObjectiveBatch, algorithm: str) -> tuple[Tensor, Tensor]:
-    if batch.values is None or batch.old_values is None:
-        raise ValueError(f"{algorithm} needs batch.values (the critic's [N, T] outputs)")
-    return batch.values, batch.old_values
-
-
-def _group_policy_objective(
-    batch: ObjectiveBatch, config: ObjectiveConfig, algorithm: str
-) -> ObjectiveResult:
-    """GRPO / DAPO / GSPO: group advantage, no critic."""
-    adv = grpo_advantages(batch.rewards, batch.group_ids, config.grpo_eps, check=False)
-    if algorithm == "gspo":
-        loss, policy_metrics = gspo_policy_loss(
-            batch.logp,
-            batch.behavior_logp,
-            adv,
-            batch.mask,
-            config.gspo_eps_low,
-            config.gspo_eps_high,
-            check=False,
-        )
-    else:
-        default = "token-mean" if algorithm == "dapo" else "seq-mean-token-mean"
-        loss, policy_metrics = ppo_clip_policy_loss(
-            batch.logp,
-            batch.behavior_logp,
-            adv,
-            batch.mask,
-            config.ppo_eps_low,
-            config.ppo_eps_high,
-            config.aggregation or default,
-            check=False,
-        )
+def _actor_metrics(
+    batch: ObjectiveBatch,
+    estimate: Estimate,
+    loss: Tensor,
+    policy_metrics: dict[str, Tensor],
+) -> dict[str, Tensor | float]:
+    """The batch, policy-loss and advantage metrics every actor objective reports."""
     metrics = _batch_metrics(batch)
     metrics.update(_prefixed("actor", policy_metrics))
-    metrics.update(_advantage_metrics(adv, batch.mask))
+    metrics.update(_advantage_metrics(estimate.advantages, batch.mask))
     metrics["actor/loss"] = loss.detach()
-    metrics["actor/estimator_is_grpo"] = 1.0
-    return ObjectiveResult(loss, None, _to_floats(metrics), "grpo")
+    metrics["actor/estimator_is_grpo"] = 1.0 if estimate.estimator == "grpo" else 0.0
+    return metrics
+
+
+def _policy_loss(
+    name: str,
+    batch: ObjectiveBatch,
+    advantages: Tensor,
+    config: ObjectiveConfig,
+    default_aggregation: Aggregation = "seq-mean-token-mean",
+    reference_logp: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The registered policy loss ``name`` with the ratio against ``reference_logp``
+    (default: the behaviour log-probabilities) and the configured aggregation."""
+    reference = batch.behavior_logp if reference_logp is None else reference_logp
+    aggregation = config.aggregation or default_aggregation
+    return POLICY_LOSSES.get(name)(batch, reference, advantages, config, aggregation)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A critic-free algorithm: a registered estimator and policy loss, and the aggregation
+    used when ``ObjectiveConfig.aggregation`` is None."""
+
+    estimator: str
+    policy_loss: str
+    aggregation: Aggregation = "seq-mean-token-mean"
+
+
+def composed_objective(
+    batch: ObjectiveBatch,
+    composition: Composition,
+    config: ObjectiveConfig = DEFAULT_CONFIG,
+    all_reduce: AllReduce | None = None,
+) -> ObjectiveResult:
+    """Advantages from the registered estimator, loss from the registered policy loss, no
+    critic (GRPO, DAPO, GSPO and any baseline registered with :func:`register_composed`)."""
+    estimate = ESTIMATORS.get(composition.estimator)(batch, config, all_reduce)
+    loss, policy_metrics = _policy_loss(
+        composition.policy_loss, batch, estimate.advantages, config, composition.aggregation
+    )
+    metrics = _actor_metrics(batch, estimate, loss, policy_metrics)
+    return ObjectiveResult(loss, None, _to_floats(metrics), estimate.estimator)
+
+
+def register_composed(
+    name: str,
+    estimator: str,
+    policy_loss: str,
+    aggregation: Aggregation = "seq-mean-token-mean",
+    *,
+    replace: bool = False,
+) -> Composition:
+    """Register the critic-free algorithm ``name`` = ``estimator`` + ``policy_loss``.
+
+    The estimator and loss are looked up when the objective runs, so they may be registered
+    after the algorithm; an unknown name is then an error listing the known ones.
+    """
+    composition = Composition(estimator, policy_loss, aggregation)
+
+    def objective(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
+        return composed_objective(batch, composition, request.config, request.all_reduce)
+
+    ALGORITHM_REGISTRY.register(name, replace=replace)(AlgorithmEntry(objective))
+    return composition
+
+
+GRPO = register_composed("grpo", "grpo", "ppo_clip")  # Eq. 2 + Eq. 1
+DAPO = register_composed("dapo", "grpo", "ppo_clip", "token-mean")  # clip-higher, token-mean
+GSPO = register_composed("gspo", "grpo", "gspo")  # sequence-level ratio and clipping
 
 
 def grpo_objective(
     batch: ObjectiveBatch, config: ObjectiveConfig = DEFAULT_CONFIG
 ) -> ObjectiveResult:
     """GRPO baseline: group advantage (Eq. 2) + PPO clip (Eq. 1), no critic."""
-    return _group_policy_objective(batch, config, "grpo")
+    return composed_objective(batch, GRPO, config)
 
 
 def dapo_objective(
@@ -394,14 +292,14 @@ def dapo_objective(
 ) -> ObjectiveResult:
     """DAPO baseline: GRPO with clip-higher and token-mean loss; filter the batch first with
     :func:`trainer.algorithms.sampling.dynamic_sampling_filter`."""
-    return _group_policy_objective(batch, config, "dapo")
+    return composed_objective(batch, DAPO, config)
 
 
 def gspo_objective(
     batch: ObjectiveBatch, config: ObjectiveConfig = DEFAULT_CONFIG
 ) -> ObjectiveResult:
     """GSPO baseline: group advantage + sequence-level ratio and clipping."""
-    return _group_policy_objective(batch, config, "gspo")
+    return composed_objective(batch, GSPO, config)
 
 
 def _critic_explained_variance(returns: Tensor, values: Tensor, am: ActionMask) -> Tensor:
@@ -430,38 +328,6 @@ def _outcome_explained_variance(rewards: Tensor, am: ActionMask, residual_var: T
         return torch.where(var_g > 0, 1 - residual_var / var_g.clamp(min=1e-300), torch.nan)
 
 
-def _gae_actor_and_returns(
-    batch: ObjectiveBatch, old_values: Tensor, config: ObjectiveConfig, all_reduce: AllReduce | None
-) -> tuple[Tensor, Tensor]:
-    """Whitened adaptive-trace GAE advantages and lambda = 1 returns (LI2SAO_SPEC, after switch).
-
-    The outcome rewards ``[N]`` sit on each row's last action token (``r_{u_M} = R``).
-    """
-    mask = batch.mask
-    rewards = batch.rewards.to(old_values.dtype)
-    lam = adaptive_lambda(mask, config.lambda_alpha, dtype=old_values.dtype, check=False)
-    adv, returns = gae_advantages_and_returns(
-        rewards, old_values, mask, config.gamma, lam, check=False
-    )
-    adv = whiten(adv, mask, config.whiten_eps, all_reduce=all_reduce, check=False)
-    return adv, returns
-
-
-def _dis(
-    batch: ObjectiveBatch, adv: Tensor, config: ObjectiveConfig
-) -> tuple[Tensor, dict[str, Tensor]]:
-    return dis_policy_loss(
-        batch.logp,
-        batch.behavior_logp,
-        adv,
-        batch.mask,
-        config.dis_low,
-        config.dis_high,
-        config.aggregation or "seq-mean-token-mean",
-        check=False,
-    )
-
-
 def lisao_objective(
     batch: ObjectiveBatch,
     config: ObjectiveConfig = DEFAULT_CONFIG,
@@ -472,22 +338,64 @@ def lisao_objective(
 
     The 10 critic-only warm-up steps are the trainer's business (it skips the actor step).
     """
-    values, old_values = _require_critic(batch, "lisao")
-    adv, returns = _gae_actor_and_returns(batch, old_values, config, all_reduce)
-    actor_loss, policy_metrics = _dis(batch, adv, config)
+    values, old_values = require_critic(batch, "lisao")
+    estimate = ESTIMATORS.get("gae")(batch, config, all_reduce)
+    assert estimate.returns is not None
+    actor_loss, policy_metrics = _policy_loss("dis", batch, estimate.advantages, config)
     critic_loss = clipped_value_loss(
-        values, old_values, returns, batch.mask, config.value_clip, check=False
-    )
-    metrics = _batch_metrics(batch)
-    metrics.update(_prefixed("actor", policy_metrics))
-    metrics.update(_advantage_metrics(adv, batch.mask))
-    metrics["actor/loss"] = actor_loss.detach()
-    metrics["actor/estimator_is_grpo"] = 0.0
+        values, old_values, estimate.returns, batch.mask, config.value_clip, check=False
+    )  # Eq. 5
+    metrics = _actor_metrics(batch, estimate, actor_loss, policy_metrics)
     metrics["critic/loss"] = critic_loss.detach()
     metrics["critic/explained_variance"] = _critic_explained_variance(
-        returns, old_values, batch.mask
+        estimate.returns, old_values, batch.mask
     )
     return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), "gae")
+
+
+def _bootstrap_critic(
+    batch: ObjectiveBatch,
+    returns: Tensor,
+    config: ObjectiveConfig,
+    metrics: dict[str, Tensor | float],
+) -> tuple[Tensor, ReadinessStats]:
+    """Li2SAO's bootstrap critic (section 4.1): ``L_res + alpha_rank * L_rank`` on centred,
+    divergence-masked targets, and the readiness statistics; adds its metrics to ``metrics``.
+
+    ``mu_g``, the ranking pairs and the readiness statistics are over trajectories: a
+    trajectory's terminal value ``V(s_{i,T_i})`` is the one on its last row (last segment).
+    """
+    values, old_values = require_critic(batch, "li2sao")
+    mask, trajectories = batch.mask, batch.trajectories
+    # targets are read only under the critic mask (action tokens), so no masking pass here
+    targets, keep = group_residual_targets(
+        returns, batch.rewards, batch.group_ids, check=False,
+        trajectory_index=trajectories.row_index,
+    )  # fmt: skip
+    critic_mask = divergence_mask(batch.tokens, mask, batch.rewards, batch.group_ids, check=False)
+    dropped = (~keep).nonzero().squeeze(1)  # members of groups with equal rewards
+    critic_mask.index_fill_(0, dropped, False)  # touches those rows only
+    residual = clipped_value_loss(
+        values, old_values, targets, critic_mask, config.value_clip, check=False
+    )  # Eq. 10
+    final_values = trajectories.last(terminal_values(values, mask, check=False))
+    rewards, group_ids = trajectories.rewards, trajectories.group_ids
+    ranking = terminal_ranking_loss(
+        final_values, rewards, group_ids, config.rank_margin, check=False
+    )  # Eq. 11
+    critic_loss = residual + config.alpha_rank * ranking  # section 4.1: L_res + a L_rank
+    readiness = readiness_statistics(final_values.detach(), rewards, group_ids, check=False)
+    metrics["critic/residual_loss"] = residual.detach()
+    metrics["critic/rank_loss"] = ranking.detach()
+    metrics["critic/mask_frac"] = torch.count_nonzero(critic_mask).to(torch.float64) / mask.total(
+        torch.float64
+    )
+    metrics["critic/kept_frac"] = keep.to(torch.float64).mean()
+    if readiness.explained_variance is not None:
+        metrics["readiness/explained_variance"] = readiness.explained_variance
+    if readiness.ranking_accuracy is not None:
+        metrics["readiness/ranking_accuracy"] = readiness.ranking_accuracy
+    return critic_loss, readiness
 
 
 def li2sao_objective(
@@ -500,7 +408,7 @@ def li2sao_objective(
     """Li2SAO: estimator from the batch, critic objective from the phase.
 
     Actor (appendix F.3): GRPO advantage (Eq. 2, no whitening) when the largest group of the
-    batch has more than one member, else whitened adaptive-trace GAE; DIS in both cases.
+    batch has more than one trajectory, else whitened adaptive-trace GAE; DIS in both cases.
 
     Critic: ``phase="bootstrap"``: ``L_res + alpha_rank * L_rank`` (section 4.1) with targets
     ``G - mu_g`` (lambda = 1 returns), mask = action tokens at/after the divergence point of
@@ -510,68 +418,27 @@ def li2sao_objective(
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    values, old_values = _require_critic(batch, "li2sao")
+    values, old_values = require_critic(batch, "li2sao")
     mask = batch.mask
-    estimator: Estimator = "grpo" if batch.largest_group_size > 1 else "gae"
-    if estimator == "grpo":
-        adv = grpo_advantages(batch.rewards, batch.group_ids, config.grpo_eps, check=False)
+    estimate = ESTIMATORS.get("li2sao")(batch, config, all_reduce)
+    returns = estimate.returns
+    if returns is None:  # GRPO: lambda = 1 returns for the critic
         rewards = batch.rewards.to(old_values.dtype)
-        returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1
-    else:
-        adv, returns = _gae_actor_and_returns(batch, old_values, config, all_reduce)
-    actor_loss, policy_metrics = _dis(batch, adv, config)
-    metrics = _batch_metrics(batch)
-    metrics.update(_prefixed("actor", policy_metrics))
-    metrics.update(_advantage_metrics(adv, mask))
-    metrics["actor/loss"] = actor_loss.detach()
-    metrics["actor/estimator_is_grpo"] = 1.0 if estimator == "grpo" else 0.0
+        returns = discounted_returns(rewards, mask, config.gamma, check=False)
+    actor_loss, policy_metrics = _policy_loss("dis", batch, estimate.advantages, config)
+    metrics = _actor_metrics(batch, estimate, actor_loss, policy_metrics)
     readiness: ReadinessStats | None = None
     if phase == "bootstrap":
-        # targets are read only under the critic mask (action tokens), so no masking pass here
-        targets, keep = group_residual_targets(returns, batch.rewards, batch.group_ids, check=False)
-        critic_mask = divergence_mask(
-            batch.tokens, mask, batch.rewards, batch.group_ids, check=False
-        )
-        dropped = (~keep).nonzero().squeeze(1)  # members of groups with equal rewards
-        critic_mask.index_fill_(0, dropped, False)  # touches those rows only
-        residual = clipped_value_loss(
-            values, old_values, targets, critic_mask, config.value_clip, check=False
-        )
-        final_values = terminal_values(values, mask, check=False)
-        ranking = terminal_ranking_loss(
-            final_values, batch.rewards, batch.group_ids, config.rank_margin, check=False
-        )
-        critic_loss = residual + config.alpha_rank * ranking  # section 4.1: L_res + a L_rank
-        readiness = readiness_statistics(
-            final_values.detach(), batch.rewards, batch.group_ids, check=False
-        )
-        metrics["critic/residual_loss"] = residual.detach()
-        metrics["critic/rank_loss"] = ranking.detach()
-        metrics["critic/mask_frac"] = torch.count_nonzero(critic_mask).to(
-            torch.float64
-        ) / mask.total(torch.float64)
-        metrics["critic/kept_frac"] = keep.to(torch.float64).mean()
-        if readiness.explained_variance is not None:
-            metrics["readiness/explained_variance"] = readiness.explained_variance
-        if readiness.ranking_accuracy is not None:
-            metrics["readiness/ranking_accuracy"] = readiness.ranking_accuracy
+        critic_loss, readiness = _bootstrap_critic(batch, returns, config, metrics)
     else:
         critic_loss = clipped_value_loss(
             values, old_values, returns, mask, config.value_clip, check=False
         )  # Eq. 5 with the clipped form of Eq. 10
         metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
     metrics["critic/loss"] = critic_loss.detach()
-    return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), estimator, readiness)
-
-
-def _pact_srppo_inputs(
-    batch: ObjectiveBatch, config: ObjectiveConfig, algorithm: str
-) -> tuple[Tensor, Tensor]:
-    """``(R~, V_old)``: the rewards normalised to ``[0, 1]`` (a ValueError outside the
-    configured range) in the critic's dtype, and the frozen critic values."""
-    _, old_values = _require_critic(batch, algorithm)
-    rewards = normalize_rewards(batch.rewards, config.reward_min, config.reward_max)
-    return rewards.to(old_values.dtype), old_values
+    return ObjectiveResult(
+        actor_loss, critic_loss, _to_floats(metrics), estimate.estimator, readiness
+    )
 
 
 def _require_logits(batch: ObjectiveBatch, what: str) -> Tensor:
@@ -629,37 +496,25 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
 def _pact_actor(
     batch: ObjectiveBatch, config: ObjectiveConfig, all_reduce: AllReduce | None
 ) -> ObjectiveResult:
-    rewards, old_values = _pact_srppo_inputs(batch, config, "pact")
+    _, old_values = require_critic(batch, "pact")
+    rewards = normalized_rewards(batch, config, old_values)
     mask = batch.mask
-    adv = pact_advantages(rewards, old_values, mask, config.gamma, check=False)  # sec. 3.3
-    if config.pact_whiten:
-        adv = whiten(adv, mask, config.whiten_eps, all_reduce=all_reduce, check=False)
+    estimate = ESTIMATORS.get("pact")(batch, config, all_reduce)  # sec. 3.3
     old = batch.old_logp if batch.old_logp is not None else batch.behavior_logp
     tis = tis_weights(old, batch.behavior_logp, mask, config.tis_low, config.tis_high, check=False)
-    # sec. 5.1: l_t = w_t f(rho_t) A_t with w_t >= 0 a constant = the loss on advantages w_t A_t
-    weighted = adv * tis
-    aggregation = config.aggregation or "seq-mean-token-mean"
-    if config.pact_policy_loss == "dis":  # math: DIS on rho = exp(logp - old)
-        loss, policy_metrics = dis_policy_loss(
-            batch.logp, old, weighted, mask, config.dis_low, config.dis_high, aggregation,
-            check=False,
-        )  # fmt: skip
-    else:  # coding: PPO clip on rho = exp(logp - old)
-        loss, policy_metrics = ppo_clip_policy_loss(
-            batch.logp, old, weighted, mask, config.ppo_eps_low, config.ppo_eps_high,
-            aggregation, check=False,
-        )  # fmt: skip
+    # sec. 5.1: l_t = w_t f(rho_t) A_t with w_t >= 0 a constant = the loss on advantages w_t A_t;
+    # math: DIS, coding: PPO clip, both on rho = exp(logp - old)
+    name = "dis" if config.pact_policy_loss == "dis" else "ppo_clip"
+    loss, policy_metrics = _policy_loss(
+        name, batch, estimate.advantages * tis, config, reference_logp=old
+    )
     weights = mask.weights(tis.dtype)
     count = mask.total(torch.float64)
     with torch.no_grad():
         capped = tis >= config.tis_high
         if config.tis_low > 0:  # (tis_low = 0 is never reached: exp of a clamped log-ratio)
             capped |= (tis <= config.tis_low) & mask.mask
-    metrics = _batch_metrics(batch)
-    metrics.update(_prefixed("actor", policy_metrics))
-    metrics.update(_advantage_metrics(adv, mask))
-    metrics["actor/loss"] = loss.detach()
-    metrics["actor/estimator_is_grpo"] = 0.0
+    metrics = _actor_metrics(batch, estimate, loss, policy_metrics)
     metrics["actor/tis_mean"] = _masked_mean(tis, weights, count)
     metrics["actor/tis_capped_frac"] = torch.count_nonzero(capped).to(torch.float64) / count
     # Thm. 1 / App. E.2: mean |C| of the TD-residual credit
@@ -677,7 +532,8 @@ def _pact_actor(
 
 
 def _pact_critic(batch: ObjectiveBatch, config: ObjectiveConfig) -> ObjectiveResult:
-    rewards, old_values = _pact_srppo_inputs(batch, config, "pact")
+    _, old_values = require_critic(batch, "pact")
+    rewards = normalized_rewards(batch, config, old_values)
     logits = _require_logits(batch, "the pact critic stage")
     mask = batch.mask
     old = batch.old_logp if batch.old_logp is not None else batch.behavior_logp
@@ -740,27 +596,20 @@ def srppo_objective(
     standard order): ``bce_value_loss`` with ``srppo_bce_coef`` / ``srppo_mse_coef`` on the
     Pass@1 target ``y = R`` at every action token; needs ``batch.value_logits``.
     """
-    rewards, old_values = _pact_srppo_inputs(batch, config, "srppo")
+    _, old_values = require_critic(batch, "srppo")
+    rewards = normalized_rewards(batch, config, old_values)
     logits = _require_logits(batch, "srppo")
     values = batch.values  # sigmoid(value_logits), with its graph
     mask = batch.mask
-    k = config.srppo_k
-    adv = srppo_advantages(rewards, old_values, mask, k, config.gamma, check=False)  # sec. 4.2
-    actor_loss, policy_metrics = ppo_clip_policy_loss(
-        batch.logp, batch.behavior_logp, adv, mask, config.ppo_eps_low, config.ppo_eps_high,
-        config.aggregation or "seq-mean-token-mean", check=False,
-    )  # fmt: skip
+    estimate = ESTIMATORS.get("srppo")(batch, config, None)  # sec. 4.2
+    actor_loss, policy_metrics = _policy_loss("ppo_clip", batch, estimate.advantages, config)
     returns = rewards[:, None] * mask.weights(rewards.dtype)  # sec. 4.3: Pass@1 target y = R
     # sec. 4.3: a BCE + b MSE (= bce_value_loss; the two terms are also the critic's metrics)
     bce, mse, count = value_loss_terms(logits, returns, mask, values)
     critic_loss = (config.srppo_bce_coef * bce + config.srppo_mse_coef * mse) / count
     q_hat = first_action_values(old_values, mask, check=False).clamp(0.0, 1.0)
-    passk = srppo_passk_weights(q_hat, k, check=False)
-    metrics = _batch_metrics(batch)
-    metrics.update(_prefixed("actor", policy_metrics))
-    metrics.update(_advantage_metrics(adv, mask))
-    metrics["actor/loss"] = actor_loss.detach()
-    metrics["actor/estimator_is_grpo"] = 0.0
+    passk = srppo_passk_weights(q_hat, config.srppo_k, check=False)
+    metrics = _actor_metrics(batch, estimate, actor_loss, policy_metrics)
     metrics["actor/passk_weight_mean"] = passk.mean()
     metrics["actor/passk_weight_min"] = passk.min()
     metrics["actor/passk_weight_max"] = passk.max()
@@ -776,8 +625,30 @@ def srppo_objective(
     return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), "gae")
 
 
+def _li2sao(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
+    return li2sao_objective(batch, request.phase, request.config, all_reduce=request.all_reduce)
+
+
+def _lisao(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
+    return lisao_objective(batch, request.config, all_reduce=request.all_reduce)
+
+
+def _pact(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
+    return pact_objective(batch, request.stage, request.config, all_reduce=request.all_reduce)
+
+
+def _srppo(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
+    return srppo_objective(batch, request.config)
+
+
+ALGORITHM_REGISTRY.register("lisao")(AlgorithmEntry(_lisao))
+ALGORITHM_REGISTRY.register("li2sao")(AlgorithmEntry(_li2sao))
+ALGORITHM_REGISTRY.register("pact")(AlgorithmEntry(_pact, STAGES))
+ALGORITHM_REGISTRY.register("srppo")(AlgorithmEntry(_srppo))
+
+
 def compute_objective(
-    algorithm: AlgorithmName,
+    algorithm: AlgorithmName | str,
     batch: ObjectiveBatch,
     *,
     phase: Phase = "bootstrap",
@@ -785,8 +656,10 @@ def compute_objective(
     config: ObjectiveConfig = DEFAULT_CONFIG,
     all_reduce: AllReduce | None = None,
 ) -> ObjectiveResult:
-    """Dispatch on the algorithm name; ``phase`` matters only for ``li2sao``, ``stage`` only
-    for ``pact`` (every other algorithm has one stage: ``"actor"``).
+    """The registered algorithm ``algorithm`` on ``batch`` (:data:`ALGORITHM_REGISTRY`; an
+    unknown name is a ValueError listing the known ones). ``phase`` matters only for
+    ``li2sao``, ``stage`` only for algorithms with a critic stage (``pact``); every other
+    algorithm has one stage, ``"actor"``.
 
     ``all_reduce`` sums a small tensor across data-parallel ranks; it is used to whiten GAE
     advantages with global statistics (identity when None).
@@ -795,16 +668,10 @@ def compute_objective(
         raise ValueError(f"batch must be an ObjectiveBatch, got {type(batch).__name__}")
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    if algorithm == "pact":
-        return pact_objective(batch, stage, config, all_reduce=all_reduce)
-    if stage != "actor" and algorithm in ALGORITHMS:
-        raise ValueError(f"stage={stage!r} exists only for pact, not {algorithm!r}")
-    if algorithm == "srppo":
-        return srppo_objective(batch, config)
-    if algorithm in ("grpo", "dapo", "gspo"):
-        return _group_policy_objective(batch, config, algorithm)
-    if algorithm == "lisao":
-        return lisao_objective(batch, config, all_reduce=all_reduce)
-    if algorithm == "li2sao":
-        return li2sao_objective(batch, phase, config, all_reduce=all_reduce)
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+    entry = ALGORITHM_REGISTRY.get(algorithm)
+    if stage not in entry.stages:
+        owners = [
+            n for n in ALGORITHM_REGISTRY.names() if stage in ALGORITHM_REGISTRY.get(n).stages
+        ]
+        raise ValueError(f"stage={stage!r} exists only for {', '.join(owners)}, not {algorithm!r}")
+    return entry.objective(batch, ObjectiveRequest(phase, stage, config, all_reduce))

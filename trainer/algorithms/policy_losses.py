@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from trainer.algorithms.masks import ActionMask
+from trainer.algorithms.trajectories import per_trajectory_sum, require_dense_trajectory_index
 from trainer.algorithms.validation import (
     require_floating,
     require_ndim,
@@ -41,6 +42,7 @@ def _prepare(
     advantages: Tensor,
     action_mask: Tensor | ActionMask,
     check: bool,
+    trajectory_index: Tensor | None = None,
 ) -> tuple[ActionMask, Tensor, Tensor, Tensor]:
     """Validate the common inputs; return ``(mask, weights, log-ratio, advantages)``.
 
@@ -66,6 +68,8 @@ def _prepare(
                 )
         else:
             require_same_shape(advantages=advantages, logp=logp)
+        if trajectory_index is not None:
+            require_dense_trajectory_index(trajectory_index, am.mask)
     adv = advantages.detach()
     if adv.ndim == 1:
         adv = adv[:, None]
@@ -74,21 +78,33 @@ def _prepare(
     return am, weights, log_ratio, adv
 
 
-def _aggregate(per_token: Tensor, adv: Tensor, am: ActionMask, aggregation: str) -> Tensor:
+def _aggregate(
+    per_token: Tensor,
+    adv: Tensor,
+    am: ActionMask,
+    aggregation: str,
+    trajectory_index: Tensor | None = None,
+) -> Tensor:
     """Eq. 1: ``J = mean_i (1/M_i) sum_t m_t l_t`` ("seq-mean-token-mean") or a token mean.
 
     ``l_t = per_token_t * A_t``; ``per_token`` must already be 0 off the action tokens. With a
     per-row advantage (``adv`` of shape ``[N, 1]``) the row sum is taken first and multiplied
-    by ``A_i`` afterwards, which avoids a broadcast ``[N, T]`` product.
+    by ``A_i`` afterwards, which avoids a broadcast ``[N, T]`` product. ``i`` runs over
+    trajectories: with a ``trajectory_index`` the rows (segments) of one trajectory share one
+    ``1/M_i`` with ``M_i`` its action tokens over all its rows.
     """
     counts = am.row_counts(per_token.dtype)
     if adv.shape[1] == 1:
         row_sums = per_token.sum(dim=1) * adv[:, 0]
     else:
         row_sums = (per_token * adv).sum(dim=1)
-    if aggregation == "seq-mean-token-mean":
-        return (row_sums / counts).mean()  # Eq. 1 (LI2SAO_SPEC "Policy objective")
-    return row_sums.sum() / counts.sum()
+    if aggregation != "seq-mean-token-mean":
+        return row_sums.sum() / counts.sum()
+    if trajectory_index is not None:
+        k = int(trajectory_index.max()) + 1
+        row_sums = per_trajectory_sum(row_sums, trajectory_index, k)
+        counts = per_trajectory_sum(counts, trajectory_index, k)
+    return (row_sums / counts).mean()  # Eq. 1 (LI2SAO_SPEC "Policy objective")
 
 
 def _check_aggregation(aggregation: str) -> None:
@@ -120,6 +136,7 @@ def dis_policy_loss(
     high: float = 6.0,
     aggregation: Aggregation = "seq-mean-token-mean",
     *,
+    trajectory_index: Tensor | None = None,
     check: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Direct double-sided importance sampling: ``l_t = f(rho_t) * A_t`` (Eq. 8-9).
@@ -136,7 +153,9 @@ def dis_policy_loss(
         require_positive("high", high)
         if not low < high:
             raise ValueError(f"DIS interval needs low < high, got ({low}, {high})")
-    am, _, log_ratio, adv = _prepare(logp, behavior_logp, advantages, action_mask, check)
+    am, _, log_ratio, adv = _prepare(
+        logp, behavior_logp, advantages, action_mask, check, trajectory_index
+    )
     rho = _clipped_exp(log_ratio)  # 1 off the action tokens (log-ratio 0 there)
     with torch.no_grad():  # interval tests in log space: rho > low <=> log rho > log low
         below = log_ratio <= (math.log(low) if low > 0 else -math.inf)
@@ -147,7 +166,8 @@ def dis_policy_loss(
     # Eq. 9: f(rho) = rho inside (low, high), else 0 -- value and gradient (the clamp only
     # touches ratios far outside the interval, whose factor is 0 anyway)
     f_rho = rho * keep
-    loss = -_aggregate(f_rho, adv, am, aggregation)  # Eq. 8: l_t = f(rho_t) A_t, loss = -J
+    # Eq. 8: l_t = f(rho_t) A_t, loss = -J
+    loss = -_aggregate(f_rho, adv, am, aggregation, trajectory_index)
     count = am.total(torch.float64)
     metrics = {
         "masked_low_frac": _fraction(below, count),
@@ -166,9 +186,13 @@ def ppo_clip_policy_loss(
     eps_high: float = 0.28,
     aggregation: Aggregation = "seq-mean-token-mean",
     *,
+    trajectory_index: Tensor | None = None,
     check: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clip ``l_t = min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` (Eq. 1).
+
+    ``trajectory_index`` (``[N]`` dense ``0..K-1``, optional) groups the rows of one
+    trajectory under one ``1/M_i`` (see :func:`_aggregate`); None: every row is a trajectory.
 
     Metrics: ``clip_frac_low`` / ``clip_frac_high`` (action tokens whose clipped branch is the
     active one: ``A < 0, rho < 1 - eps_low`` / ``A > 0, rho > 1 + eps_high``), ``clip_frac``
@@ -178,41 +202,14 @@ def ppo_clip_policy_loss(
         _check_aggregation(aggregation)
         require_positive("eps_low", eps_low, allow_zero=True)
         require_positive("eps_high", eps_high, allow_zero=True)
-    am, weights, log_ratio, adv = _prepare(logp, behavior_logp, advantages, action_mask, check)
+    am, weights, log_ratio, adv = _prepare(
+        logp, behavior_logp, advantages, action_mask, check, trajectory_index
+    )
     rho = _clipped_exp(log_ratio)  # exactly 1 off the action tokens
     count = am.total(torch.float64)
-    if adv.shape[1] == 1:
-        # One advantage per row: min(rho A, clip(rho) A) = A * clamp(rho, max=1 + eps_high)
-        # for A > 0 and A * clamp(rho, min=1 - eps_low) for A < 0 -- one clamp with per-row
-        # bounds (same value and gradient as the min form), the row sum multiplied by A_i.
-        positive, negative = adv > 0, adv < 0
-        lower = torch.full_like(adv, -math.inf, dtype=rho.dtype).masked_fill_(negative, 1 - eps_low)
-        upper = torch.full_like(adv, math.inf, dtype=rho.dtype).masked_fill_(positive, 1 + eps_high)
-        bounded = torch.clamp(rho, min=lower, max=upper)
-        loss = -_aggregate(bounded * weights, adv, am, aggregation)  # Eq. 1
-        with torch.no_grad():  # the clamp moved a token <=> its clipped branch is active
-            low_frac = _fraction(bounded > rho, count)
-            high_frac = _fraction(bounded < rho, count)
-    else:
-        # Per-token advantages: where the clipped branch of min(rho A, clip(rho) A) is
-        # strictly the smaller one the term is the constant clip(rho) A, elsewhere rho A. So
-        # it is written as rho * slope + const with constant factors (slope = A where
-        # unclipped, else 0): the min form's value and gradient, one product backwards. All
-        # float arithmetic (bool masks cost several times more on the CPU).
-        with torch.no_grad():
-            ratio = rho.detach()
-            gain = ratio * adv  # rho A
-            value = torch.minimum(gain, ratio.clamp(1.0 - eps_low, 1.0 + eps_high).mul_(adv))
-            deficit = gain.sub_(value)  # > 0 exactly where the clipped branch is active
-            slope = (deficit == 0).to(adv.dtype).mul_(adv).mul_(weights)
-            const = torch.addcmul(value, ratio, slope, value=-1.0).mul_(weights)
-            clipped = torch.count_nonzero(deficit)  # 0 off the actions (rho = 1 there)
-            high = torch.count_nonzero(deficit * (adv > 0))  # rho > 1 + eps_high, A > 0
-        per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
-        ones = torch.ones_like(adv[:, :1])
-        loss = -_aggregate(per_token, ones, am, aggregation)
-        low_frac = (clipped - high).to(torch.float64) / count  # rho < 1 - eps_low, A < 0
-        high_frac = high.to(torch.float64) / count
+    clip = _ppo_row_clip if adv.shape[1] == 1 else _ppo_token_clip
+    per_token, adv, low_frac, high_frac = clip(rho, adv, weights, eps_low, eps_high, count)
+    loss = -_aggregate(per_token, adv, am, aggregation, trajectory_index)  # Eq. 1
     metrics = {
         "clip_frac_low": low_frac,
         "clip_frac_high": high_frac,
@@ -220,6 +217,51 @@ def ppo_clip_policy_loss(
         "rho_abs_dev_mean": _abs_dev_mean(rho.detach(), count),
     }
     return loss, metrics
+
+
+def _ppo_row_clip(
+    rho: Tensor, adv: Tensor, weights: Tensor, eps_low: float, eps_high: float, count: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One advantage per row (``adv`` ``[N, 1]``): ``min(rho A, clip(rho) A)`` is
+    ``A * clamp(rho, max=1 + eps_high)`` for ``A > 0`` and ``A * clamp(rho, min=1 - eps_low)``
+    for ``A < 0`` -- one clamp with per-row bounds (same value and gradient as the min form);
+    the aggregation multiplies the row sum by ``A_i``.
+
+    Returns ``(per-token factor, advantages for the aggregation, low, high clip fractions)``.
+    """
+    positive, negative = adv > 0, adv < 0
+    lower = torch.full_like(adv, -math.inf, dtype=rho.dtype).masked_fill_(negative, 1 - eps_low)
+    upper = torch.full_like(adv, math.inf, dtype=rho.dtype).masked_fill_(positive, 1 + eps_high)
+    bounded = torch.clamp(rho, min=lower, max=upper)
+    with torch.no_grad():  # the clamp moved a token <=> its clipped branch is active
+        low_frac = _fraction(bounded > rho, count)
+        high_frac = _fraction(bounded < rho, count)
+    return bounded * weights, adv, low_frac, high_frac
+
+
+def _ppo_token_clip(
+    rho: Tensor, adv: Tensor, weights: Tensor, eps_low: float, eps_high: float, count: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token advantages (``adv`` ``[N, T]``): where the clipped branch of
+    ``min(rho A, clip(rho) A)`` is strictly the smaller one the term is the constant
+    ``clip(rho) A``, elsewhere ``rho A``. So it is written as ``rho * slope + const`` with
+    constant factors (``slope = A`` where unclipped, else 0): the min form's value and
+    gradient, one product backwards. All float arithmetic (bool masks cost several times more
+    on the CPU). Returns ``l_t`` itself, so the aggregation's advantages are ones.
+    """
+    with torch.no_grad():
+        ratio = rho.detach()
+        gain = ratio * adv  # rho A
+        value = torch.minimum(gain, ratio.clamp(1.0 - eps_low, 1.0 + eps_high).mul_(adv))
+        deficit = gain.sub_(value)  # > 0 exactly where the clipped branch is active
+        slope = (deficit == 0).to(adv.dtype).mul_(adv).mul_(weights)
+        const = torch.addcmul(value, ratio, slope, value=-1.0).mul_(weights)
+        clipped = torch.count_nonzero(deficit)  # 0 off the actions (rho = 1 there)
+        high = torch.count_nonzero(deficit * (adv > 0))  # rho > 1 + eps_high, A > 0
+    per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")
+    low_frac = (clipped - high).to(torch.float64) / count  # rho < 1 - eps_low, A < 0
+    high_frac = high.to(torch.float64) / count
+    return per_token, torch.ones_like(adv[:, :1]), low_frac, high_frac
 
 
 def _active_clip_fractions(
@@ -244,6 +286,7 @@ def gspo_policy_loss(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     *,
+    trajectory_index: Tensor | None = None,
     check: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: sequence ratio ``s_i = exp(mean_t log rho_t)`` (geometric mean), sequence clipping.
@@ -253,6 +296,8 @@ def gspo_policy_loss(
     advantage (``[N]``) the loss and gradient equal sequence-level GSPO exactly,
     ``-mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``; per-token advantages
     (``[N, T]``) are also accepted. Aggregation is always the sequence mean of token means.
+    With a ``trajectory_index`` a sequence is a trajectory: ``s_i`` and the token mean run over
+    all its rows.
 
     Metrics: ``clip_frac_low`` / ``clip_frac_high`` / ``clip_frac`` (action tokens whose clipped
     branch is active), ``seq_ratio_abs_dev_mean`` (mean ``|s_i - 1|``) and
@@ -261,19 +306,27 @@ def gspo_policy_loss(
     if check:
         require_positive("eps_low", eps_low, allow_zero=True)
         require_positive("eps_high", eps_high, allow_zero=True)
-    am, weights, log_ratio, adv = _prepare(logp, behavior_logp, advantages, action_mask, check)
+    am, weights, log_ratio, adv = _prepare(
+        logp, behavior_logp, advantages, action_mask, check, trajectory_index
+    )
     with torch.no_grad():
-        seq_log_ratio = log_ratio.sum(dim=1) / am.row_counts(log_ratio.dtype)
+        sums, counts = log_ratio.sum(dim=1), am.row_counts(log_ratio.dtype)
+        if trajectory_index is not None:  # s_i over every row of trajectory i
+            k = int(trajectory_index.max()) + 1
+            sums = per_trajectory_sum(sums, trajectory_index, k)
+            counts = per_trajectory_sum(counts, trajectory_index, k)
+        seq_log_ratio = sums / counts
         seq_ratio = seq_log_ratio.clamp(-PPO_LOG_RATIO_LIMIT, PPO_LOG_RATIO_LIMIT).exp()
+        row_ratio = seq_ratio if trajectory_index is None else seq_ratio[trajectory_index]
     own = (logp - logp.detach()) * weights  # value 0, gradient d log pi_t on action tokens
-    token_ratio = seq_ratio[:, None] * own.exp()  # value s_i, gradient s_i * d log pi_t
+    token_ratio = row_ratio[:, None] * own.exp()  # value s_i, gradient s_i * d log pi_t
     clipped = token_ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.minimum(token_ratio * adv, clipped * adv)
-    ones = torch.ones_like(seq_ratio[:, None])
-    loss = -_aggregate(per_token * weights, ones, am, "seq-mean-token-mean")
+    ones = torch.ones_like(row_ratio[:, None])
+    loss = -_aggregate(per_token * weights, ones, am, "seq-mean-token-mean", trajectory_index)
     count = am.total(torch.float64)
     # the sequence ratio is 1 nowhere in particular: restrict the per-token test to actions
-    seq = torch.where(am.mask, seq_ratio[:, None], 1.0)
+    seq = torch.where(am.mask, row_ratio[:, None], 1.0)
     low_frac, high_frac = _active_clip_fractions(seq, adv, eps_low, eps_high, count)
     metrics = {
         "clip_frac_low": low_frac,

@@ -26,7 +26,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from trainer.algorithms import ALGORITHMS, PHASES, AlgorithmName, ObjectiveConfig, Phase
+from trainer.algorithms import (
+    ALGORITHM_REGISTRY,
+    PHASES,
+    AlgorithmName,
+    ObjectiveConfig,
+    Phase,
+)
 from trainer.data import TrainBatch
 
 
@@ -53,8 +59,7 @@ class StepObjective:
     critic_updates: int | None = None
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {ALGORITHMS}")
+        ALGORITHM_REGISTRY.get(self.algorithm)  # ValueError "unknown algorithm ...; known: ..."
         if self.phase not in PHASES:
             raise ValueError(f"unknown phase {self.phase!r}; expected one of {PHASES}")
         if self.critic_updates is not None and self.critic_updates < 0:

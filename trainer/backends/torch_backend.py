@@ -290,6 +290,7 @@ class TorchBackend:
             old_values=old_values,
             token_versions=batch.token_versions,
             trainer_version=self.version,
+            trajectory_index=batch.trajectory_index,  # group statistics count trajectories
         )
         return compute_objective(
             objective.algorithm, ob, phase=objective.phase, config=objective.config

@@ -200,6 +200,31 @@ def build_batch(
     version newer than the trainer's is an error.
     """
     config = config or BatchConfig()
+    rows, dropped = _trainable_rows(records, config, vocab_size)
+    if not rows:
+        raise BatchError(
+            f"no trainable rows in {len(records)} records ({dropped.aborted} aborted, "
+            f"{dropped.overlong_rows} overlong segments, {dropped.empty_rows} without actions)"
+        )
+    kept, over_lag, kept_lag = _within_lag(rows, trainer_version, config.max_policy_lag)
+    batch = batch_from_rows(kept, pad_id)
+    report = replace(
+        dropped,
+        trajectories_in=len(records),
+        over_lag=over_lag,
+        rows=len(kept),
+        trajectories=batch.num_trajectories,
+        truncated=len({r.trajectory_id for r in kept if r.truncated}),
+        mean_lag=float(kept_lag.to(torch.float64).mean()),
+    )
+    return batch, report
+
+
+def _trainable_rows(
+    records: Sequence[TrajectoryRecord], config: BatchConfig, vocab_size: int | None
+) -> tuple[list[SegmentRow], BuildReport]:
+    """The rows of the checked, trainable records within ``max_seq_len``, and a report that
+    counts the aborted trajectories, overlong segments and segments without actions."""
     seen: set[str] = set()
     aborted = overlong = empty = 0
     rows: list[SegmentRow] = []
@@ -227,42 +252,30 @@ def build_batch(
                 overlong += 1
                 continue
             rows.append(row)
-    if not rows:
-        raise BatchError(
-            f"no trainable rows in {len(records)} records "
-            f"({aborted} aborted, {overlong} overlong segments, {empty} without actions)"
-        )
-    tensors = _tensors(rows, pad_id)
+    return rows, BuildReport(aborted=aborted, overlong_rows=overlong, empty_rows=empty)
+
+
+def _within_lag(
+    rows: list[SegmentRow], trainer_version: int, max_policy_lag: int
+) -> tuple[list[SegmentRow], int, Tensor]:
+    """The rows of trajectories lagging at most ``max_policy_lag`` versions, the number of
+    trajectories dropped, and the kept trajectories' lags (the oldest action token of all a
+    trajectory's segments decides, LI2SAO_SPEC "Staleness")."""
+    tensors = _tensors(rows, pad_id=0)
     trajectory_index, trajectory_ids = _dense_ids([r.trajectory_id for r in rows])
     try:
         row_lag = policy_lag(trainer_version, tensors["token_versions"], tensors["action_mask"])
     except ValueError as exc:
         raise BatchError(f"bad weight versions: {exc}") from exc
-    # a trajectory's lag is that of its oldest action token over all its segments
     lag = torch.zeros(len(trajectory_ids), dtype=torch.long).scatter_reduce(
         0, trajectory_index, row_lag, reduce="amax", include_self=False
     )
-    keep_trajectory = lag <= config.max_policy_lag
-    over_lag = int((~keep_trajectory).sum())
+    keep_trajectory = lag <= max_policy_lag
     keep_rows = keep_trajectory[trajectory_index].nonzero().squeeze(1).tolist()
     if not keep_rows:
         raise BatchError(
-            f"every trajectory lags more than max_policy_lag={config.max_policy_lag} "
+            f"every trajectory lags more than max_policy_lag={max_policy_lag} "
             f"behind version {trainer_version}"
         )
-    kept = [rows[i] for i in keep_rows]
-    batch = batch_from_rows(kept, pad_id)
-    kept_lag = lag[keep_trajectory]
-    truncated_trajectories = {r.trajectory_id for r in kept if r.truncated}
-    report = BuildReport(
-        trajectories_in=len(records),
-        aborted=aborted,
-        over_lag=over_lag,
-        overlong_rows=overlong,
-        empty_rows=empty,
-        rows=len(kept),
-        trajectories=batch.num_trajectories,
-        truncated=len(truncated_trajectories),
-        mean_lag=float(kept_lag.to(torch.float64).mean()),
-    )
-    return batch, report
+    over_lag = int((~keep_trajectory).sum())
+    return [rows[i] for i in keep_rows], over_lag, lag[keep_trajectory]

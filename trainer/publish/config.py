@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from services.config import StrictModel, load_config
+from services.config import StrictModel, load_config, register_section
 
 SECTION = "publish"
 
@@ -74,6 +74,9 @@ class PublishConfig(StrictModel):
         if needs_dir and not self.weights_dir:
             raise ValueError("weights_dir is required for the disk transport / export_to_disk")
         return self
+
+
+register_section(SECTION, PublishConfig)
 
 
 def load_publish_config(

@@ -153,9 +153,8 @@ class DistributedPublisher:
             raise PublishError(
                 f"version must increase: the adapter serves {current}, got {version}"
             )
-        if self.group is None:
-            self.group = self._connect()
-        group = self.group
+        group = self.group if self.group is not None else self._connect()
+        self.group = group
         bucket_bytes = int(self.dist.bucket_mb * 1024 * 1024)
         buckets = make_buckets(
             ((n, t.detach().to(self.device).contiguous()) for n, t in weights), bucket_bytes
@@ -167,32 +166,9 @@ class DistributedPublisher:
             "model_path": model_path,
         }
         call = _Call(lambda: self.admin.refresh_distributed(body))
-        bucket_s: list[float] = []
-
-        def broadcast_all() -> dict[str, Any]:
-            for bucket in buckets:
-                t0 = time.perf_counter()
-                for _, tensor in bucket.tensors:
-                    group.broadcast(tensor)
-                bucket_s.append(time.perf_counter() - t0)
-            return {}
-
         transfer_started = time.perf_counter()
-        sender = _Call(broadcast_all)
-        while not sender.done.wait(0.05):
-            # The adapter refused while engines may never join the broadcasts: give them a
-            # moment, then abandon the group (it is formed again on the next publish).
-            refused = call.done.is_set() and call.error is not None
-            if refused and not sender.done.wait(ABANDON_WAIT_S):
-                self.group = None
-                assert call.error is not None
-                raise call.error
+        bucket_s = self._broadcast(group, buckets, call, version)
         transferred = time.perf_counter()
-        try:
-            sender.wait()
-        except Exception as exc:
-            self.group = None
-            raise PublishError(f"broadcast of version {version} failed: {exc}") from exc
         summary = call.wait()
         pruned = []
         if self.dist.export_to_disk:
@@ -206,12 +182,39 @@ class DistributedPublisher:
             **adapter_timings(summary),
             "total": time.perf_counter() - started,
         }
+        pruned_paths = [str(p) for p in pruned]
         return PublishResult(
-            version,
-            "distributed",
-            model_path,
-            timings,
-            summary,
-            [str(p) for p in pruned],
-            bucket_s,
+            version, "distributed", model_path, timings, summary, pruned_paths, bucket_s
         )
+
+    def _broadcast(
+        self, group: WeightGroup, buckets: list[Bucket], call: _Call, version: int
+    ) -> list[float]:
+        """Broadcast every bucket in order while the adapter's ``call`` drives the engines;
+        returns the seconds per bucket. A refusal or a failed broadcast drops the group (it is
+        formed again on the next publish)."""
+        bucket_s: list[float] = []
+
+        def broadcast_all() -> dict[str, Any]:
+            for bucket in buckets:
+                t0 = time.perf_counter()
+                for _, tensor in bucket.tensors:
+                    group.broadcast(tensor)
+                bucket_s.append(time.perf_counter() - t0)
+            return {}
+
+        sender = _Call(broadcast_all)
+        while not sender.done.wait(0.05):
+            # The adapter refused while engines may never join the broadcasts: give them a
+            # moment, then abandon the group.
+            refused = call.done.is_set() and call.error is not None
+            if refused and not sender.done.wait(ABANDON_WAIT_S):
+                self.group = None
+                assert call.error is not None
+                raise call.error
+        try:
+            sender.wait()
+        except Exception as exc:
+            self.group = None
+            raise PublishError(f"broadcast of version {version} failed: {exc}") from exc
+        return bucket_s

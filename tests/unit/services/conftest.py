@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.engines import reference_server_in_thread, tiny_model_for_session
+from tests.support.engines import engine_url, tiny_model_for_session  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +47,3 @@ def scratch() -> Iterator[Path]:
     """
     with tempfile.TemporaryDirectory(prefix="swerl-test-") as directory:
         yield Path(directory)
-
-
-@pytest.fixture(scope="module")
-def engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    """A reference engine on the tiny model, served from a thread of the test process."""
-    with reference_server_in_thread(tiny_model_dir) as server:
-        yield server.url

@@ -36,6 +36,7 @@ from services.cli import (
 from services.config import StrictModel, load_config
 from services.manager.__main__ import main as manager_main
 from services.manager.config import ManagerConfig
+from tests.support.node_config import WHOLE_NODE, assert_holds, write_node_config
 from tests.support.paths import REPO_ROOT
 
 REPO = REPO_ROOT
@@ -57,7 +58,7 @@ def _services_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the service started although it should have exited")
 
-    monkeypatch.setattr("services.manager.__main__.TaskQueue", started)
+    monkeypatch.setattr("services.manager.__main__.connect", started)
     monkeypatch.setattr("sandbox_worker.__main__.connect", started)
     monkeypatch.setattr("adapter.__main__.configure_logging", started)
 
@@ -95,7 +96,7 @@ class WithNested(StrictModel):
 
 
 def _parser(
-    section: str = "small", log_levels: tuple[str, ...] | None = None
+    section: str = "manager", log_levels: tuple[str, ...] | None = None
 ) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="t")
     add_common_arguments(p, section, log_levels=log_levels)
@@ -159,6 +160,56 @@ def test_bad_environment_value_is_named_with_its_variable(
 def test_unreadable_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert worker_main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "error: cannot read config file" in capsys.readouterr().err
+
+
+# --- unknown sections: exit 2, the closest section named -------------------------------------
+
+# Each service with the flags it needs to get as far as its configuration.
+SERVICES = [
+    pytest.param(manager_main, [], id="manager"),
+    pytest.param(worker_main, [], id="worker"),
+    pytest.param(adapter_main, ["--engines", "http://127.0.0.1:1", "--model", "m"], id="adapter"),
+]
+
+
+@pytest.mark.parametrize(("main", "argv"), SERVICES)
+@pytest.mark.usefixtures("_services_must_not_start")
+def test_a_misspelled_section_in_the_file_exits_2_naming_the_closest(
+    main: Main, argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg_file = tmp_path / "swerl.yaml"
+    cfg_file.write_text("adpater: {port: 9999}\n")
+    assert main([*argv, "--config", str(cfg_file), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: unknown configuration section:")
+    assert f"section 'adpater' of config file {cfg_file}: did you mean 'adapter'?" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(("main", "argv"), SERVICES)
+@pytest.mark.usefixtures("_services_must_not_start")
+def test_a_misspelled_section_in_the_environment_exits_2_naming_the_closest(
+    main: Main, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SWERL_ADPATER__PORT", "1")
+    assert main([*argv, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: unknown configuration section:")
+    assert "SWERL_ADPATER__PORT: did you mean SWERL_ADAPTER__PORT?" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("main", "section"),
+    [(manager_main, "manager"), (worker_main, "worker"), (adapter_main, "adapter")],
+)
+@pytest.mark.usefixtures("_services_must_not_start")
+def test_every_service_reads_its_section_of_a_whole_node_file(
+    main: Main, section: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node_file = write_node_config(tmp_path)
+    assert main(["--config", str(node_file), "--print-config"]) == 0
+    assert_holds(yaml.safe_load(capsys.readouterr().out), WHOLE_NODE[section])
 
 
 # --- --print-config: YAML that reads back to the same config ----------------------------------
@@ -338,26 +389,26 @@ def test_nest_overrides_rejects_bad_keys(flat: dict[str, object], message: str) 
 
 def test_load_cli_config_merges_flags_file_and_log_level(tmp_path: Path) -> None:
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text("nested:\n  name: from-file\n  queue: {prefix: f}\n")
+    cfg_file.write_text("worker:\n  name: from-file\n  queue: {prefix: f}\n")
     p = argparse.ArgumentParser()
-    add_common_arguments(p, "nested")
+    add_common_arguments(p, "worker")
     args = p.parse_args(["--config", str(cfg_file)])
-    cfg = load_cli_config(WithNested, "nested", args, {"queue.prefix": "flag:"})
+    cfg = load_cli_config(WithNested, "worker", args, {"queue.prefix": "flag:"})
     assert cfg == WithNested(name="from-file", queue=Nested(prefix="flag:"))
-    small = load_cli_config(Small, "small", _parser().parse_args(["--log-level", "debug"]), {})
+    small = load_cli_config(Small, "manager", _parser().parse_args(["--log-level", "debug"]), {})
     assert small == Small(log_level="debug")
 
 
 def test_load_cli_config_needs_the_common_arguments() -> None:
     args = argparse.Namespace(config=None, log_level=None)
     with pytest.raises(ValueError, match=r"'print_config'.*add_common_arguments"):
-        load_cli_config(Small, "small", args, {})
+        load_cli_config(Small, "manager", args, {})
 
 
 def test_load_cli_config_refuses_overrides_of_the_common_flags() -> None:
     args = _parser().parse_args([])
     with pytest.raises(ValueError, match=r"common flags: \['log_level'\]"):
-        load_cli_config(Small, "small", args, {"log_level": "DEBUG"})
+        load_cli_config(Small, "manager", args, {"log_level": "DEBUG"})
 
 
 def test_add_common_arguments_rejects_bad_input() -> None:

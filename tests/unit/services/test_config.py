@@ -1,4 +1,4 @@
-"""The one config system: precedence, env parsing and clear errors."""
+"""The one config system: precedence, env parsing, the root schema of sections, clear errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from services.config import ConfigError, StrictModel, dump_config, load_config
+from services import config
+from services.config import (
+    SECTIONS,
+    ConfigError,
+    StrictModel,
+    dump_config,
+    load_config,
+    register_section,
+)
 
 
 class Limits(StrictModel):
@@ -94,5 +102,112 @@ def test_env_values_are_scalars_unless_flow_collections(raw: str, expected: obje
     class Cfg(StrictModel):
         value: str | list[str] = "default"
 
-    cfg = load_config(Cfg, section="s", environ={"SWERL_S__VALUE": raw})
+    cfg = load_config(Cfg, section="worker", environ={"SWERL_WORKER__VALUE": raw})
     assert cfg.value == expected
+
+
+# --- the root schema: every section of a file and of SWERL_<SECTION>__ must be a known one -----
+
+
+def error_of(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> str:
+    """The ConfigError message of loading the worker section of a file holding ``text``."""
+    f = tmp_path / "swerl.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(WorkerCfg, section="worker", path=f, environ=environ or {})
+    return str(err.value)
+
+
+def test_a_misspelled_yaml_section_is_an_error_naming_the_closest(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "worker:\n  slots: 2\nadpater: {port: 9999}\n")
+    f = tmp_path / "swerl.yaml"
+    assert msg.startswith("unknown configuration section:")
+    assert f"section 'adpater' of config file {f}: did you mean 'adapter'?" in msg
+
+
+def test_a_misspelled_env_section_is_an_error_naming_the_closest(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "", {"SWERL_ADPATER__PORT": "1"})
+    assert "environment variable SWERL_ADPATER__PORT: did you mean SWERL_ADAPTER__PORT?" in msg
+
+
+def test_every_unknown_section_is_named_at_once(tmp_path: Path) -> None:
+    env = {"SWERL_WROKER__QUEUE__PREFIX": "x", "SWERL_QQQ__A": "1"}
+    msg = error_of(tmp_path, "Worker: {}\nzzz: {}\n7: {}\n", env)
+    f = tmp_path / "swerl.yaml"
+    assert "section 'Worker' of config file" in msg and "did you mean 'worker'?" in msg
+    assert "did you mean SWERL_WORKER__QUEUE__PREFIX?" in msg
+    # No close name: the line names the culprit, and the message lists the sections.
+    assert f"section 'zzz' of config file {f}\n" in msg
+    assert f"section '7' of config file {f}\n" in msg
+    assert "environment variable SWERL_QQQ__A\n" in msg
+    assert msg.endswith("  sections: " + ", ".join(SECTIONS))
+
+
+def test_other_swerl_variables_are_not_configuration() -> None:
+    """Only SWERL_<SECTION>__ is config; the tools' single-underscore variables are left alone."""
+    env = {
+        "SWERL_CACHE_DIR": "/tmp/cache",
+        "SWERL_SGLANG_URL": "http://127.0.0.1:1",
+        "SWERL_LONG_TOKENS": "3000",
+        "SWERL_IMAGE_NAMESPACE": "t",
+        "SWERL_WORKER_SLOTS": "9",  # one underscore: not the worker's slots
+        "SWERL_WORKER__SLOTS": "3",
+    }
+    assert load_config(WorkerCfg, section="worker", environ=env) == WorkerCfg(slots=3)
+
+
+def test_a_known_section_of_another_service_is_not_read(tmp_path: Path) -> None:
+    f = tmp_path / "swerl.yaml"
+    f.write_text("worker: {slots: 2}\nmanager: {slots: [not, an, int]}\n")
+    env = {"SWERL_ADAPTER__SLOTS": "x"}
+    assert load_config(WorkerCfg, section="worker", path=f, environ=env) == WorkerCfg(slots=2)
+
+
+def test_reading_an_unknown_section_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match=r"unknown config section 'wroker'.*SECTIONS"):
+        load_config(WorkerCfg, section="wroker", environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "hint"),
+    [
+        ("worker:\n  slotz: 3\n", {}, "worker.slotz: Extra inputs are not permitted (did you "
+         "mean 'slots'?)"),
+        ("", {"SWERL_WORKER__LIMITS__MAX_STEPZ": "3"},
+         "worker.limits.max_stepz: Extra inputs are not permitted (did you mean 'max_steps'?)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_names_the_closest_key(
+    tmp_path: Path, text: str, env: dict[str, str], hint: str
+) -> None:
+    assert hint in error_of(tmp_path, text, env)
+
+
+def test_an_unknown_key_without_a_close_one_has_no_hint(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "worker:\n  limits: {qqqq: 1}\n")
+    assert "worker.limits.qqqq: Extra inputs are not permitted  [env:" in msg
+
+
+def test_values_that_may_be_secrets_are_not_echoed(tmp_path: Path) -> None:
+    """A bad secret's value, or an unknown key's (a misspelled token), stays out of the logs."""
+    msg = error_of(
+        tmp_path, "worker:\n  admin_tokn: s3cret-a\n  admin_token: [s3cret-b]\n  slots: x\n"
+    )
+    assert "worker.admin_tokn: Extra inputs are not permitted (did you mean 'admin_token'?)" in msg
+    assert "worker.admin_token: Input should be a valid string  [env:" in msg
+    assert "s3cret" not in msg
+    assert "worker.slots: Input should be a valid integer, unable to parse string as an integer " \
+        "(got 'x')" in msg  # fmt: skip
+
+
+def test_register_section_accepts_only_known_names_and_one_model_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(config, "_MODELS", {})
+    with pytest.raises(ValueError, match=r"'wroker' is not in services.config.SECTIONS"):
+        register_section("wroker", WorkerCfg)
+    register_section("worker", WorkerCfg)
+    register_section("worker", WorkerCfg)  # importing the module again is fine
+    with pytest.raises(ValueError, match=r"'worker' is already registered to .*\.WorkerCfg"):
+        register_section("worker", Limits)
+    assert config.section_models() == {"worker": WorkerCfg}

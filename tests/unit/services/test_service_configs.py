@@ -1,16 +1,46 @@
-"""Configs and command lines of the manager and the worker: bad input gets a clear error."""
+"""Configs and command lines of the services: one file for a whole node, clear errors."""
 
 from __future__ import annotations
+
+import importlib
+from pathlib import Path
 
 import pytest
 
 from sandbox_worker.__main__ import main as worker_main
 from sandbox_worker.config import WorkerConfig, default_node_name
-from services.config import ConfigError, load_config
+from services.config import SECTIONS, ConfigError, load_config, section_models
 from services.manager.__main__ import main as manager_main
 from services.manager.config import ManagerConfig
 from services.queue.config import QueueConfig
 from services.queue.connection import backoff_delay, connect
+from tests.support.node_config import WHOLE_NODE, assert_holds, write_node_config
+
+# The config module of each service; importing it registers the service's section.
+SERVICE_CONFIGS = {
+    "adapter": "adapter.config",
+    "manager": "services.manager.config",
+    "worker": "sandbox_worker.config",
+    "trainer": "trainer.config",
+    "publish": "trainer.publish.config",
+}
+
+
+def test_every_section_is_registered_by_its_service() -> None:
+    """The names in services.config and the services' models agree, one for one."""
+    assert sorted(SERVICE_CONFIGS) == sorted(SECTIONS) == sorted(WHOLE_NODE)
+    for module in SERVICE_CONFIGS.values():
+        importlib.import_module(module)
+    registered = section_models()
+    assert {name: model.__module__ for name, model in registered.items()} == SERVICE_CONFIGS
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_one_file_configures_every_service_of_a_node(section: str, tmp_path: Path) -> None:
+    importlib.import_module(SERVICE_CONFIGS[section])
+    model = section_models()[section]
+    cfg = load_config(model, section=section, path=write_node_config(tmp_path), environ={})
+    assert_holds(cfg.model_dump(mode="json"), WHOLE_NODE[section])
 
 
 def test_worker_heartbeat_must_fit_twice_in_the_ttl() -> None:

@@ -48,3 +48,19 @@ def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_trainer_config(environ=env)
     assert needle in str(err.value)
+
+
+def test_a_registered_baseline_is_a_valid_algorithm_for_the_config_and_the_step() -> None:
+    from trainer.algorithms import ALGORITHM_REGISTRY, register_composed
+    from trainer.backends import StepObjective
+
+    with pytest.raises(ValueError, match="unknown algorithm 'test_cfg_baseline'; known: dapo"):
+        TrainerConfig(algorithm="test_cfg_baseline")
+    register_composed("test_cfg_baseline", "grpo", "dis")
+    try:
+        assert TrainerConfig(algorithm="test_cfg_baseline").algorithm == "test_cfg_baseline"
+        assert StepObjective(algorithm="test_cfg_baseline").algorithm == "test_cfg_baseline"  # type: ignore[arg-type]
+    finally:
+        ALGORITHM_REGISTRY.unregister("test_cfg_baseline")
+    with pytest.raises(ValueError, match="unknown algorithm 'test_cfg_baseline'"):
+        StepObjective(algorithm="test_cfg_baseline")  # type: ignore[arg-type]

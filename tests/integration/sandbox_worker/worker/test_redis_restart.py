@@ -6,10 +6,10 @@ import collections
 import time
 
 from sandbox_worker.runner import SimulatedProbe
-from services.manager.api import RolloutManager
+from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus
-from services.queue.store import TaskQueue
+from services.queue.submitter import SubmitterQueue
 from tests.support.execution import (
     HEARTBEAT_TTL_S,
     MANAGER_CFG,
@@ -32,7 +32,7 @@ def test_redis_killed_for_longer_than_a_heartbeat_ttl_loses_nothing(
     url = fresh_redis.url
     for node in ("w1", "w2"):
         procs.worker(url, node, slots=2, SWERL_WORKER__QUEUE__CONNECT_RETRIES="1")
-    queue = TaskQueue(url, QUEUE_CFG)
+    queue = SubmitterQueue(url, QUEUE_CFG)
     mgr = RolloutManager(queue=queue, cfg=MANAGER_CFG)
     mgr.start()
     try:

@@ -13,15 +13,15 @@ import time
 from pathlib import Path
 
 from sandbox_worker.runner import SimulatedProbe
-from services.manager.api import RolloutManager
+from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus
-from services.queue.store import TaskQueue
+from services.queue.submitter import SubmitterQueue
 from tests.support.execution import Procs, wait_for, wait_nodes
 
 
 def test_three_nodes_thirty_tasks_bounded_and_exactly_once(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs
+    redis_url: str, queue: SubmitterQueue, probe: SimulatedProbe, procs: Procs
 ) -> None:
     """3 worker processes x 2 slots, 30 tasks, dispatch by the manager CLI process."""
     nodes = {"n1", "n2", "n3"}
@@ -70,7 +70,11 @@ def test_three_nodes_thirty_tasks_bounded_and_exactly_once(
 
 
 def test_kill9_task_redelivered_to_other_node_and_restart_cleans(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     sandboxes = procs.tmp / "sb"
     victim_proc = {n: procs.worker(redis_url, n, slots=1, fake=True) for n in ("a", "b")}
@@ -102,7 +106,11 @@ def test_kill9_task_redelivered_to_other_node_and_restart_cleans(
 
 
 def test_kill9_restart_same_node_recovers_its_own_task(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     """A worker restarted at once (before its heartbeat expires) hands back what it had."""
     proc = procs.worker(redis_url, "solo", slots=1, fake=True)
@@ -123,7 +131,11 @@ def test_kill9_restart_same_node_recovers_its_own_task(
 
 
 def test_cancel_stops_running_and_drops_pending(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     for node in ("c1", "c2"):
         procs.worker(redis_url, node, slots=2)
@@ -152,7 +164,11 @@ def test_cancel_stops_running_and_drops_pending(
 
 
 def test_infra_failures_retried_up_to_limit_then_aborted(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     procs.worker(redis_url, "r1", slots=2)
     wait_nodes(queue, {"r1"}, procs)
@@ -173,7 +189,7 @@ def test_infra_failures_retried_up_to_limit_then_aborted(
 
 
 def test_poison_payloads_are_dead_lettered_and_the_worker_survives(
-    redis_url: str, queue: TaskQueue, procs: Procs
+    redis_url: str, queue: SubmitterQueue, procs: Procs
 ) -> None:
     proc = procs.worker(redis_url, "p1", slots=1)
     wait_nodes(queue, {"p1"}, procs)
@@ -212,7 +228,11 @@ def test_poison_payloads_are_dead_lettered_and_the_worker_survives(
 
 
 def test_sigterm_finishes_short_tasks_and_hands_back_the_rest(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     proc = procs.worker(redis_url, "g1", slots=2, SWERL_WORKER__SHUTDOWN_GRACE_S="1.5")
     wait_nodes(queue, {"g1"}, procs)
@@ -239,13 +259,14 @@ def test_sigterm_finishes_short_tasks_and_hands_back_the_rest(
         f"{batch}:0:0": "completed",
         f"{batch}:1:0": "aborted",
     }
-    assert queue.node_heartbeat("g1") == {}  # gone at once, not after its TTL
+    [g1] = queue.nodes()
+    assert g1.name == "g1" and not g1.alive  # its heartbeat is gone at once, not after its TTL
     assert manager.progress(batch).requeued == 2
     manager.cancel(batch)
 
 
 def test_second_worker_with_a_live_node_name_refuses_to_start(
-    redis_url: str, queue: TaskQueue, procs: Procs, tmp_path: Path
+    redis_url: str, queue: SubmitterQueue, procs: Procs, tmp_path: Path
 ) -> None:
     procs.worker(redis_url, "dup", slots=1)
     wait_nodes(queue, {"dup"}, procs)

@@ -17,10 +17,10 @@ import pytest
 
 from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.runner import SimulatedProbe
-from services.manager.api import RolloutManager
+from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus
-from services.queue.store import TaskQueue
+from services.queue.submitter import SubmitterQueue
 from services.store.trajectories import load_trajectory
 from tests.support.docker import build_test_images, ensure_dockerd
 from tests.support.execution import (
@@ -37,7 +37,11 @@ def _log(procs: Procs, node: str, n: int) -> str:
 
 
 def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     # A TTL long enough that the restarted worker surely starts (python, imports) before the
     # dead worker's heartbeat expires, even on a loaded machine: it must see it and wait.
@@ -70,14 +74,18 @@ def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
 
 
 def test_restart_with_the_same_pid_in_a_new_pid_namespace_takes_over_at_once(
-    redis_url: str, queue: TaskQueue, probe: SimulatedProbe, procs: Procs, manager: RolloutManager
+    redis_url: str,
+    queue: SubmitterQueue,
+    probe: SimulatedProbe,
+    procs: Procs,
+    manager: RolloutManager,
 ) -> None:
     """A container's supervisor restarts the worker as pid 1 again: that pid is alive (it is the
     new worker itself), yet the previous worker is provably gone."""
     in_pid_ns = ["unshare", "--pid", "--fork", "--kill-child"]
     first = procs.worker(redis_url, "pid1", slots=1, fake=True, wrap=in_pid_ns)
     wait_nodes(queue, {"pid1"}, procs)
-    assert queue.node_heartbeat("pid1")["pid"] == "1"
+    assert [(n.name, n.pid) for n in queue.nodes()] == [("pid1", 1)]
     batch = manager.submit(RolloutRequest(instance_ids=["t.sleep1500"], n_samples=1))
     wait_for(probe.starts, 20, "the task to start", procs.logs)
     first.send_signal(signal.SIGKILL)
@@ -110,7 +118,7 @@ def real_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[San
 @pytest.mark.timeout(180)
 def test_killed_workers_sandboxes_are_reaped_at_takeover(
     redis_url: str,
-    queue: TaskQueue,
+    queue: SubmitterQueue,
     probe: SimulatedProbe,
     procs: Procs,
     manager: RolloutManager,

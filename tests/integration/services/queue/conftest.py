@@ -1,3 +1,3 @@
-"""Execution-plane fixtures: worker and manager processes that never outlive a test."""
+"""The queue's sides over one real Redis client, driven step by step (no processes)."""
 
-from tests.support.execution import manager, probe, procs, queue  # noqa: F401 (fixtures)
+from tests.support.queue_sides import q  # noqa: F401 (fixture)

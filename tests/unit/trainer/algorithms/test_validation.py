@@ -10,6 +10,7 @@ import torch
 from trainer.algorithms import (
     ObjectiveBatch,
     ObjectiveConfig,
+    ReadinessStats,
     adaptive_lambda,
     bce_value_loss,
     clipped_value_loss,
@@ -334,6 +335,31 @@ def test_bad_batch_raises_named_value_error(name: str, call: Callable[[], object
 
 
 def test_the_valid_batch_used_above_is_accepted() -> None:
-    """The error cases above differ from a batch that works in one respect only."""
+    """The error cases above differ from a batch that works in one respect only.
+
+    Worked by hand: groups {0, 1} (R = 1, 0) and {2} (R = 1); logp = behaviour, V = 0.
+    GRPO (largest group 2): A = +-0.5 / (sqrt(0.5) + 1e-6) and 0 for the group of one, so
+    with rho = 1 the DIS objective is mean_i A_i = 0. Critic: G = R on every action token;
+    targets G - mu_g = +-0.5 in group 0 (group 1 has equal rewards: dropped); rows 0 and 1
+    first differ at t = 2, so the critic mask keeps row 0's action at t = 3 and row 1's at
+    t = 2: L_res = (0.25 + 0.25) / 2; one pair (0, 1): L_rank = relu(0.1 - 0 + 0) = 0.1;
+    L = 0.25 + 0.1 * 0.1. Readiness: Z = (0.5, -0.5), V = 0: e = 1 - Var(Z) / Var(Z) = 0,
+    the one pair is a tie (counts as wrong).
+    """
     result = compute_objective("li2sao", _batch())
-    assert result.critic_loss is not None
+    a = 0.5 / (0.5**0.5 + 1e-6)
+    assert result.estimator == "grpo"
+    assert result.actor_loss is not None and float(result.actor_loss) == pytest.approx(
+        0.0, abs=1e-6
+    )
+    assert result.critic_loss is not None and float(result.critic_loss) == pytest.approx(0.26)
+    assert result.metrics["critic/residual_loss"] == pytest.approx(0.25)
+    assert result.metrics["critic/rank_loss"] == pytest.approx(0.1)
+    assert result.metrics["critic/mask_frac"] == pytest.approx(2 / 6)  # of 6 action tokens
+    assert result.metrics["critic/kept_frac"] == pytest.approx(2 / 3)
+    assert result.metrics["actor/adv_mean"] == pytest.approx((3 * a - 2 * a) / 6)
+    assert result.readiness == ReadinessStats(
+        count=2, sum_z=0.0, sumsq_z=0.5, sum_residual=0.0, sumsq_residual=0.5, pairs=1
+    )
+    assert result.readiness.explained_variance == pytest.approx(0.0)
+    assert result.readiness.ranking_accuracy == 0.0

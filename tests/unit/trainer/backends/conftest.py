@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers.utils import logging as hf_logging
 
-from tests.support.engines import reference_server_in_thread, tiny_model_for_session
+from tests.support.engines import engine_url, tiny_model_for_session  # noqa: F401 (fixture)
 
 hf_logging.disable_progress_bar()
 
@@ -17,9 +17,3 @@ hf_logging.disable_progress_bar()
 def tiny_model_dir() -> Iterator[Path]:
     with tiny_model_for_session() as path:
         yield path
-
-
-@pytest.fixture(scope="module")
-def engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    with reference_server_in_thread(tiny_model_dir) as server:
-        yield server.url

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.queue.dispatch import NodeLoad, max_outstanding, plan_dispatch
+from services.queue.budget import NodeLoad, max_outstanding, plan_dispatch
 
 
 def test_small_batch_is_spread_over_nodes() -> None:

@@ -1,4 +1,4 @@
-"""The Python API the trainer (and the job API) use to run rollouts.
+"""The rollout manager's client: the Python API the trainer (and the job API) use to run rollouts.
 
 ``RolloutManager`` turns a :class:`RolloutRequest` into one task per trajectory, queues them,
 and reads back progress and results; it can also run the dispatch loop in a background thread
@@ -20,10 +20,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from services.manager.config import ManagerConfig
-from services.manager.service import ManagerService
+from services.manager.dispatcher import Dispatcher
 from services.protocol.tasks import RolloutRequest, RolloutTask, TaskResult
+from services.queue.dispatcher import DispatcherQueue
 from services.queue.models import BatchProgress, DeadLetter, NodeStatus
-from services.queue.store import TaskQueue
+from services.queue.submitter import SubmitterQueue
 
 #: Longest task id: trajectory ids (``<task_id>.a<attempt>``) must fit in 200 characters.
 MAX_TASK_ID = 190
@@ -62,24 +63,25 @@ class RolloutManager:
         redis_url: str | None = None,
         cfg: ManagerConfig | None = None,
         *,
-        queue: TaskQueue | None = None,
+        queue: SubmitterQueue | None = None,
     ) -> None:
         self.cfg = cfg or ManagerConfig()
         if queue is None:
-            queue = TaskQueue(redis_url or self.cfg.redis_url, self.cfg.queue)
+            queue = SubmitterQueue(redis_url or self.cfg.redis_url, self.cfg.queue)
         self.queue = queue
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Run the dispatch/reclaim loop in a background thread of this process."""
+        """Run the dispatch/reclaim loop in a background thread of this process (over this
+        client's Redis connection pool)."""
         if self._thread is not None:
             return
         self._stop.clear()
-        service = ManagerService(self.queue, self.cfg)
+        dispatcher = Dispatcher(DispatcherQueue(self.queue.redis, self.queue.cfg), self.cfg)
         self._thread = threading.Thread(
-            target=service.run, args=(self._stop,), name="rollout-manager", daemon=True
+            target=dispatcher.run, args=(self._stop,), name="rollout-manager", daemon=True
         )
         self._thread.start()
 

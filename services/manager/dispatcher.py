@@ -1,4 +1,5 @@
-"""The rollout manager's control loop: dispatch with backpressure, take back dead nodes' work.
+"""The rollout manager's dispatcher: the loop that dispatches with backpressure and takes back
+dead nodes' work (``python -m services.manager`` runs it, or ``RolloutManager.start()``).
 
 The loop is stateless: everything lives in Redis, so the manager can be restarted (or briefly
 run twice) at any time. Each pass reads the live nodes' heartbeats and outstanding counts,
@@ -15,16 +16,16 @@ import threading
 import time
 
 from services.manager.config import ManagerConfig
+from services.queue.budget import NodeLoad, max_outstanding, plan_dispatch
 from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep
-from services.queue.dispatch import NodeLoad, max_outstanding, plan_dispatch
+from services.queue.dispatcher import DispatcherQueue
 from services.queue.models import NodeStatus
-from services.queue.store import TaskQueue
 
 log = logging.getLogger("swerl.manager")
 
 
-class ManagerService:
-    def __init__(self, queue: TaskQueue, cfg: ManagerConfig) -> None:
+class Dispatcher:
+    def __init__(self, queue: DispatcherQueue, cfg: ManagerConfig) -> None:
         self.queue = queue
         self.cfg = cfg
         self._last_reclaim = 0.0
@@ -147,16 +148,20 @@ class ManagerService:
         self.dispatch_once()
         if now - self._last_summary >= self.cfg.summary_interval_s:
             self._last_summary = now
-            nodes = [n for n in self.queue.nodes() if n.alive]
-            log.info(
-                "pending=%d nodes=%d slots=%d busy=%d dispatched=%d reclaimed=%d",
-                self.queue.pending_count(),
-                len(nodes),
-                sum(n.slots for n in nodes),
-                sum(n.busy for n in nodes),
-                self.dispatched,
-                self.reclaimed,
-            )
+            self._log_summary()
+
+    def _log_summary(self) -> None:
+        pending, nodes, _known = self.queue.cluster_state(self.queue.node_names())
+        alive = [n for n in nodes if n.alive]
+        log.info(
+            "pending=%d nodes=%d slots=%d busy=%d dispatched=%d reclaimed=%d",
+            pending,
+            len(alive),
+            sum(n.slots for n in alive),
+            sum(n.busy for n in alive),
+            self.dispatched,
+            self.reclaimed,
+        )
 
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set, riding out Redis outages with backoff."""
