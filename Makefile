@@ -23,9 +23,12 @@ test: setup lint  ## set up, lint, and run the whole test suite
 	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
 	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base; rc=$$?; rm -rf $$base; exit $$rc
 
-test-fast:  ## unit tests only (no services)
+# The fast tier: unit tests not marked slow (no subprocesses, services or long batches) and the
+# suite-layout checks at tests/ level; under 2 minutes on a 2-core machine.
+test-fast:  ## the fast tier: unit tests without the `slow` ones (make test runs everything)
 	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
-	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base tests/unit; rc=$$?; rm -rf $$base; exit $$rc
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base -m "not slow" \
+	    tests/unit tests/test_*.py; rc=$$?; rm -rf $$base; exit $$rc
 
 lint:  ## ruff lint + format check
 	@.venv/bin/ruff check .

@@ -21,6 +21,13 @@ class ToolParserName(StrEnum):
     QWEN3_CODER = "qwen3_coder"  # <tool_call><function=NAME><parameter=K>V</parameter>...
 
 
+class Placement(StrEnum):
+    """How the router chooses the first engine of a new trajectory (adapter.routing)."""
+
+    LEAST_BUSY = "least_busy"
+    SAMPLE_INDEX = "sample_index"
+
+
 class AdapterConfig(StrictModel):
     """Everything the adapter needs; see docs/adapter.md for what each key does."""
 
@@ -63,6 +70,12 @@ class AdapterConfig(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     engine_timeout_s: float = Field(default=900.0, gt=0)
     engine_attempts: int = Field(default=3, ge=1, description="engines tried per request")
+    placement: Placement = Field(
+        default=Placement.LEAST_BUSY,
+        description="where a new trajectory starts: least_busy (fewest calls in flight) | "
+        "sample_index (sample k of every group on engine k mod n, in --engines order, whatever "
+        "the load: deterministic, e.g. for the demo's scripted and sampling engines)",
+    )
     engine_outage_wait_s: float = Field(
         default=30.0,
         ge=0,

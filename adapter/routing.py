@@ -2,7 +2,10 @@
 
 * A trajectory sticks to the engine that served its first turn (its KV prefix cache is there).
 * A new trajectory (and every untracked call) goes to the least busy healthy engine: fewest
-  generate calls in flight, then fewest trajectories assigned.
+  generate calls in flight, then fewest trajectories assigned. With the ``sample_index``
+  placement, a trajectory opened with a sample index ``k`` is pinned at open to engine
+  ``k mod n`` instead (deterministic: which sample of a group runs where does not depend on
+  timing); it moves only if that engine fails, as any sticky trajectory does.
 * An engine that fails a call (connection refused or reset, timeout, 5xx) is marked unhealthy
   and taken out of rotation; a background task probes it (``/health`` + weight version) and puts
   it back when it answers with the current weights, loading them first if a refresh happened
@@ -24,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from adapter.config import Placement
 from adapter.engines.sglang import (
     EngineRequestError,
     EngineUnavailableError,
@@ -33,8 +37,21 @@ from adapter.engines.sglang import (
 )
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
+from services.protocol import TrajectoryMeta
 
 log = logging.getLogger("adapter.routing")
+
+
+def sample_index_of(meta: TrajectoryMeta) -> int | None:
+    """The sample index a worker opens a trajectory with (``extra.sample_index``), if any."""
+    index = meta.extra.get("sample_index")
+    if index is None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise APIError(
+            400, f"extra.sample_index must be an integer >= 0, got {index!r}", param="extra"
+        )
+    return index
 
 
 class NoEngineAvailableError(Exception):
@@ -64,6 +81,7 @@ class Router:
     attempts: int = 3
     outage_wait_s: float = 0.0  # longest wait for a re-admission when every engine is out
     sticky: dict[str, str] = field(default_factory=dict)  # trajectory id -> engine url
+    placement: Placement = Placement.LEAST_BUSY
 
     def __post_init__(self) -> None:
         self._by_url = {e.url: e for e in self.engines}
@@ -94,6 +112,19 @@ class Router:
         if not candidates:
             return None
         return min(candidates, key=Engine.load)
+
+    def placement_index(self, meta: TrajectoryMeta) -> int | None:
+        """The sample index a trajectory being opened is placed by: None under ``least_busy``
+        (whatever its metadata holds) or without one; a malformed one is a 400."""
+        if self.placement is not Placement.SAMPLE_INDEX:
+            return None
+        return sample_index_of(meta)
+
+    def place(self, trajectory_id: str, sample_index: int | None) -> None:
+        """At open: pin the trajectory to engine ``sample_index mod n`` (from
+        :meth:`placement_index`; None: placed at its first call, least busy)."""
+        if sample_index is not None:
+            self.stick(trajectory_id, self.engines[sample_index % len(self.engines)])
 
     def stick(self, trajectory_id: str, engine: Engine) -> None:
         previous = self.sticky.get(trajectory_id)

@@ -142,6 +142,7 @@ class AdapterService:
             metrics=self.metrics,
             attempts=config.engine_attempts,
             outage_wait_s=config.engine_outage_wait_s,
+            placement=config.placement,
         )
         self.gate = RefreshGate()
         self.weights = WeightCoordinator(
@@ -237,6 +238,7 @@ class AdapterService:
 
     async def open_trajectory(self, meta: TrajectoryMeta) -> str:
         """Create the record; returns its bearer token (only its digest is stored)."""
+        sample_index = self.router.placement_index(meta)
         token = new_trajectory_token()
         digest = token_digest(token)
         try:
@@ -250,6 +252,7 @@ class AdapterService:
         self.trajectories[meta.trajectory_id] = TrajectoryRuntime(
             meta.trajectory_id, token_digest=digest
         )
+        self.router.place(meta.trajectory_id, sample_index)
         self.metrics.open_trajectories.set(float(len(self.trajectories)))
         return token
 

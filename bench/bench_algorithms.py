@@ -286,8 +286,9 @@ def bench_gae(x: Tensors, rows: int, reps: int) -> tuple[dict[str, list[float]],
     return interleaved_times(fns, reps), err
 
 
-def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> None:
-    """Print the GAE comparison with ``threads`` torch threads (the loop always uses one)."""
+def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> dict[str, object]:
+    """Print the GAE comparison with ``threads`` torch threads (the loop always uses one);
+    return its figures for the ``--json`` summary."""
     torch.set_num_threads(threads)
     try:
         g, err = bench_gae(x, rows, reps)
@@ -296,6 +297,10 @@ def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> None:
     n = x.action_mask.shape[0]
     loop, same, full, outcome = (min(g[k]) for k in ("loop", "same_rows", "per_token", "outcome"))
     per_row_loop = loop / rows
+    per_row = {
+        "[N, T] rewards": per_row_loop / (full / n),
+        "[N] outcomes": per_row_loop / (outcome / n),
+    }
     where = f"torch threads {threads}" if x.action_mask.is_cpu else str(x.action_mask.device)
     print(f"\nGAE (gamma=1, lambda=0.95), {where}: vectorised vs plain loop")
     print(f"loop reference, {rows} rows:               {loop:.4f} s (min)")
@@ -303,9 +308,21 @@ def report_gae(x: Tensors, rows: int, reps: int, threads: int) -> None:
     print(f"vectorised, all {n} rows, [N, T] rewards:  {full:.4f} s (min)")
     print(f"vectorised, all {n} rows, [N] outcomes:    {outcome:.4f} s (min)")
     print(f"speed-up on the same {rows} rows: {loop / same:.0f}x")
-    for label, t in (("[N, T] rewards", full), ("[N] outcomes", outcome)):
-        print(f"speed-up per row, full batch vs loop: {per_row_loop / (t / n):.0f}x ({label})")
+    for label, speedup in per_row.items():
+        print(f"speed-up per row, full batch vs loop: {speedup:.0f}x ({label})")
     print(f"max |vectorised - loop| = {err:.2e}; target >= 50x")
+    return {
+        "threads": threads,
+        "device": str(x.action_mask.device),
+        "loop_rows": rows,
+        "min_seconds": {"loop": loop, "same_rows": same, "per_token": full, "outcome": outcome},
+        "speedup_same_rows": loop / same,
+        "speedup_per_row": {
+            "per_token": per_row["[N, T] rewards"],
+            "outcome": per_row["[N] outcomes"],
+        },
+        "max_abs_error": err,
+    }
 
 
 def _status_kib(field: str) -> int:
@@ -346,7 +363,7 @@ def measure_memory(n: int, t: int, args: argparse.Namespace) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
-def report_cuda_memory(n: int, t: int, args: argparse.Namespace) -> None:
+def report_cuda_memory(n: int, t: int, args: argparse.Namespace) -> dict[str, object]:
     """Peak extra CUDA memory of each objective (forward + backward) at N/2 x T and N x T."""
     print("\npeak extra CUDA memory of one objective (forward + backward)")
     sizes = [(n // 2, t), (n, t)]
@@ -369,6 +386,30 @@ def report_cuda_memory(n: int, t: int, args: argparse.Namespace) -> None:
         ratio = peaks[1][kind] / max(peaks[0][kind], 1)
         print(f"{kind:<20}{cells}{ratio:>7.2f}x")
     print("N*T doubles between the two sizes: linear memory shows as a ~2x ratio")
+    return memory_summary("cuda", sizes, peaks)
+
+
+def memory_summary(
+    kind: str, sizes: list[tuple[int, int]], peaks: list[dict[str, int]]
+) -> dict[str, object]:
+    """The ``--json`` form of a peak-memory table: bytes per size and the large / small ratio."""
+    return {
+        "measure": kind,
+        "sizes": [list(size) for size in sizes],
+        "peak_bytes": {k: [p[k] for p in peaks] for k in KINDS},
+        "ratio": {k: peaks[1][k] / max(peaks[0][k], 1) for k in KINDS},
+    }
+
+
+def write_summary(path: Path | None, summary: dict[str, object]) -> None:
+    """``--json FILE``: the figures printed above, machine-readable (``-``: stdout)."""
+    if path is None:
+        return
+    text = json.dumps(summary, indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+    else:
+        path.write_text(text)
 
 
 def main() -> None:
@@ -399,6 +440,13 @@ def main() -> None:
         "machine, where other processes preempt the run; needs --threads 1 on the CPU)",
     )
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write every figure as JSON to FILE ('-': stdout, after the text)",
+    )
     parser.add_argument(
         "--system-malloc",
         action="store_true",
@@ -433,6 +481,16 @@ def main() -> None:
     print(f"load average before timing: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     pinned = "pinned" if os.environ.get(PINNED_FLAG) else "glibc defaults"
     print(f"allocator: {pinned}; torch default threads {default_threads}")
+    summary: dict[str, object] = {
+        "torch": torch.__version__,
+        "n": n,
+        "t": t,
+        "device": str(grouped.action_mask.device),
+        "allocator": pinned,
+        "threads": args.threads,
+        "torch_default_threads": default_threads,
+        "load_average": os.getloadavg()[0],
+    }
     print(
         f"\nobjective time ({args.clock} clock), seconds: min / median of {reps} interleaved runs"
     )
@@ -445,6 +503,28 @@ def main() -> None:
     times = interleaved_times(fns, reps, clock)
     best = {k: min(v) for k, v in times.items()}
     mid = {k: statistics.median(v) for k, v in times.items()}
+    summary["objective"] = {
+        "clock": args.clock,
+        "reps": reps,
+        "seconds": {
+            kind: {
+                part: {"min": best[f"{kind}:{part}"], "median": mid[f"{kind}:{part}"]}
+                for part in ("fwd", "both")
+            }
+            for kind in KINDS
+        },
+        "ratio_to_grpo": {
+            kind: {
+                part: {
+                    "min": best[f"{kind}:{part}"] / best[f"grpo:{part}"],
+                    "median": mid[f"{kind}:{part}"] / mid[f"grpo:{part}"],
+                }
+                for part in ("fwd", "both")
+            }
+            for kind in KINDS
+            if kind != "grpo"
+        },
+    }
     print(f"{'objective':<20}{'forward':>22}{'forward + backward':>24}")
     for kind in KINDS:
         fwd = f"{best[kind + ':fwd']:.4f} / {mid[kind + ':fwd']:.4f}"
@@ -463,13 +543,17 @@ def main() -> None:
     print("target: li2sao-bootstrap / grpo <= 2x; pact-actor, pact-critic, srppo / grpo <= 2x each")
 
     gae_threads = sorted({1, default_threads}) if args.device == "cpu" else [args.threads]
-    for threads in gae_threads:
-        report_gae(grouped, gae_rows, max(3, reps // 2), threads)
+    summary["gae"] = [
+        report_gae(grouped, gae_rows, max(3, reps // 2), threads) for threads in gae_threads
+    ]
 
+    summary["memory"] = None
     if args.no_memory:
+        write_summary(args.json, summary)
         return
     if args.device != "cpu":
-        report_cuda_memory(n, t, args)
+        summary["memory"] = report_cuda_memory(n, t, args)
+        write_summary(args.json, summary)
         return
     print("\npeak extra RSS of one objective (forward + backward), a fresh process per size")
     sizes = [(n // 2, t), (n, t)]
@@ -481,6 +565,8 @@ def main() -> None:
         ratio = peaks[1][kind] / max(peaks[0][kind], 1)
         print(f"{kind:<20}{cells}{ratio:>7.2f}x   bytes per N*T element: {per}")
     print("N*T doubles between the two sizes: linear memory shows as a ~2x ratio")
+    summary["memory"] = memory_summary("rss", sizes, peaks)
+    write_summary(args.json, summary)
 
 
 if __name__ == "__main__":

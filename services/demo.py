@@ -6,8 +6,9 @@ What runs, all real processes on loopback:
 2. two reference engines on the tiny model, speaking SGLang's protocol: one in SCRIPTED mode
    (test machinery: it replays each mini instance's gold patch as terminal commands, so its
    trajectories can earn reward 1) and one sampling the random tiny model (reward 0);
-3. the adapter in front of both (a trajectory sticks to the engine it was placed on, new ones go
-   to the least busy engine, so a group usually mixes both policies);
+3. the adapter in front of both, placing by sample index (``placement: sample_index``): sample 0
+   of every group runs on the scripted engine and sample 1 on the sampling one, whatever the
+   timing, so every group of two or more samples mixes a reward 1 and a reward 0;
 4. a sandbox worker (docker by default) that runs the real OpenHands agent server inside each
    task sandbox and grades the patch in a fresh sandbox with SWE-bench semantics;
 5. the rollout manager (in this process) which queues ``instances x samples`` trajectories.
@@ -19,7 +20,9 @@ mask and ranking loss, readiness statistics) is evaluated on it. The trainer loo
 the weights and refreshes the engines is not built yet; this step evaluates the losses only.
 
 Outputs: ``runs/demo-<time>/`` holds every service's log, the scripted policy file and
-``metrics.jsonl`` (one line per trajectory and one for the objective).
+``metrics.jsonl`` (one line per trajectory and one for the objective); ``--json FILE`` also
+writes a summary (trajectories with group, sample, engine role and reward; rewards per group;
+the objective) for scripts and tests.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=6, help="agent steps per trajectory")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for the batch")
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/demo-<time>")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="also write a machine-readable summary of the run to FILE")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -69,13 +74,20 @@ def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
+# Engine roles in the adapter's --engines order: with placement sample_index, sample k of every
+# group runs on engine k mod 2 (sample 0 scripted, sample 1 sampling).
+ENGINE_ROLES = (("engine-scripted", "scripted"), ("engine-random", "sampling"))
+
+
 def start_services(
     stack: LocalStack, args: argparse.Namespace, model: Path, script: Path
-) -> tuple[str, str]:
+) -> tuple[str, str, dict[str, str]]:
+    """Redis, the two engines and the adapter; returns their URLs and each engine URL's role."""
     redis_url = stack.start_redis()
     say(f"redis: {redis_url}")
     engines = []
-    for name, extra in (("engine-scripted", ["--script", str(script)]), ("engine-random", [])):
+    for name, role in ENGINE_ROLES:
+        extra = ["--script", str(script)] if role == "scripted" else []
         port = free_port()
         stack.python(name, "services.reference_engine.server",
                      ["--model", str(model), "--port", str(port), *extra],
@@ -88,9 +100,11 @@ def start_services(
                  ["--engines", ",".join(engines), "--model", str(model), "--redis", redis_url,
                   "--port", str(port)],
                  http_ok(f"{adapter_url}/health"),
-                 env={"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN})  # fmt: skip
-    say(f"adapter: {adapter_url}")
-    return redis_url, adapter_url
+                 env={"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN,
+                      "SWERL_ADAPTER__PLACEMENT": "sample_index"})  # fmt: skip
+    say(f"adapter: {adapter_url} (placement: sample k on engine k mod {len(engines)})")
+    roles = {url: role for url, (_, role) in zip(engines, ENGINE_ROLES, strict=True)}
+    return redis_url, adapter_url, roles
 
 
 def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, adapter_url: str,
@@ -131,9 +145,14 @@ def wait_for_batch(manager: RolloutManager, batch_id: str, timeout_s: float) -> 
         time.sleep(2.0)
 
 
-def report(results: list[TaskResult], redis_url: str, out: Path) -> list:
+def report(
+    results: list[TaskResult], redis_url: str, out: Path, roles: dict[str, str]
+) -> tuple[list, list[dict]]:
+    """Print and append one metrics line per trajectory; returns the trainable (result, record)
+    pairs and the lines."""
     client = redis.Redis.from_url(redis_url)
     records = []
+    rows = []
     say(f"{'trajectory':<34} {'status':<10} {'reward':>6} {'turns':>5} {'gen tok':>7}  engine")
     with out.open("a") as f:
         for res in sorted(results, key=lambda r: r.task_id):
@@ -148,14 +167,28 @@ def report(results: list[TaskResult], redis_url: str, out: Path) -> list:
                 f"{rec.n_turns if rec else 0:>5} {rec.n_generated_tokens if rec else 0:>7}  "
                 f"{','.join(e.rsplit(':', 1)[-1] for e in engines)}"
                 + (f"  ({o.abort_reason})" if o.abort_reason else ""))  # fmt: skip
-            f.write(json.dumps({"kind": "trajectory", "trajectory_id": res.trajectory_id,
-                                "status": str(o.status), "reward": o.reward,
-                                "turns": rec.n_turns if rec else 0,
-                                "durations": o.durations}) + "\n")  # fmt: skip
+            rows.append({"kind": "trajectory", "trajectory_id": res.trajectory_id,
+                         "group_id": rec.meta.group_id if rec else None,
+                         "sample_index": rec.meta.extra.get("sample_index") if rec else None,
+                         "engines": [roles.get(e, e) for e in engines],
+                         "status": str(o.status), "reward": o.reward,
+                         "turns": rec.n_turns if rec else 0,
+                         "durations": o.durations})  # fmt: skip
+            f.write(json.dumps(rows[-1]) + "\n")
             if rec is not None and o.trainable and rec.segments:
                 records.append((res, rec))
     client.close()
-    return records
+    return records, rows
+
+
+def summary(rows: list[dict], objective: dict | None) -> dict:
+    """``--json``: the trajectories, the rewards of each group, and the objective's figures."""
+    groups: dict[str, list] = {}
+    for row in rows:
+        groups.setdefault(str(row["group_id"]), []).append(row["reward"])
+    mixed = [g for g, rewards in groups.items() if len(set(rewards) - {None}) > 1]
+    return {"trajectories": rows, "groups": groups, "mixed_groups": sorted(mixed),
+            "objective": objective}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = LocalStack(run_dir)
     manager: RolloutManager | None = None
     try:
-        redis_url, adapter_url = start_services(stack, args, model, script)
+        redis_url, adapter_url, roles = start_services(stack, args, model, script)
         manager = RolloutManager(redis_url)
         manager.start()
         start_worker(stack, args, redis_url, adapter_url, manager)
@@ -184,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_id = manager.submit(request)
         say(f"submitted batch {batch_id}: {len(instances) * args.samples} trajectories")
         results = wait_for_batch(manager, batch_id, args.timeout)
-        records = report(results, redis_url, run_dir / "metrics.jsonl")
+        records, rows = report(results, redis_url, run_dir / "metrics.jsonl", roles)
+        metrics = None
         if records:
             from services.demo_objective import evaluate_objective
 
@@ -194,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             for key in ("max_abs_logprob_diff", "actor_loss", "critic_loss", "estimator",
                         "n_trajectories", "n_action_tokens", "mixed_groups"):  # fmt: skip
                 say(f"objective {key}: {metrics.get(key)}")
+        if args.json is not None:
+            args.json.write_text(json.dumps(summary(rows, metrics), indent=2) + "\n")
         say(f"done; logs and metrics.jsonl in {run_dir}")
         return 0
     except StackError as exc:

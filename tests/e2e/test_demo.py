@@ -1,4 +1,10 @@
-"""`make demo`'s main job, end to end: real Redis, engines, adapter, docker worker, OpenHands."""
+"""`make demo`'s main job, end to end: real Redis, engines, adapter, docker worker, OpenHands.
+
+The demo exists to show a reward signal and a group with mixed rewards: the adapter places
+sample 0 of every group on the scripted engine (it replays the gold patch: reward 1) and
+sample 1 on the sampling one (the random tiny model: reward 0), whatever the timing. The test
+reads the demo's ``--json`` summary.
+"""
 
 from __future__ import annotations
 
@@ -14,24 +20,44 @@ from tests.support.docker import build_task_images, ensure_dockerd
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
+def test_demo_shows_a_reward_signal_and_a_mixed_group(tmp_path: Path) -> None:
     ensure_dockerd()
     build_task_images()
     run_dir = tmp_path / "run"
+    out = tmp_path / "summary.json"
     proc = subprocess.run(
         [sys.executable, "-m", "services.demo", "--limit", "1", "--samples", "2",
-         "--max-steps", "6", "--run-dir", str(run_dir), "--timeout", "900"],
+         "--max-steps", "6", "--run-dir", str(run_dir), "--timeout", "900", "--json", str(out)],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trajectories = [x for x in lines if x["kind"] == "trajectory"]
+    summary = json.loads(out.read_text())
+    trajectories = summary["trajectories"]
     assert len(trajectories) == 2
     # Every trajectory finished as a trainable outcome with a 0/1 reward (nothing aborted).
     assert all(t["status"] in ("completed", "timeout", "error") for t in trajectories)
     assert all(t["reward"] in (0.0, 1.0) for t in trajectories)
-    (objective,) = [x for x in lines if x["kind"] == "objective"]
+
+    # Deterministic placement: sample 0 on the scripted engine, sample 1 on the sampling one.
+    placed = {t["sample_index"]: t["engines"] for t in trajectories}
+    assert placed == {0: ["scripted"], 1: ["sampling"]}, trajectories
+
+    # The reward signal: the scripted gold patch resolves, the random policy does not.
+    rewards = {t["sample_index"]: t["reward"] for t in trajectories}
+    assert rewards == {0: 1.0, 1: 0.0}, trajectories
+
+    # A group with mixed rewards, from the trajectories themselves and in the summary.
+    groups: dict[str, set[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t["group_id"], set()).add(t["reward"])
+    mixed = sorted(g for g, r in groups.items() if r == {0.0, 1.0})
+    assert len(mixed) == 1
+    assert summary["mixed_groups"] == mixed
+    assert summary["groups"] == {g: [rewards[0], rewards[1]] for g in mixed}
+
+    objective = summary["objective"]
     assert objective["n_trajectories"] == 2
+    assert objective["mixed_groups"] == 1  # the trainer's batch sees the same mixed group
     assert objective["n_action_tokens"] > 0
     # The tiny model's plain forward pass reproduces the engine's behaviour logprobs.
     assert objective["max_abs_logprob_diff"] < 1e-5

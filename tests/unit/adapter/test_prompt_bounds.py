@@ -99,6 +99,7 @@ def test_configured_bytes_per_token_tightens_the_bound(tiny_model_dir: Path) -> 
         tight.encode_prompt("x" * 129)
 
 
+@pytest.mark.slow  # starts a tokenizer process
 def test_long_texts_go_to_tokenizer_processes(tiny_model_dir: Path) -> None:
     big = Renderer(tiny_model_dir, context_length=200_000)
     processes = TokenizerProcesses(big.tokenizer_json() or "", 1)
@@ -122,6 +123,7 @@ def test_long_texts_go_to_tokenizer_processes(tiny_model_dir: Path) -> None:
         processes.close()
 
 
+@pytest.mark.slow  # starts and kills tokenizer processes
 def test_a_killed_tokenizer_process_is_a_clear_error_then_replaced(renderer: Renderer) -> None:
     processes = TokenizerProcesses(renderer.tokenizer_json() or "", 1)
     try:

@@ -173,6 +173,7 @@ def test_build_runner_refusals(tmp_path: Path) -> None:
         hub.close()
 
 
+@pytest.mark.slow  # starts the worker CLI
 def test_worker_cli_exits_2_when_the_runner_cannot_be_built(tmp_path: Path) -> None:
     env = {
         **os.environ,

@@ -30,6 +30,8 @@ from tests.unit.sandbox_worker.conftest import (
     make_task,
 )
 
+pytestmark = pytest.mark.slow  # every run grades a patch with the mini repo's test suite
+
 N_TOKENS = COUNTERS["prompt_tokens"] + COUNTERS["observation_tokens"] + COUNTERS["generated_tokens"]
 
 

@@ -299,6 +299,7 @@ def test_print_config_includes_the_config_file_and_masks_secrets(
 
 
 @pytest.mark.parametrize("module", ["adapter", "services.manager", "sandbox_worker"])
+@pytest.mark.slow  # starts each service's CLI
 def test_every_service_documents_the_common_flags(module: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", module, "--help"],
@@ -349,6 +350,7 @@ def test_log_format_without_tag_has_no_brackets() -> None:
 
 
 @pytest.mark.parametrize(("level", "shown"), [("info", True), ("warning", False)])
+@pytest.mark.slow  # starts the adapter CLI
 def test_adapter_log_level_flag_reaches_its_logs(level: str, shown: bool, tmp_path: Path) -> None:
     """End to end: the adapter logs its configuration at INFO before it loads the tokenizer."""
     result = subprocess.run(

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from services.demo_objective import evaluate_objective
 from tests.support.recorded_conversations import record_conversations
+
+pytestmark = pytest.mark.slow  # serves the tiny model and runs the torch backend
 
 
 def test_demo_objective_on_recorded_trajectories(tiny_model_dir: Path, engine_url: str) -> None:

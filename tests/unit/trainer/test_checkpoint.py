@@ -32,6 +32,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # kills a saving subprocess
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     target = tmp_path / "ckpt"
     child = subprocess.Popen(

@@ -108,6 +108,7 @@ def test_reset_failure_for_a_missing_base_commit(
     assert "is not in the repository" in report.log_tail
 
 
+@pytest.mark.slow  # runs the mini repo's test suite
 def test_destroy_failure_keeps_the_result(
     faulty: FaultyBackend,
     local_config: EvalConfig,

@@ -21,6 +21,8 @@ from tests.support.grading_attacks import (
 from tests.support.local_sandbox import LocalDirBackend
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
+pytestmark = pytest.mark.slow  # every attack is graded by running the test suite
+
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 def test_attack_gets_reward_zero(

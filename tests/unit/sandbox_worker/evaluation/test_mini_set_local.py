@@ -1,12 +1,12 @@
-"""Every mini instance through validate's four checks, on the LocalDir test double (fast path).
+"""validate's own logic on the LocalDir double: bad checks, a wrong instance, CLI exit status.
 
-The real acceptance runs the same checks through the docker and bwrap backends
-(tests/integration/evaluation); this path catches a broken instance without any sandbox.
+The mini set itself is validated exhaustively once per run, through the real backends:
+tests/integration/sandbox_worker/evaluation/test_validate_backends.py (every instance, all four
+checks, through bwrap; two through docker).
 """
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
@@ -16,36 +16,6 @@ from sandbox_worker.evaluation import EvalConfig
 from services.protocol.instance import SWEInstance
 from tests.support.local_sandbox import LocalDirBackend
 from tests.unit.sandbox_worker.evaluation.conftest import INSTANCES, image_of
-
-
-def test_every_instance_is_valid_locally(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
-    mini_instances: dict[str, SWEInstance],
-) -> None:
-    """Gold resolves; at base every FAIL_TO_PASS fails and every PASS_TO_PASS passes.
-
-    (tampered/broken run for every instance through the real backends; here they run for
-    single instances below, to keep the unit suite fast.)
-    """
-    instances = list(mini_instances.values())
-    by_id = {inst.instance_id: image_of(inst) for inst in instances}
-    progress = io.StringIO()
-    results = validate.validate_all(
-        local_backend,
-        instances,
-        by_id.__getitem__,
-        config=local_config,
-        progress=progress,
-        checks=("gold", "empty"),
-    )
-    table = validate.format_table(results)
-    assert all(result.ok for result in results), table
-    assert f"{len(instances)}/{len(instances)} instances valid" in table
-    assert len(progress.getvalue().splitlines()) == len(instances)
-    # A fresh sandbox per evaluation, all destroyed.
-    assert len(local_backend.created) == 2 * len(instances)
-    assert all(sandbox.destroyed for sandbox in local_backend.created)
 
 
 def test_unknown_checks_are_rejected(
@@ -61,6 +31,7 @@ def test_unknown_checks_are_rejected(
             )
 
 
+@pytest.mark.slow  # runs the test suite twice
 def test_a_wrong_instance_fails_validation_with_reasons(
     local_backend: LocalDirBackend,
     local_config: EvalConfig,
@@ -80,6 +51,7 @@ def test_a_wrong_instance_fails_validation_with_reasons(
     assert "0/1 instances valid" in table and "swerl__tinyini-2 empty: FAIL_TO_PASS" in table
 
 
+@pytest.mark.slow  # runs the test suite
 def test_cli_exit_status(
     monkeypatch: pytest.MonkeyPatch,
     local_backend: LocalDirBackend,
@@ -94,7 +66,8 @@ def test_cli_exit_status(
     monkeypatch.setattr(sandbox_worker.images, "instance_image", lambda iid: iid[7:-2])
     monkeypatch.setattr(validate, "EvalConfig", lambda test_timeout_s: local_config)
     # (The passing run of the CLI is exercised with the real bwrap backend in
-    # tests/integration/evaluation.) An instance whose gold patch does not fix the bug:
+    # tests/integration/sandbox_worker/evaluation.) An instance whose gold patch does not fix
+    # the bug:
     broken = tmp_path / "broken.jsonl"
     line = next(line for line in INSTANCES.read_text().splitlines() if "swerl__strkit-2" in line)
     inst = SWEInstance.model_validate_json(line)

@@ -80,6 +80,7 @@ def test_eval_script_restores_protected_files_and_quotes_everything(
     assert grading.parse_test_exit_code(res.stdout) == 1 and not valid and status_map == {}
 
 
+@pytest.mark.slow  # waits for a test timeout
 def test_eval_script_times_out_the_tests(repo: Path) -> None:
     spec = EvalScriptSpec(
         workdir=str(repo),

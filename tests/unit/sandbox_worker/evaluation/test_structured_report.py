@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sandbox_worker.evaluation.log_parser import parse_log_pytest
 from sandbox_worker.evaluation.structured_report import parse_structured_report
 from tests.support.paths import REPO_ROOT
@@ -133,6 +135,7 @@ def test_param(x):
 """
 
 
+@pytest.mark.slow  # runs pytest in a subprocess
 def test_plugin_on_a_real_pytest_run_matches_the_log_parser(tmp_path: Path) -> None:
     """Run the plugin in pytest (host venv) on a suite with every kind of outcome."""
     suite, plugin_dir = tmp_path / "suite", tmp_path / "secret"
@@ -195,6 +198,7 @@ def _run_suite(
 PASSING = "def test_a():\n    pass\n\n\ndef test_b():\n    assert 1\n"
 
 
+@pytest.mark.slow  # runs pytest in a subprocess
 def test_canary_leaves_an_honest_run_unchanged(tmp_path: Path) -> None:
     files = {"test_suite.py": SUITE}
     plain, _ = _run_suite(tmp_path / "plain", files, None, plugin=False)
@@ -212,6 +216,7 @@ def test_canary_leaves_an_honest_run_unchanged(tmp_path: Path) -> None:
     assert ok_report.status_map == {"test_ok.py::test_a": "PASSED", "test_ok.py::test_b": "PASSED"}
 
 
+@pytest.mark.slow  # runs pytest in a subprocess
 def test_canary_exposes_forged_reports(tmp_path: Path) -> None:
     forging_conftest = (
         "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"

@@ -96,7 +96,9 @@ def _real_pytest_log(tmp_path: Path) -> str:
     return logs.eval_log(proc.stdout, exit_code=proc.returncode)
 
 
-@pytest.fixture(params=[*sorted(logs.ALL_LOGS), "real_pytest_run"])
+@pytest.fixture(
+    params=[*sorted(logs.ALL_LOGS), pytest.param("real_pytest_run", marks=pytest.mark.slow)]
+)
 def log_text(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "real_pytest_run":
         return _real_pytest_log(tmp_path)

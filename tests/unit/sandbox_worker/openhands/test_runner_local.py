@@ -23,6 +23,8 @@ from services.protocol.trajectory import OutcomeStatus
 from tests.support.fake_llm import FakeLLM, Reply, call
 from tests.support.paths import TEST_DATA
 
+pytestmark = pytest.mark.slow  # real OpenHands conversations against a scripted LLM server
+
 SAMPLES = TEST_DATA / "openhands_requests"
 CFG = OpenHandsConfig(num_retries=0, stop_grace_s=5)
 SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, max_tokens=99)

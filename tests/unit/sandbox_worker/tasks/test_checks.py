@@ -47,6 +47,7 @@ def run(cwd: Path, *cmd: str, stdin: str | None = None) -> subprocess.CompletedP
 
 
 @pytest.mark.parametrize("inst", INSTANCES, ids=lambda i: i.instance_id)
+@pytest.mark.slow  # runs each instance's test suite
 def test_tamper_breaks_a_protected_file(
     inst: SWEInstance, templates: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -57,6 +57,7 @@ def test_gold_patches_never_touch_tests_and_test_patches_only_touch_tests() -> N
             assert patched.target.startswith("tests/"), source.instance_id
 
 
+@pytest.mark.slow  # runs an instance's test suite
 def test_test_lists_are_recomputed_identically() -> None:
     source = SOURCES["swerl__tinyini-3"]
     built = mini.build_record(source, python=sys.executable)
@@ -74,6 +75,7 @@ TRIVIAL_TEST = (  # adds one test that already passes at base
 )
 
 
+@pytest.mark.slow  # runs instances' test suites
 def test_builder_refuses_invalid_instances() -> None:
     strkit1, strkit2 = SOURCES["swerl__strkit-1"], SOURCES["swerl__strkit-2"]
     touching_tests = dataclasses.replace(strkit1, patch=strkit1.patch + strkit1.test_patch)

@@ -25,6 +25,8 @@ from services.weight_group import WeightGroup, join_group, open_store
 from tests.support.engines import tiny_model_for_session
 from trainer.publish.distributed import make_buckets
 
+pytestmark = pytest.mark.slow  # loads the model and joins gloo groups
+
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[ModelRunner]:

@@ -16,6 +16,8 @@ from services.reference_engine.model_runner import (
     _state_from_layers,
 )
 
+pytestmark = pytest.mark.slow  # loads the tiny model and runs forward passes
+
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir: Path) -> ModelRunner:

@@ -179,6 +179,7 @@ def _long_batch(seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 @pytest.mark.parametrize("seed", range(2))
+@pytest.mark.slow  # long batches through the loop reference
 def test_chunked_gae_matches_reference_on_long_batches(seed: int, gamma: float, dtype) -> None:
     """The row-chunked, scratch-slot compaction and the lambda = 1 closed form against the loop,
     with per-row lambda (0 and 1 included), gamma < 1, dense and outcome rewards."""

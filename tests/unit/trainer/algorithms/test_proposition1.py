@@ -43,6 +43,7 @@ def _sample() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tokens, a1, a2.to(torch.float64)
 
 
+@pytest.mark.slow  # Monte-Carlo estimate
 def test_mean_centred_target_on_mixed_groups_matches_f_star() -> None:
     tokens, a1, rewards = _sample()
     rows = tokens.shape[0]

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -17,6 +18,8 @@ from tests.support.trajectory_records import record, turn
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
 from trainer.data import build_batch
+
+pytestmark = pytest.mark.slow  # two gloo ranks in their own processes (minutes on 2 cores)
 
 
 def global_batch(model_dir: Path):

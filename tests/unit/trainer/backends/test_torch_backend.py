@@ -29,6 +29,7 @@ def generated_tokens(records) -> list[int]:
     return [i for r in records for s in r.segments for t in s.turns for i in t.output_ids]
 
 
+@pytest.mark.slow  # records conversations on a served engine
 def test_recomputed_logprobs_match_the_engine_on_recorded_trajectories(
     tiny_model_dir: Path, engine_url: str
 ) -> None:
@@ -44,6 +45,7 @@ def test_recomputed_logprobs_match_the_engine_on_recorded_trajectories(
     assert fwd.values is not None and fwd.values.shape == batch.tokens.shape
 
 
+@pytest.mark.slow  # records conversations on a served engine
 def test_logprobs_match_an_engine_sampling_at_another_temperature(
     tiny_model_dir: Path, engine_url: str
 ) -> None:
@@ -155,6 +157,7 @@ def test_micro_batching_accumulates_the_whole_batch_gradient(tiny_model_dir: Pat
     assert largest > 1e-4  # the step moved the weights
 
 
+@pytest.mark.slow  # exports, reloads and serves the model
 def test_export_loads_in_transformers_and_the_engine_with_equal_logprobs(
     tiny_model_dir: Path, engine_url: str, tmp_path: Path
 ) -> None:
@@ -188,6 +191,7 @@ def test_export_loads_in_transformers_and_the_engine_with_equal_logprobs(
         update_engine_weights(engine_url, tiny_model_dir, version=2)
 
 
+@pytest.mark.slow  # saves and reloads a checkpoint
 def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = {"actor": {"lr": 1e-3, "warmup_steps": 3}, "critic": {"optimizer": {"lr": 1e-3}}}
     a = backend(tiny_model_dir, **cfg)
