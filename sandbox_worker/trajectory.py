@@ -59,7 +59,6 @@ from sandbox_worker.outcomes import (
     abort_reason_of_end,
     aborted,
     graded,
-    status_of_end,
     with_counts,
 )
 from sandbox_worker.relay.host_relay import RelayHub
@@ -244,8 +243,8 @@ class SandboxTrajectoryRunner:
         run.report["evaluation"] = report.model_dump(mode="json")
         if report.infra_error is not None:
             raise _Abort(f"evaluation infrastructure failed: {report.infra_error}")
-        status = status_of_end(result.end_reason)
-        assert status is not None  # aborted endings left the pipeline in _agent_phase
+        status = result.outcome_status
+        assert status is not OutcomeStatus.ABORTED  # aborted endings left in _agent_phase
         reward = report.reward
         assert reward is not None
         counts = run.counts
@@ -355,7 +354,7 @@ class SandboxTrajectoryRunner:
             run.durations["conversation"] = round(result.duration_s, 3)
             run.report["agent"] = _agent_report(result)
             result = self._attribute_server_loss(sandbox, result, run)
-            if status_of_end(result.end_reason) is None or run.ctx.cancel.is_set():
+            if result.is_infrastructure or run.ctx.cancel.is_set():
                 cancel_reason = run.ctx.cancel.reason if run.ctx.cancel.is_set() else None
                 if cancel_reason is not None:
                     raise _Abort(cancel_reason)

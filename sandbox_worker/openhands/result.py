@@ -33,29 +33,29 @@ class EndReason(StrEnum):
     CANCELLED = "cancelled"  # the caller's cancel event was set
 
     @property
-    def is_infrastructure(self) -> bool:
-        """True when the trajectory says nothing about the policy (it must not be trained on)."""
-        return self in _ABORTED
+    def outcome_status(self) -> OutcomeStatus:
+        """The trajectory's status for this ending (the one table: :data:`_STATUS_OF_END`)."""
+        return _STATUS_OF_END[self]
 
     @property
-    def outcome_status(self) -> OutcomeStatus:
-        if self in (EndReason.FINISHED, EndReason.AGENT_MESSAGE):
-            return OutcomeStatus.COMPLETED
-        if self in (EndReason.MAX_STEPS, EndReason.TIMEOUT, EndReason.CONTEXT_LIMIT):
-            return OutcomeStatus.TIMEOUT
-        if self in (EndReason.AGENT_ERROR, EndReason.STUCK):
-            return OutcomeStatus.ERROR
-        return OutcomeStatus.ABORTED
+    def is_infrastructure(self) -> bool:
+        """True when the trajectory says nothing about the policy (it must not be trained on)."""
+        return self.outcome_status is OutcomeStatus.ABORTED
 
 
-_ABORTED = frozenset(
-    {
-        EndReason.LLM_UNAVAILABLE,
-        EndReason.LLM_REJECTED,
-        EndReason.AGENT_SERVER_ERROR,
-        EndReason.CANCELLED,
-    }
-)
+_STATUS_OF_END: dict[EndReason, OutcomeStatus] = {
+    EndReason.FINISHED: OutcomeStatus.COMPLETED,
+    EndReason.AGENT_MESSAGE: OutcomeStatus.COMPLETED,
+    EndReason.MAX_STEPS: OutcomeStatus.TIMEOUT,
+    EndReason.TIMEOUT: OutcomeStatus.TIMEOUT,
+    EndReason.CONTEXT_LIMIT: OutcomeStatus.TIMEOUT,
+    EndReason.AGENT_ERROR: OutcomeStatus.ERROR,
+    EndReason.STUCK: OutcomeStatus.ERROR,
+    EndReason.LLM_UNAVAILABLE: OutcomeStatus.ABORTED,
+    EndReason.LLM_REJECTED: OutcomeStatus.ABORTED,
+    EndReason.AGENT_SERVER_ERROR: OutcomeStatus.ABORTED,
+    EndReason.CANCELLED: OutcomeStatus.ABORTED,
+}
 
 
 class StopCause(StrEnum):
