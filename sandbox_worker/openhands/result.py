@@ -1,8 +1,9 @@
 """Why an agent run ended, and what that means for the trajectory's outcome.
 
-Pure code (no SDK import): the runner condenses the conversation into an :class:`EventSummary`
-(see :func:`sandbox_worker.openhands.sdk.summarize_events`) and :func:`classify` decides the
-:class:`EndReason`. The mapping to :class:`OutcomeStatus` follows the issue's outcome classes:
+Pure code (no SDK import): :func:`run_agent` condenses the conversation into an
+:class:`EventSummary` (see :func:`sandbox_worker.openhands.sdk.summarize_events`) and
+:func:`classify` decides the :class:`EndReason`. The mapping to :class:`OutcomeStatus`
+(:attr:`EndReason.outcome_status`) follows the issue's outcome classes:
 
 * the agent stopped by itself (``finish`` tool, or a reply without a tool call): ``completed``;
 * a limit ended it (steps, wall time, context window): ``timeout``, scored from the patch;
@@ -59,7 +60,7 @@ _STATUS_OF_END: dict[EndReason, OutcomeStatus] = {
 
 
 class StopCause(StrEnum):
-    """Why the runner's watchdog stopped the conversation (None when it did not)."""
+    """Why the conversation's watchdog stopped it (None when it did not)."""
 
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
@@ -76,7 +77,7 @@ class ConversationError:
 
 @dataclass(frozen=True)
 class EventSummary:
-    """What the runner needs from a conversation's events."""
+    """What :func:`run_agent` needs from a conversation's events."""
 
     n_steps: int = 0  # LLM responses (agent steps)
     n_tool_calls: int = 0  # actions the agent asked for (executed or not)

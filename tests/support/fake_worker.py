@@ -27,8 +27,10 @@ import redis
 
 from sandbox_worker.backends import SandboxBackend, SandboxSpec, make_backend
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.runner import RunContext, SimulatedProbe, SimulatedRunner
+from sandbox_worker.runner import RunContext
 from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
+from sandbox_worker.testing.probe import SimulatedProbe
+from sandbox_worker.testing.simulated import SimulatedRunner
 from sandbox_worker.worker import Worker
 from services.config import load_config
 from services.protocol.tasks import RolloutTask

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.runner import SimulatedProbe, SimulatedRunner
+from sandbox_worker.testing.probe import SimulatedProbe
+from sandbox_worker.testing.simulated import SimulatedRunner
 from sandbox_worker.worker import Worker
 from services.manager.api import RolloutManager, tasks_for_request
 from services.manager.service import ManagerService
