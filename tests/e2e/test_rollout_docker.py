@@ -74,6 +74,7 @@ def make_runner(
     runner, _ = build_runner(
         cfg, backend=stack.backends[backend], hub=stack.hub, instances=stack.instances
     )
+    assert isinstance(runner, SandboxTrajectoryRunner)
     return runner
 
 

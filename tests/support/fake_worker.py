@@ -40,7 +40,9 @@ from services.queue.store import TaskQueue
 
 
 class MarkerBackend:
-    """FAKE sandbox backend: sandboxes are marker files under ``root/<node>/``."""
+    """FAKE sandbox backend: sandboxes are marker files under ``root/<node>/``. Stands for the
+    backends' :class:`sandbox_worker.runner.NodeCleaner` part the worker uses (checked by
+    tests/unit/sandbox_worker/testing/test_conformance.py)."""
 
     def __init__(
         self, root: Path, client: redis.Redis, prefix: str, real: SandboxBackend | None = None
@@ -63,7 +65,9 @@ class MarkerBackend:
 
 class MarkerRunner:
     """The simulated runner inside a FAKE "sandbox" (a marker file that exists while it runs),
-    plus a real sandbox of ``real`` (with ``image``) when given."""
+    plus a real sandbox of ``real`` (with ``image``) when given. Stands for the real runner
+    behind :class:`sandbox_worker.runner.TrajectoryRunner` (checked by the same conformance
+    test)."""
 
     def __init__(
         self,

@@ -44,8 +44,10 @@ COUNTERS = {"turns": 2, "segments": 1, "prompt_tokens": 100, "observation_tokens
 
 @dataclass
 class FakeAdapter:
-    """Records calls; ``open_error`` / ``close_errors`` (consumed in order) simulate failures;
-    ``kept_abort`` makes every close answer with an abort the adapter recorded itself."""
+    """Stands for :class:`AdapterClient` (the :class:`TrajectoryRecords` protocol; checked by
+    tests/unit/sandbox_worker/testing/test_conformance.py). Records calls; ``open_error`` /
+    ``close_errors`` (consumed in order) simulate failures; ``kept_abort`` makes every close
+    answer with an abort the adapter recorded itself."""
 
     opened: list[TrajectoryMeta] = field(default_factory=list)
     closes: list[tuple[str, Outcome | None]] = field(default_factory=list)
@@ -89,7 +91,7 @@ class Harness:
             self.backend,
             self.hub,
             AgentServerBundle("/opt/fake-python", "/opt/fake-venv"),
-            self.adapter,  # type: ignore[arg-type]
+            self.adapter,
             kw.pop("instances", {self.instance.instance_id: self.instance}),
             self.settings,
             image_for=kw.pop("image_for", lambda _id: IMAGE),
