@@ -50,7 +50,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox_worker.runner import SimulatedProbe  # noqa: E402
+from sandbox_worker.testing.probe import SimulatedProbe  # noqa: E402
 from services.manager.client import RolloutManager  # noqa: E402
 from services.protocol import RolloutRequest  # noqa: E402
 from services.queue.config import QueueConfig  # noqa: E402
@@ -339,7 +339,7 @@ def bench_sandbox(bench: Bench) -> Figures:
     from sandbox_worker.images import DEFAULT_INSTANCES, instance_image
     from sandbox_worker.openhands.server import AgentServerBundle
     from sandbox_worker.relay.host_relay import RelayHub
-    from sandbox_worker.trajectory import RunnerSettings, SandboxTrajectoryRunner
+    from sandbox_worker.sandbox_runner import RunnerSettings, SandboxTrajectoryRunner
     from services.datasets import load_instances
     from services.protocol.tasks import RolloutTask
     from tests.support.docker import build_task_images, ensure_dockerd

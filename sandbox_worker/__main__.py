@@ -8,7 +8,8 @@ import signal
 import sys
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.runner import RunnerUnavailableError, build_runner
+from sandbox_worker.factory import build_runner
+from sandbox_worker.runner import RunnerUnavailableError
 from sandbox_worker.worker import NodeConflictError, Worker
 from services.cli import (
     EXIT_CONFIG,
@@ -31,7 +32,7 @@ sandboxes a crashed previous run of the same --node left behind.
 
 --backend simulated runs the SIMULATED runner (it only sleeps; for scheduling tests and
 benchmarks): a "sleep<ms>" token in the instance id sets the duration, "abort" / "abort<k>"
-fail attempts as infrastructure, see sandbox_worker/runner.py.
+fail attempts as infrastructure, see sandbox_worker/testing/simulated.py.
 """
 
 EPILOG = """\

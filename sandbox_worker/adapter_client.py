@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from pydantic import ValidationError
@@ -67,6 +67,19 @@ class CloseResult:
             + c.get("observation_tokens", 0)
             + c.get("generated_tokens", 0)
         )
+
+
+@runtime_checkable
+class TrajectoryRecords(Protocol):
+    """What the trajectory runner needs of the adapter: open and close one record, release the
+    connection. :class:`AdapterClient` is the real one; test doubles (the runner's unit tests'
+    ``FakeAdapter``) are checked against this protocol by a conformance test."""
+
+    def open(self, meta: TrajectoryMeta) -> str | None: ...
+
+    def close(self, trajectory_id: str, outcome: Outcome | None = None) -> CloseResult: ...
+
+    def close_connection(self) -> None: ...
 
 
 def _error_text(response: httpx.Response) -> str:

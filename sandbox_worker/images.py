@@ -143,11 +143,6 @@ def rootfs_info(image: str, cache: Path | None = None) -> RootfsInfo:
     return info
 
 
-def rootfs_for(image: str) -> Path:
-    """The root filesystem directory of ``image`` for the bwrap backend."""
-    return rootfs_info(image).root
-
-
 def build(instances: Path, *, bwrap: bool = True, force: bool = False) -> None:
     """Base image, instance images and bwrap trees; every stage is skipped when up to date."""
     env = {**os.environ, "DOCKER_HOST": docker_host()}

@@ -21,6 +21,8 @@ kill its own server, and an excluded abort would reward doing so).
 Any infrastructure failure around the agent (sandbox not created, image missing, wrong image,
 sandbox lost, evaluation infrastructure failed, the adapter unreachable or having recorded an
 abort itself) is ``aborted`` with its reason, whatever the agent did.
+
+The table above is :attr:`EndReason.outcome_status` (the one place it is encoded).
 """
 
 from __future__ import annotations
@@ -31,27 +33,7 @@ from typing import Any
 from sandbox_worker.openhands.result import EndReason
 from services.protocol.trajectory import Outcome, OutcomeStatus
 
-#: The status each agent ending gives; ``None`` means aborted (infrastructure or cancel).
-STATUS_OF_END: Mapping[EndReason, OutcomeStatus | None] = {
-    EndReason.FINISHED: OutcomeStatus.COMPLETED,
-    EndReason.AGENT_MESSAGE: OutcomeStatus.COMPLETED,
-    EndReason.MAX_STEPS: OutcomeStatus.TIMEOUT,
-    EndReason.TIMEOUT: OutcomeStatus.TIMEOUT,
-    EndReason.CONTEXT_LIMIT: OutcomeStatus.TIMEOUT,
-    EndReason.AGENT_ERROR: OutcomeStatus.ERROR,
-    EndReason.STUCK: OutcomeStatus.ERROR,
-    EndReason.LLM_UNAVAILABLE: None,
-    EndReason.LLM_REJECTED: None,
-    EndReason.AGENT_SERVER_ERROR: None,
-    EndReason.CANCELLED: None,
-}
-
 MAX_REASON_CHARS = 2000
-
-
-def status_of_end(end_reason: EndReason) -> OutcomeStatus | None:
-    """The graded status of an agent ending, or ``None`` when the run must be aborted."""
-    return STATUS_OF_END[EndReason(end_reason)]
 
 
 def abort_reason_of_end(

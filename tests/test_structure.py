@@ -41,12 +41,9 @@ EXCEPTIONS: dict[str, str] = {
         "one path from a request to token ids: bounds in rendering.py, canonical messages "
         "(messages.py), worker processes (tokenize_worker.py)"
     ),
-    "unit/sandbox_worker/test_factory_and_config.py": (
-        "the worker's runner factory (openhands_runner.py), its rollout config (config.py) and "
-        "its CLI (__main__.py)"
-    ),
-    "unit/sandbox_worker/test_simulated_runner.py": (
-        "runner.py's simulated runner and cancel tokens (test machinery named for what it is)"
+    "unit/sandbox_worker/testing/test_conformance.py": (
+        "every test double in sandbox_worker/testing (and the tests' own fakes) checked against "
+        "the protocol it stands for"
     ),
     "unit/sandbox_worker/evaluation/test_mini_set_local.py": (
         "sandbox_worker/validate.py on the LocalDir double, which needs this folder's "

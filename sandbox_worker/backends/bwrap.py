@@ -436,10 +436,6 @@ class BwrapBackend(hostdir.HostDirBackend):
         if os.geteuid() != 0:
             raise SandboxInfraError("the bwrap backend runs as root (network namespaces)")
 
-    @property
-    def limits_mode(self) -> str:
-        return f"cgroup-v{self.cgroups.version}" if self.use_cgroups else "prlimit"
-
     def image_available(self, image: str) -> bool:
         try:
             images.rootfs_info(image, self.config.rootfs_cache)

@@ -251,33 +251,56 @@ def _evaluate_in(
     transcript.append(f"$ reset to {base}\n{result.output}")
     if result.timed_out or result.exit_code != 0:
         raise _InfraFailure(f"reset to the base commit failed (exit {result.exit_code})")
-
     pinned = _pinned_commit(result.output, base)
     work = f"{config.scratch_dir}/swerl-{secrets.token_hex(8)}"
     fields: dict[str, object] = {"grading": config.grading}
+    if _put_patch(sandbox, instance, patch, pinned, work, config, transcript, fields):
+        _run_and_grade(sandbox, instance, work, config, transcript, fields)
+    return fields
+
+
+def _put_patch(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    patch: str,
+    pinned: str,
+    work: str,
+    config: EvalConfig,
+    transcript: list[str],
+    fields: dict[str, object],
+) -> bool:
+    """Apply the patch and restore the protected test infrastructure (into ``fields``); False
+    when no test is to run (nothing applied, or an empty patch that is not graded)."""
     if is_empty_patch(patch):
         transcript.append("empty patch: nothing to apply")
-        if not config.grade_empty_patch:
-            return fields
-    elif rejected := unsafe_patch_reason(patch):
+        return config.grade_empty_patch
+    if rejected := unsafe_patch_reason(patch):
         transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {rejected}")
         fields["patch_rejected"] = rejected
-        return fields
-    else:
-        rule = rule_for(instance.repo, config.infra_rules)
-        base_tree = None
-        if config.restore_test_infra:
-            base_tree = _capture_base(sandbox, work, rule, config, transcript)
-        method = _apply(sandbox, patch, config, transcript)
-        if method is None:
-            return fields
-        fields.update(applied=True, apply_method=method)
-        if base_tree is not None:
-            plan = _restore_infra(
-                sandbox, instance, pinned, work, base_tree, rule, config, transcript
-            )
-            fields["protected_restored"] = plan.reasons
+        return False
+    rule = rule_for(instance.repo, config.infra_rules)
+    base_tree = None
+    if config.restore_test_infra:
+        base_tree = _capture_base(sandbox, work, rule, config, transcript)
+    method = _apply(sandbox, patch, config, transcript)
+    if method is None:
+        return False
+    fields.update(applied=True, apply_method=method)
+    if base_tree is not None:
+        plan = _restore_infra(sandbox, instance, pinned, work, base_tree, rule, config, transcript)
+        fields["protected_restored"] = plan.reasons
+    return True
 
+
+def _run_and_grade(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    work: str,
+    config: EvalConfig,
+    transcript: list[str],
+    fields: dict[str, object],
+) -> None:
+    """Run the tests and grade them into ``fields`` (the log, and the structured report)."""
     structured = config.grading == "structured"
     # The canary's name stays on the host: the test process can read and rewrite the files.
     canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
@@ -307,7 +330,6 @@ def _evaluate_in(
         tests_status=status_map,
         **report.model_dump(),
     )
-    return fields
 
 
 def _pinned_commit(reset_output: str, base: str) -> str:

@@ -50,10 +50,6 @@ class PatchedFile:
     def is_new(self) -> bool:
         return self.source == DEV_NULL
 
-    @property
-    def is_deleted(self) -> bool:
-        return self.target == DEV_NULL
-
 
 def is_empty_patch(patch: str | None) -> bool:
     return patch is None or not patch.strip()

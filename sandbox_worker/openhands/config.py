@@ -1,4 +1,4 @@
-"""Settings of the OpenHands runner that do not come from the task.
+"""Settings of the OpenHands conversation that do not come from the task.
 
 The task (:class:`services.protocol.tasks.RolloutTask`) carries the per-trajectory limits and
 sampling parameters; everything here is per deployment: how the SDK talks to the adapter, which
@@ -42,7 +42,7 @@ class CondenserConfig(StrictModel):
 
 
 class OpenHandsConfig(StrictModel):
-    """How the runner builds the OpenHands agent and its LLM.
+    """How :func:`run_agent` builds the OpenHands agent and its LLM.
 
     ``model`` must be ``openai/<name>``: LiteLLM then speaks the plain OpenAI chat-completions
     protocol to ``base_url`` (the adapter) and sends ``<name>`` as the model; the adapter serves

@@ -1,8 +1,9 @@
 """Why an agent run ended, and what that means for the trajectory's outcome.
 
-Pure code (no SDK import): the runner condenses the conversation into an :class:`EventSummary`
-(see :func:`sandbox_worker.openhands.sdk.summarize_events`) and :func:`classify` decides the
-:class:`EndReason`. The mapping to :class:`OutcomeStatus` follows the issue's outcome classes:
+Pure code (no SDK import): :func:`run_agent` condenses the conversation into an
+:class:`EventSummary` (see :func:`sandbox_worker.openhands.sdk.summarize_events`) and
+:func:`classify` decides the :class:`EndReason`. The mapping to :class:`OutcomeStatus`
+(:attr:`EndReason.outcome_status`) follows the issue's outcome classes:
 
 * the agent stopped by itself (``finish`` tool, or a reply without a tool call): ``completed``;
 * a limit ended it (steps, wall time, context window): ``timeout``, scored from the patch;
@@ -33,33 +34,33 @@ class EndReason(StrEnum):
     CANCELLED = "cancelled"  # the caller's cancel event was set
 
     @property
-    def is_infrastructure(self) -> bool:
-        """True when the trajectory says nothing about the policy (it must not be trained on)."""
-        return self in _ABORTED
+    def outcome_status(self) -> OutcomeStatus:
+        """The trajectory's status for this ending (the one table: :data:`_STATUS_OF_END`)."""
+        return _STATUS_OF_END[self]
 
     @property
-    def outcome_status(self) -> OutcomeStatus:
-        if self in (EndReason.FINISHED, EndReason.AGENT_MESSAGE):
-            return OutcomeStatus.COMPLETED
-        if self in (EndReason.MAX_STEPS, EndReason.TIMEOUT, EndReason.CONTEXT_LIMIT):
-            return OutcomeStatus.TIMEOUT
-        if self in (EndReason.AGENT_ERROR, EndReason.STUCK):
-            return OutcomeStatus.ERROR
-        return OutcomeStatus.ABORTED
+    def is_infrastructure(self) -> bool:
+        """True when the trajectory says nothing about the policy (it must not be trained on)."""
+        return self.outcome_status is OutcomeStatus.ABORTED
 
 
-_ABORTED = frozenset(
-    {
-        EndReason.LLM_UNAVAILABLE,
-        EndReason.LLM_REJECTED,
-        EndReason.AGENT_SERVER_ERROR,
-        EndReason.CANCELLED,
-    }
-)
+_STATUS_OF_END: dict[EndReason, OutcomeStatus] = {
+    EndReason.FINISHED: OutcomeStatus.COMPLETED,
+    EndReason.AGENT_MESSAGE: OutcomeStatus.COMPLETED,
+    EndReason.MAX_STEPS: OutcomeStatus.TIMEOUT,
+    EndReason.TIMEOUT: OutcomeStatus.TIMEOUT,
+    EndReason.CONTEXT_LIMIT: OutcomeStatus.TIMEOUT,
+    EndReason.AGENT_ERROR: OutcomeStatus.ERROR,
+    EndReason.STUCK: OutcomeStatus.ERROR,
+    EndReason.LLM_UNAVAILABLE: OutcomeStatus.ABORTED,
+    EndReason.LLM_REJECTED: OutcomeStatus.ABORTED,
+    EndReason.AGENT_SERVER_ERROR: OutcomeStatus.ABORTED,
+    EndReason.CANCELLED: OutcomeStatus.ABORTED,
+}
 
 
 class StopCause(StrEnum):
-    """Why the runner's watchdog stopped the conversation (None when it did not)."""
+    """Why the conversation's watchdog stopped it (None when it did not)."""
 
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
@@ -76,7 +77,7 @@ class ConversationError:
 
 @dataclass(frozen=True)
 class EventSummary:
-    """What the runner needs from a conversation's events."""
+    """What :func:`run_agent` needs from a conversation's events."""
 
     n_steps: int = 0  # LLM responses (agent steps)
     n_tool_calls: int = 0  # actions the agent asked for (executed or not)

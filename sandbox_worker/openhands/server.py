@@ -45,8 +45,8 @@ from sandbox_worker.openhands.result import AgentRunResult, EndReason
 from sandbox_worker.relay.host_relay import RelayHandle, RelayHub
 from services.protocol.tasks import AgentLimits, SamplingConfig
 
-if TYPE_CHECKING:  # the runner imports the SDK (~15 CPU-s); only needed once a run starts
-    from sandbox_worker.openhands.runner import CancelSignal, EventCallback
+if TYPE_CHECKING:  # .conversation imports the SDK (~15 CPU-s); only needed once a run starts
+    from sandbox_worker.openhands.conversation import CancelSignal, EventCallback
 
 _log = logging.getLogger("swerl.openhands.server")
 
@@ -252,7 +252,7 @@ def run_agent_in_sandbox(
     The wall-time limit covers the conversation, not the server's start-up. A server that does
     not start is an ``agent_server_error`` result (infrastructure), not an exception.
     """
-    from sandbox_worker.openhands.runner import RemoteTarget, run_agent
+    from sandbox_worker.openhands.conversation import RemoteTarget, run_agent
 
     llm_url = sandbox_llm_url(sandbox, trajectory_id)
     t0 = time.monotonic()

@@ -3,7 +3,8 @@
 Stack, all real processes except the agent: reference engines (``python -m
 services.reference_engine.server``) -> the adapter (``python -m adapter``) with a private Redis
 -> OpenHands' ``LocalConversation`` (terminal + file editor) run by
-:func:`sandbox_worker.openhands.runner.run_agent` in this process on a temporary git repository.
+:func:`sandbox_worker.openhands.conversation.run_agent` in this process on a temporary git
+repository.
 
 * ``test_scripted_agent_*``: the engine runs in **scripted mode** (test machinery: it replays the
   assistant outputs of :data:`SCRIPT`, in the tiny model's Hermes ``<tool_call>`` format, with the
@@ -34,8 +35,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sandbox_worker.openhands.config import OpenHandsConfig
+from sandbox_worker.openhands.conversation import LocalTarget, run_agent
 from sandbox_worker.openhands.result import EndReason
-from sandbox_worker.openhands.runner import LocalTarget, run_agent
 from services.protocol.tasks import AgentLimits, SamplingConfig
 from tests.support.engines import (
     REPO_ROOT,

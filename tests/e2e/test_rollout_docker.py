@@ -34,9 +34,9 @@ import yaml
 from transformers import AutoTokenizer
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.openhands_runner import build_runner
+from sandbox_worker.factory import build_runner
+from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from sandbox_worker.tasks.scripted import build_script
-from sandbox_worker.trajectory import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from services.manager import ManagerConfig, RolloutManager
 from services.protocol.tasks import AgentLimits, RolloutRequest, RolloutTask, SamplingConfig
 from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
@@ -74,6 +74,7 @@ def make_runner(
     runner, _ = build_runner(
         cfg, backend=stack.backends[backend], hub=stack.hub, instances=stack.instances
     )
+    assert isinstance(runner, SandboxTrajectoryRunner)
     return runner
 
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.openhands_runner import build_runner
+from sandbox_worker.factory import build_runner
 from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
 from tests.e2e.conftest import WORKER_TOKEN, AdapterProcess, RolloutStack
 from tests.e2e.test_rollout_docker import SCRIPTED_INSTANCE, task

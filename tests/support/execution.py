@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_worker.runner import SimulatedProbe
+from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
 from services.protocol.trajectory import TrajectoryMeta

@@ -27,8 +27,10 @@ import redis
 
 from sandbox_worker.backends import SandboxBackend, SandboxSpec, make_backend
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.runner import RunContext, SimulatedProbe, SimulatedRunner
+from sandbox_worker.runner import RunContext
 from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
+from sandbox_worker.testing.probe import SimulatedProbe
+from sandbox_worker.testing.simulated import SimulatedRunner
 from sandbox_worker.worker import Worker
 from services.config import load_config
 from services.protocol.tasks import RolloutTask
@@ -38,7 +40,9 @@ from services.queue.worker import WorkerQueue
 
 
 class MarkerBackend:
-    """FAKE sandbox backend: sandboxes are marker files under ``root/<node>/``."""
+    """FAKE sandbox backend: sandboxes are marker files under ``root/<node>/``. Stands for the
+    backends' :class:`sandbox_worker.runner.NodeCleaner` part the worker uses (checked by
+    tests/unit/sandbox_worker/testing/test_conformance.py)."""
 
     def __init__(
         self, root: Path, client: redis.Redis, prefix: str, real: SandboxBackend | None = None
@@ -61,7 +65,9 @@ class MarkerBackend:
 
 class MarkerRunner:
     """The simulated runner inside a FAKE "sandbox" (a marker file that exists while it runs),
-    plus a real sandbox of ``real`` (with ``image``) when given."""
+    plus a real sandbox of ``real`` (with ``image``) when given. Stands for the real runner
+    behind :class:`sandbox_worker.runner.TrajectoryRunner` (checked by the same conformance
+    test)."""
 
     def __init__(
         self,

@@ -1,8 +1,10 @@
 """Fixtures for the sandbox contract tests: both backends, real dockerd, real bwrap.
 
-Each test gets its own node name; at teardown the test's sandboxes must already be gone
-(a leak fails the test) and the session asserts that no container, netns, cgroup, bwrap process
-or state directory of the test run is left.
+``backend`` is docker and bwrap; a test of the part of the contract that the LocalDir test
+double honours (see :mod:`sandbox_worker.testing.local_sandbox`) is parametrised over
+``backend`` with :data:`WITH_LOCALDIR` as well. Each test gets its own node name; at teardown
+the test's sandboxes must already be gone (a leak fails the test) and the session asserts that
+no container, netns, cgroup, bwrap process or state directory of the test run is left.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.backends.bwrap import NETNS_DIR
 from sandbox_worker.backends.cgroups import Cgroups
 from sandbox_worker.relay.host_relay import RelayHub
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
+from tests.support import sandboxes
 from tests.support.docker import build_test_images, ensure_dockerd
 
 RUN_TAG = f"t{os.getpid() % 100000}"
+#: ``@WITH_LOCALDIR``: run a contract test against the LocalDir test double too.
+WITH_LOCALDIR = pytest.mark.parametrize("backend", ["docker", "bwrap", "localdir"], indirect=True)
 
 
 class SessionEnv:
@@ -58,6 +64,9 @@ def sandbox_env() -> Iterator[SessionEnv]:
         env = SessionEnv(root, image, hub)
         env.backends["docker"] = make_backend("docker", state_root=root / "docker", hub=hub)
         env.backends["bwrap"] = make_backend("bwrap", state_root=root / "bwrap", hub=hub)
+        # The double's "image" is the tiny repository build_test_images materialised.
+        template = root / "images" / sandboxes.TINY_REPO.split("/")[-1]
+        env.backends["localdir"] = LocalDirBackend({image: template}, root / "localdir-home")
         yield env
         leftovers: list[str] = []
         docker_backend = env.backends["docker"]
@@ -69,7 +78,7 @@ def sandbox_env() -> Iterator[SessionEnv]:
             leftovers += [p.name for p in NETNS_DIR.glob(f"swerl.{RUN_TAG}-*")]
         leftovers += sorted(Cgroups().names(f"{RUN_TAG}-"))
         leftovers += [f"bwrap pid {p}" for p in _bwrap_processes(str(root))]
-        for sub in ("docker", "bwrap"):
+        for sub in ("docker", "bwrap", "localdir"):
             d = root / sub
             if d.is_dir():
                 leftovers += [str(p) for p in d.iterdir()]

@@ -1,7 +1,7 @@
 """Fixtures for the trajectory runner's unit tests.
 
 The runner runs for real against test doubles: ``LocalDirBackend`` (sandboxes are copies of a
-mini repository in host directories, see tests/unit/evaluation/local_sandbox.py), a fake
+mini repository in host directories, see sandbox_worker/testing/local_sandbox.py), a fake
 adapter client recording open/close calls, and fake agent functions that act on the sandbox
 the way an agent would (apply a patch, break the repository...). The reward evaluation is the
 real ``evaluate_patch`` on the LocalDir double unless a test replaces it.
@@ -23,13 +23,13 @@ from sandbox_worker.evaluation import EvalConfig
 from sandbox_worker.openhands.server import AgentServerBundle
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CancelToken, RunContext
+from sandbox_worker.sandbox_runner import RunnerSettings, SandboxTrajectoryRunner
 from sandbox_worker.tasks.repos import materialize_repo
-from sandbox_worker.trajectory import RunnerSettings, SandboxTrajectoryRunner
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.datasets import load_instances
 from services.protocol.instance import SWEInstance
 from services.protocol.tasks import RolloutTask
 from services.protocol.trajectory import Outcome, TrajectoryMeta
-from tests.support.local_sandbox import LocalDirBackend
 from tests.support.paths import TEST_DATA
 
 INSTANCES = TEST_DATA / "instances.jsonl"
@@ -44,8 +44,10 @@ COUNTERS = {"turns": 2, "segments": 1, "prompt_tokens": 100, "observation_tokens
 
 @dataclass
 class FakeAdapter:
-    """Records calls; ``open_error`` / ``close_errors`` (consumed in order) simulate failures;
-    ``kept_abort`` makes every close answer with an abort the adapter recorded itself."""
+    """Stands for :class:`AdapterClient` (the :class:`TrajectoryRecords` protocol; checked by
+    tests/unit/sandbox_worker/testing/test_conformance.py). Records calls; ``open_error`` /
+    ``close_errors`` (consumed in order) simulate failures; ``kept_abort`` makes every close
+    answer with an abort the adapter recorded itself."""
 
     opened: list[TrajectoryMeta] = field(default_factory=list)
     closes: list[tuple[str, Outcome | None]] = field(default_factory=list)
@@ -89,7 +91,7 @@ class Harness:
             self.backend,
             self.hub,
             AgentServerBundle("/opt/fake-python", "/opt/fake-venv"),
-            self.adapter,  # type: ignore[arg-type]
+            self.adapter,
             kw.pop("instances", {self.instance.instance_id: self.instance}),
             self.settings,
             image_for=kw.pop("image_for", lambda _id: IMAGE),

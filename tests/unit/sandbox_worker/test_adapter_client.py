@@ -87,6 +87,7 @@ def test_open_409_after_its_own_reply_was_lost_is_reported() -> None:
 
     with pytest.raises(OpenReplyLostError, match="token was lost"):
         client(handle).open(META)  # the first try created it
+    assert next(calls, None) is None  # exactly two tries: the lost one and the 409
 
 
 def test_unreachable_adapter_is_retried_then_unavailable() -> None:
@@ -103,8 +104,21 @@ def test_unreachable_adapter_is_retried_then_unavailable() -> None:
 
 
 def test_503_is_retried_and_can_recover() -> None:
-    answers = iter([error(503, "store_unavailable", "redis down"), httpx.Response(201, json={})])
-    client(lambda _r: next(answers)).open(META)
+    seen: list[httpx.Request] = []
+    answers = iter(
+        [
+            error(503, "store_unavailable", "redis down"),
+            httpx.Response(201, json={"token": "swt_2"}),
+        ]
+    )
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return next(answers)
+
+    assert client(handle).open(META) == "swt_2"  # the retried answer is the one used
+    assert len(seen) == 2
+    assert seen[0].content == seen[1].content  # the same request, sent again
 
 
 def test_other_errors_are_not_retried() -> None:

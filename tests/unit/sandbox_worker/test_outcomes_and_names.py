@@ -1,4 +1,6 @@
-"""The agent-ending -> outcome mapping, and the sandbox names the runner derives."""
+"""Outcomes of aborted and graded runs, and the sandbox names the runner derives (the
+agent-ending -> status table is tested with :class:`EndReason`, tests/unit/sandbox_worker/
+openhands/test_result.py)."""
 
 from __future__ import annotations
 
@@ -6,46 +8,9 @@ import pytest
 
 from sandbox_worker.backends.base import validate_name
 from sandbox_worker.openhands.result import EndReason
-from sandbox_worker.outcomes import (
-    STATUS_OF_END,
-    abort_reason_of_end,
-    aborted,
-    graded,
-    status_of_end,
-)
+from sandbox_worker.outcomes import abort_reason_of_end, aborted, graded
 from sandbox_worker.sandbox_names import MAX_NODE_CHARS, agent_sandbox_id, sandbox_node_name
 from services.protocol.trajectory import OutcomeStatus
-
-
-def test_every_end_reason_has_a_status() -> None:
-    assert set(STATUS_OF_END) == set(EndReason)
-
-
-@pytest.mark.parametrize(
-    ("end", "status"),
-    [
-        ("finished", "completed"),
-        ("agent_message", "completed"),
-        ("max_steps", "timeout"),
-        ("timeout", "timeout"),
-        ("context_limit", "timeout"),
-        ("agent_error", "error"),
-        ("stuck", "error"),
-        ("llm_unavailable", None),
-        ("llm_rejected", None),
-        ("agent_server_error", None),
-        ("cancelled", None),
-    ],
-)
-def test_status_of_each_ending(end: str, status: str | None) -> None:
-    got = status_of_end(EndReason(end))
-    assert (None if got is None else got.value) == status
-
-
-def test_aborted_endings_are_exactly_the_infrastructure_ones() -> None:
-    # The OpenHands package's own notion of "infrastructure" must agree with the runner's.
-    for end in EndReason:
-        assert (status_of_end(end) is None) == end.is_infrastructure, end
 
 
 def test_abort_reasons() -> None:

@@ -1,5 +1,14 @@
 """The sandbox contract: both backends (docker, bwrap) must pass every test here.
 
+Tests marked ``@WITH_LOCALDIR`` also run against the LocalDir test double
+(:mod:`sandbox_worker.testing.local_sandbox`): the part of the contract it claims to honour
+(exec results, timeouts and argument checks, ``diff``, missing images, duplicate ids, the
+context manager). The rest it does not honour by design -- it runs the host's bash in a host
+directory: no isolation or read-only root (file-permission errors, ``/tmp`` shared between
+sandboxes, ``$HOME`` is its scratch directory), no network or relay, no limits or quotas, no
+background processes or exposed ports, no output cap, no state outside the test process
+(nothing for a restarted worker's ``cleanup_node`` to find).
+
 Real dockerd (private socket), real bubblewrap, the tiny test instance image built from
 debootstrap (tests/support). Containment tests check what the agent must not be able to do:
 reach the network (except the adapter through the relay), write outside /testbed and /tmp, or
@@ -35,7 +44,8 @@ from sandbox_worker.backends import (
     SandboxLimits,
     SandboxSpec,
 )
-from tests.integration.sandbox_worker.conftest import SessionEnv
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
+from tests.integration.sandbox_worker.conftest import WITH_LOCALDIR, SessionEnv
 from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -46,15 +56,26 @@ def _sid() -> str:
 
 
 @pytest.fixture
-def make(backend: SandboxBackend, node: str, sandbox_env: SessionEnv) -> Iterator[object]:
+def spec(backend: SandboxBackend, node: str, sandbox_env: SessionEnv) -> object:
+    """``spec(**spec_fields)``: a spec of this test's node and image (for the LocalDir double,
+    with a host directory of its own as the workdir)."""
+
+    def _spec(**fields: object) -> SandboxSpec:
+        fields = {"image": sandbox_env.image, "node": node, "sandbox_id": _sid(), **fields}
+        if isinstance(backend, LocalDirBackend):
+            fields.setdefault("workdir", str(sandbox_env.root / "localdir" / fields["sandbox_id"]))
+        return SandboxSpec(**fields)  # type: ignore[arg-type]
+
+    return _spec
+
+
+@pytest.fixture
+def make(backend: SandboxBackend, spec) -> Iterator[object]:
     """``make(**spec_fields)`` creates a sandbox of this test; all are destroyed at the end."""
     made: list[Sandbox] = []
 
     def _make(**fields: object) -> Sandbox:
-        spec = SandboxSpec(
-            **{"image": sandbox_env.image, "node": node, "sandbox_id": _sid(), **fields}  # type: ignore[arg-type]
-        )
-        sb = backend.create(spec)
+        sb = backend.create(spec(**fields))
         made.append(sb)
         return sb
 
@@ -91,6 +112,7 @@ def adapter() -> Iterator[int]:
 # -- exec -------------------------------------------------------------------------------------
 
 
+@WITH_LOCALDIR
 def test_exec_exit_codes_and_merged_output(make) -> None:
     sb = make()
     res = sb.exec("echo to-out; echo to-err >&2; exit 7")
@@ -101,11 +123,12 @@ def test_exec_exit_codes_and_merged_output(make) -> None:
     assert sb.exec(["false"]).exit_code == 1
     listed = sb.exec(["python3", "-c", "import sys; print(sys.argv[1:])", "a b", "$HOME"])
     assert listed.output.strip() == "['a b', '$HOME']"
-    assert sb.exec("pwd").output.strip() == "/testbed"
+    assert sb.exec("pwd").output.strip() == sb.spec.workdir  # /testbed in real sandboxes
     assert sb.exec("pwd", workdir="/tmp").output.strip() == "/tmp"
     assert sb.exec("exit 300").exit_code == 300 % 256
 
 
+@WITH_LOCALDIR
 def test_exec_missing_binary_is_a_result_not_an_error(make) -> None:
     sb = make()
     res = sb.exec("no-such-command-xyz")
@@ -114,10 +137,11 @@ def test_exec_missing_binary_is_a_result_not_an_error(make) -> None:
     res = sb.exec(["no-such-command-xyz", "arg"])
     assert res.exit_code == 127
     assert "no-such-command-xyz" in res.output
-    assert sb.exec(["/testbed/calc.py"]).exit_code == 126  # not executable
+    assert sb.exec([f"{sb.spec.workdir}/calc.py"]).exit_code == 126  # not executable
     assert sb.exec(["true"], workdir="/no/such/dir").exit_code == 126
 
 
+@WITH_LOCALDIR
 def test_exec_timeout_kills_the_command(make) -> None:
     sb = make()
     started = time.monotonic()
@@ -144,6 +168,7 @@ def test_exec_environment(make) -> None:
     assert sb.exec("env").output.count("PYTEST_CURRENT_TEST") == 0
 
 
+@WITH_LOCALDIR
 def test_exec_rejects_bad_arguments(make) -> None:
     sb = make()
     with pytest.raises(ValueError):
@@ -217,6 +242,7 @@ def test_copy_in_and_out(make, tmp_path: Path) -> None:
         sb.copy_in(single, "/opt/x.txt")
 
 
+@WITH_LOCALDIR
 def test_diff_against_base_includes_new_and_deleted_files(make) -> None:
     sb = make()
     base = sb.exec("git rev-parse HEAD").output.strip()
@@ -229,8 +255,10 @@ def test_diff_against_base_includes_new_and_deleted_files(make) -> None:
     assert "diff --git a/pkg/n.txt b/pkg/n.txt\nnew file mode 100644" in patch
     # the patch applies to a clean checkout of the base commit
     fresh = make()
-    fresh.write_file("/tmp/p.diff", patch.encode())
-    applied = fresh.exec("git apply /tmp/p.diff && cat pkg/n.txt && test ! -e README.md")
+    patch_file = f"/tmp/{fresh.spec.sandbox_id}.diff"  # the double's /tmp is the host's
+    fresh.write_file(patch_file, patch.encode())
+    applied = fresh.exec(f"git apply {patch_file} && cat pkg/n.txt && test ! -e README.md")
+    fresh.exec(f"rm -f {patch_file}")
     assert applied.exit_code == 0, applied.output
     with pytest.raises(ValueError):
         sb.diff("HEAD; rm -rf /")
@@ -262,28 +290,28 @@ def test_destroy_is_idempotent_and_leaves_nothing(
         sb.exec("true")
 
 
-def test_context_manager_destroys(
-    backend: SandboxBackend, node: str, sandbox_env: SessionEnv
-) -> None:
-    with backend.create(SandboxSpec(image=sandbox_env.image, node=node, sandbox_id=_sid())) as sb:
+@WITH_LOCALDIR
+def test_context_manager_destroys(backend: SandboxBackend, node: str, spec) -> None:
+    with backend.create(spec()) as sb:
         assert sb.exec("true").exit_code == 0
     assert backend.list_sandboxes(node) == []
 
 
-def test_missing_image_is_image_not_found(backend: SandboxBackend, node: str) -> None:
-    spec = SandboxSpec(image="swerl/no-such-image:never", node=node, sandbox_id=_sid())
+@WITH_LOCALDIR
+def test_missing_image_is_image_not_found(backend: SandboxBackend, node: str, spec) -> None:
     assert backend.image_available("swerl/no-such-image:never") is False
     with pytest.raises(ImageNotFoundError) as err:
-        backend.create(spec)
+        backend.create(spec(image="swerl/no-such-image:never"))
     assert isinstance(err.value, SandboxInfraError)
     assert "no-such-image" in str(err.value)
     assert backend.list_sandboxes(node) == []
 
 
-def test_duplicate_sandbox_id_is_rejected(make, backend: SandboxBackend, node: str) -> None:
+@WITH_LOCALDIR
+def test_duplicate_sandbox_id_is_rejected(make, backend: SandboxBackend, spec) -> None:
     sb = make()
     with pytest.raises(SandboxInfraError):
-        backend.create(SandboxSpec(image=sb.spec.image, node=node, sandbox_id=sb.spec.sandbox_id))
+        backend.create(spec(sandbox_id=sb.spec.sandbox_id))
     assert sb.exec("true").exit_code == 0  # the original is untouched
 
 

@@ -3,7 +3,6 @@
 Real dockerd, real bubblewrap, real agent server started from the read-only bundle (host Python
 + project venv). The LLM is a scripted OpenAI server on the host that the sandbox reaches only
 through the LLM relay; the worker reaches the agent server only through ``expose``.
-(Belongs with the integration tests; kept here because this helper owns tests/unit/openhands.)
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import pytest
 from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.backends.base import LlmRelay, NetworkPolicy, SandboxLimits, SandboxSpec
 from sandbox_worker.openhands.config import OpenHandsConfig
+from sandbox_worker.openhands.conversation import RemoteTarget, run_agent
 from sandbox_worker.openhands.result import EndReason
-from sandbox_worker.openhands.runner import RemoteTarget, run_agent
 from sandbox_worker.openhands.server import (
     AgentServerBundle,
     AgentServerError,

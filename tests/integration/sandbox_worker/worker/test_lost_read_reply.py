@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.runner import SimulatedProbe, SimulatedRunner
+from sandbox_worker.testing.probe import SimulatedProbe
+from sandbox_worker.testing.simulated import SimulatedRunner
 from sandbox_worker.worker import Worker
 from services.queue.keys import WORKER_GROUP
 from tests.support.execution import wait_for

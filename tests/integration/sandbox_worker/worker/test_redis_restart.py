@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import time
 
-from sandbox_worker.runner import SimulatedProbe
+from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus

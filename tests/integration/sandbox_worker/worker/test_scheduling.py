@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_worker.runner import SimulatedProbe
+from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker.backends import SandboxBackend, make_backend
-from sandbox_worker.runner import SimulatedProbe
+from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus

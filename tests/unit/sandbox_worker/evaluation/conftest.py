@@ -10,9 +10,9 @@ import pytest
 
 from sandbox_worker.evaluation import EvalConfig
 from sandbox_worker.tasks.repos import available_repos, materialize_repo
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.datasets import load_instances
 from services.protocol.instance import SWEInstance
-from tests.support.local_sandbox import LocalDirBackend
 from tests.support.paths import TEST_DATA
 
 INSTANCES = TEST_DATA / "instances.jsonl"

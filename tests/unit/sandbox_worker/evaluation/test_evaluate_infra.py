@@ -17,8 +17,8 @@ from sandbox_worker.backends.base import (
 )
 from sandbox_worker.evaluation import EvalConfig, evaluate_patch
 from sandbox_worker.evaluation.evaluate import sandbox_id_for
+from sandbox_worker.testing.local_sandbox import LocalDirBackend, LocalDirSandbox
 from services.protocol.instance import SWEInstance
-from tests.support.local_sandbox import LocalDirBackend, LocalDirSandbox
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
 

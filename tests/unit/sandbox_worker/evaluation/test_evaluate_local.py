@@ -9,8 +9,8 @@ import pytest
 
 from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.evaluation.evaluate import ALREADY_APPLIED
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
-from tests.support.local_sandbox import LocalDirBackend
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
 pytestmark = pytest.mark.slow  # every case runs the mini repo's test suite

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_worker.evaluation import EvalConfig, evaluate_patch
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
 from tests.support.grading_attacks import (
     ATTACKS,
@@ -18,7 +19,6 @@ from tests.support.grading_attacks import (
     Attack,
     build_attack_patch,
 )
-from tests.support.local_sandbox import LocalDirBackend
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
 pytestmark = pytest.mark.slow  # every attack is graded by running the test suite

@@ -13,8 +13,8 @@ import pytest
 
 from sandbox_worker import validate
 from sandbox_worker.evaluation import EvalConfig
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
-from tests.support.local_sandbox import LocalDirBackend
 from tests.unit.sandbox_worker.evaluation.conftest import INSTANCES, image_of
 
 

@@ -20,12 +20,13 @@ The function blocks; it is safe to call from several threads at once (one conver
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,30 +72,6 @@ class CancelSignal(Protocol):
     def is_set(self) -> bool: ...
 
 
-@dataclass(frozen=True)
-class LocalTarget:
-    """Run the agent in this process; its tools act on ``workspace_dir`` of this machine."""
-
-    workspace_dir: Path
-
-
-@dataclass(frozen=True)
-class RemoteTarget:
-    """Run the agent on an OpenHands agent server reachable from here at ``server_url``.
-
-    ``working_dir`` is the repository's path as the server sees it (``/testbed`` in a sandbox).
-    """
-
-    server_url: str
-    working_dir: str = "/testbed"
-    api_key: str | None = None
-    # Whether the server process still runs (e.g. ``BackgroundProcess.is_running``): a server
-    # that dies mid-run (OOM in the sandbox...) then ends the run at once as infrastructure
-    # instead of looking like a wall-time timeout.
-    alive: Callable[[], bool] | None = None
-
-
-AgentTarget = LocalTarget | RemoteTarget
 REMOTE_TITLE = "swerl trajectory"
 EventCallback = Callable[[Any], None]
 
@@ -196,28 +173,166 @@ def _validate(task_prompt: str, limits: AgentLimits, sampling: SamplingConfig) -
         raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
 
 
-def _workspace(target: AgentTarget) -> LocalWorkspace | RemoteWorkspace:
-    if isinstance(target, LocalTarget):
-        path = Path(target.workspace_dir)
+Workspace = LocalWorkspace | RemoteWorkspace
+# What talking to an agent server can raise (a local conversation talks to nothing).
+_CONNECTION_ERRORS = (httpx.HTTPError, WebSocketConnectionError, ConnectionError)
+
+
+class AgentTarget(abc.ABC):
+    """Where a conversation runs. The two targets differ only through these methods."""
+
+    @abc.abstractmethod
+    def workspace(self) -> Workspace:
+        """The SDK workspace (validates the target's fields: bad ones raise ``ValueError``)."""
+
+    @abc.abstractmethod
+    def agent_config(self, cfg: OpenHandsConfig, llm_api_key: str | None) -> OpenHandsConfig:
+        """``cfg`` with the trajectory's bearer token, where this target may hold it."""
+
+    @abc.abstractmethod
+    def terminal_env(self) -> dict[str, str] | None:
+        """Extra environment of the agent's terminal."""
+
+    @abc.abstractmethod
+    def force_stop(
+        self, workspace: Workspace, conversation: BaseConversation
+    ) -> Callable[[], None]:
+        """What the watchdog calls when a pause did not stop the run in time."""
+
+    def server_alive(self) -> Callable[[], bool] | None:
+        """Whether the process running the conversation still runs (None: not watched)."""
+        return None
+
+    @abc.abstractmethod
+    def prepare(self, conversation: BaseConversation) -> None:
+        """Set-up before the task is sent."""
+
+    @abc.abstractmethod
+    def run(self, conversation: BaseConversation, limits: AgentLimits, grace_s: float) -> None:
+        """Block until the conversation's run ends (it raises ``ConversationRunError``)."""
+
+    @abc.abstractmethod
+    def lost_server(self, exc: ConversationRunError) -> bool:
+        """Whether a failed run means the agent server is gone."""
+
+    @abc.abstractmethod
+    def connection_failed(self, exc: Exception) -> ConversationError:
+        """A connection error outside ``run`` (one of :data:`_CONNECTION_ERRORS`): the server is
+        lost (remote), or a bug that is raised (local)."""
+
+    @abc.abstractmethod
+    def release(self, workspace: Workspace) -> None:
+        """Free what the workspace still holds once the conversation is closed."""
+
+
+@dataclass(frozen=True)
+class LocalTarget(AgentTarget):
+    """Run the agent in this process; its tools act on ``workspace_dir`` of this machine."""
+
+    workspace_dir: Path
+
+    def workspace(self) -> Workspace:
+        path = Path(self.workspace_dir)
         if not path.is_dir():
             raise ValueError(f"workspace_dir {path} is not a directory")
         return LocalWorkspace(working_dir=str(path.resolve()))
-    if isinstance(target, RemoteTarget):
-        if not target.server_url.startswith(("http://", "https://")):
-            raise ValueError(f"server_url must be an http(s) URL, got {target.server_url!r}")
-        if not target.working_dir.startswith("/"):
-            raise ValueError(f"working_dir must be absolute, got {target.working_dir!r}")
+
+    def agent_config(self, cfg: OpenHandsConfig, llm_api_key: str | None) -> OpenHandsConfig:
+        return cfg if llm_api_key is None else cfg.model_copy(update={"api_key": llm_api_key})
+
+    def terminal_env(self) -> dict[str, str] | None:
+        # Given explicitly so that the user's own ~/.inputrc is neither needed nor touched.
+        return {"INPUTRC": local_inputrc()}
+
+    def force_stop(
+        self, workspace: Workspace, conversation: BaseConversation
+    ) -> Callable[[], None]:
+        return conversation.close  # kills its terminal, which ends a stuck tool call
+
+    def run(self, conversation: BaseConversation, limits: AgentLimits, grace_s: float) -> None:
+        conversation.run()
+
+    def prepare(self, conversation: BaseConversation) -> None:
+        pass
+
+    def lost_server(self, exc: ConversationRunError) -> bool:
+        return False
+
+    def connection_failed(self, exc: Exception) -> ConversationError:
+        raise exc
+
+    def release(self, workspace: Workspace) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RemoteTarget(AgentTarget):
+    """Run the agent on an OpenHands agent server reachable from here at ``server_url``.
+
+    ``working_dir`` is the repository's path as the server sees it (``/testbed`` in a sandbox).
+    """
+
+    server_url: str
+    working_dir: str = "/testbed"
+    api_key: str | None = None
+    # Whether the server process still runs (e.g. ``BackgroundProcess.is_running``): a server
+    # that dies mid-run (OOM in the sandbox...) then ends the run at once as infrastructure
+    # instead of looking like a wall-time timeout.
+    alive: Callable[[], bool] | None = None
+
+    def workspace(self) -> Workspace:
+        if not self.server_url.startswith(("http://", "https://")):
+            raise ValueError(f"server_url must be an http(s) URL, got {self.server_url!r}")
+        if not self.working_dir.startswith("/"):
+            raise ValueError(f"working_dir must be absolute, got {self.working_dir!r}")
         return RemoteWorkspace(
-            host=target.server_url, working_dir=target.working_dir, api_key=target.api_key
+            host=self.server_url, working_dir=self.working_dir, api_key=self.api_key
         )
-    raise TypeError(f"target must be a LocalTarget or RemoteTarget, got {type(target).__name__}")
 
+    def agent_config(self, cfg: OpenHandsConfig, llm_api_key: str | None) -> OpenHandsConfig:
+        # The LLM settings are sent to the server inside the sandbox, where no credential may go
+        # (there, the host side of the relay adds the token).
+        if llm_api_key is not None:
+            raise ValueError("llm_api_key is for local runs only: it would enter the sandbox")
+        return cfg
 
-def _close_client(workspace: LocalWorkspace | RemoteWorkspace) -> Callable[[], None]:
-    def close() -> None:
-        workspace.client.close()  # type: ignore[union-attr]
+    def terminal_env(self) -> dict[str, str] | None:
+        return None  # the agent server's $HOME (/tmp) holds the inputrc (see .server)
 
-    return close
+    def force_stop(
+        self, workspace: Workspace, conversation: BaseConversation
+    ) -> Callable[[], None]:
+        # Closing the workspace's HTTP client makes the host-side wait in run() fail at its next
+        # poll (the caller then destroys the sandbox).
+        def close() -> None:
+            workspace.client.close()  # type: ignore[union-attr]
+
+        return close
+
+    def server_alive(self) -> Callable[[], bool] | None:
+        return self.alive
+
+    def prepare(self, conversation: BaseConversation) -> None:
+        if isinstance(conversation, RemoteConversation):
+            # The agent server titles a conversation with an extra LLM call on its first user
+            # message unless it already has a title; that call would land in the trajectory.
+            conversation.set_title(REMOTE_TITLE)
+
+    def run(self, conversation: BaseConversation, limits: AgentLimits, grace_s: float) -> None:
+        conversation.run(timeout=limits.wall_time_s + 2 * grace_s)  # type: ignore[call-arg]
+
+    def lost_server(self, exc: ConversationRunError) -> bool:
+        return isinstance(exc.original_exception, httpx.HTTPError | WebSocketConnectionError)
+
+    def connection_failed(self, exc: Exception) -> ConversationError:
+        return ConversationError(type(exc).__name__, str(exc))
+
+    def release(self, workspace: Workspace) -> None:
+        if isinstance(workspace, RemoteWorkspace):
+            # The conversation leaves the workspace's HTTP client open (one keep-alive socket
+            # and one relay splice per trajectory in a long-running worker): close it here.
+            with contextlib.suppress(Exception):
+                workspace.reset_client()
 
 
 def _status_of(conversation: BaseConversation) -> str | None:
@@ -244,6 +359,16 @@ def _run_error(exc: ConversationRunError) -> ConversationError:
     return ConversationError(type(original).__name__, str(original))
 
 
+@dataclass
+class _RunEnd:
+    """How the conversation's run ended, before classification."""
+
+    run_error: ConversationError | None = None
+    server_lost: bool = False
+    status: str | None = None
+    summary: EventSummary = field(default_factory=EventSummary)
+
+
 def run_agent(
     target: AgentTarget,
     llm_base_url: str,
@@ -266,17 +391,13 @@ def run_agent(
     conversation exists is reported in the result, never raised.
     """
     _validate(task_prompt, limits, sampling)
-    cfg = config or OpenHandsConfig()
-    workspace = _workspace(target)
-    remote = isinstance(target, RemoteTarget)
-    if remote and llm_api_key is not None:
-        raise ValueError("llm_api_key is for local runs only: it would enter the sandbox")
-    if llm_api_key is not None:
-        cfg = cfg.model_copy(update={"api_key": llm_api_key})
-    # In a sandbox, the agent server's $HOME (/tmp) holds the inputrc (see .server); locally it
-    # is given explicitly so that the user's own ~/.inputrc is neither needed nor touched.
-    terminal_env = None if remote else {"INPUTRC": local_inputrc()}
-    agent = build_agent(llm_base_url, sampling, limits, cfg, terminal_env)
+    if not isinstance(target, AgentTarget):
+        raise TypeError(
+            f"target must be a LocalTarget or RemoteTarget, got {type(target).__name__}"
+        )
+    workspace = target.workspace()
+    cfg = target.agent_config(config or OpenHandsConfig(), llm_api_key)
+    agent = build_agent(llm_base_url, sampling, limits, cfg, target.terminal_env())
     t0 = time.monotonic()
 
     def result(reason: EndReason, error: str | None, **kw: Any) -> AgentRunResult:
@@ -285,39 +406,55 @@ def run_agent(
     if cancel is not None and cancel.is_set():
         return result(EndReason.CANCELLED, "the run was cancelled before it started")
     try:
-        conversation = Conversation(
-            agent=agent,
-            workspace=workspace,
-            max_iteration_per_run=limits.max_steps,
-            stuck_detection=False,
-            visualizer=None,
-            callbacks=list(callbacks) or None,
-            delete_on_close=True,
-        )
-    except (httpx.HTTPError, WebSocketConnectionError, ConnectionError) as exc:
+        conversation = _new_conversation(agent, workspace, limits, callbacks)
+    except _CONNECTION_ERRORS as exc:
         # Only a remote conversation talks to anything while being created.
         return result(EndReason.AGENT_SERVER_ERROR, f"cannot open the conversation: {exc!r}")
-
     watchdog = _Watchdog(
         conversation,
         deadline=t0 + limits.wall_time_s,
         cancel=cancel,
         grace_s=cfg.stop_grace_s,
-        # Closing a local conversation kills its terminal, which ends a stuck tool call.
-        # Closing a remote workspace's HTTP client makes the host-side wait in run() fail at
-        # its next poll (the caller then destroys the sandbox).
-        force_stop=_close_client(workspace) if remote else conversation.close,
-        alive=target.alive if isinstance(target, RemoteTarget) else None,
+        force_stop=target.force_stop(workspace, conversation),
+        alive=target.server_alive(),
     )
-    run_error: ConversationError | None = None
-    server_lost = False
-    status: str | None = None
-    summary = EventSummary()
+    end = _drive(target, workspace, conversation, watchdog, task_prompt, limits, cfg, cancel)
+    reason, error = classify(
+        end.status, end.summary, watchdog.cause, end.run_error, end.server_lost
+    )
+    n_steps = end.summary.n_steps
+    _log.info("agent run ended: %s after %d steps (%s)", reason, n_steps, error or "no error")
+    return result(reason, error, n_steps=n_steps, status=end.status, summary=end.summary)
+
+
+def _new_conversation(
+    agent: Any, workspace: Workspace, limits: AgentLimits, callbacks: Sequence[EventCallback]
+) -> BaseConversation:
+    return Conversation(
+        agent=agent,
+        workspace=workspace,
+        max_iteration_per_run=limits.max_steps,
+        stuck_detection=False,
+        visualizer=None,
+        callbacks=list(callbacks) or None,
+        delete_on_close=True,
+    )
+
+
+def _drive(
+    target: AgentTarget,
+    workspace: Workspace,
+    conversation: BaseConversation,
+    watchdog: _Watchdog,
+    task_prompt: str,
+    limits: AgentLimits,
+    cfg: OpenHandsConfig,
+    cancel: CancelSignal | None,
+) -> _RunEnd:
+    """Send the task and run under the watchdog; always closes the conversation."""
+    end = _RunEnd()
     try:
-        if isinstance(conversation, RemoteConversation):
-            # The agent server titles a conversation with an extra LLM call on its first user
-            # message unless it already has a title; that call would land in the trajectory.
-            conversation.set_title(REMOTE_TITLE)
+        target.prepare(conversation)
         conversation.send_message(task_prompt)
         watchdog.start()
         if cancel is not None and cancel.is_set():
@@ -325,36 +462,21 @@ def run_agent(
             # would be overwritten by it).
             raise _CancelledBeforeRun
         try:
-            if remote:
-                conversation.run(timeout=limits.wall_time_s + 2 * cfg.stop_grace_s)  # type: ignore[call-arg]
-            else:
-                conversation.run()
+            target.run(conversation, limits, cfg.stop_grace_s)
         except ConversationRunError as exc:
-            run_error = _run_error(exc)
-            server_lost = remote and isinstance(
-                exc.original_exception, httpx.HTTPError | WebSocketConnectionError
-            )
+            end.run_error = _run_error(exc)
+            end.server_lost = target.lost_server(exc)
         watchdog.stop()
-        status = _status_of(conversation)
-        summary = _summary_of(conversation)
+        end.status = _status_of(conversation)
+        end.summary = _summary_of(conversation)
     except _CancelledBeforeRun:
         watchdog.cause = StopCause.CANCELLED
-    except (httpx.HTTPError, WebSocketConnectionError, ConnectionError) as exc:
-        if not remote:
-            raise
-        server_lost = True
-        run_error = ConversationError(type(exc).__name__, str(exc))
+    except _CONNECTION_ERRORS as exc:
+        end.run_error = target.connection_failed(exc)  # local: raised
+        end.server_lost = True
     finally:
         watchdog.stop()
         with contextlib.suppress(Exception):
             conversation.close()
-        if isinstance(workspace, RemoteWorkspace):
-            # The conversation leaves the workspace's HTTP client open (one keep-alive socket
-            # and one relay splice per trajectory in a long-running worker): close it here.
-            with contextlib.suppress(Exception):
-                workspace.reset_client()
-    reason, error = classify(status, summary, watchdog.cause, run_error, server_lost)
-    _log.info(
-        "agent run ended: %s after %d steps (%s)", reason, summary.n_steps, error or "no error"
-    )
-    return result(reason, error, n_steps=summary.n_steps, status=status, summary=summary)
+        target.release(workspace)
+    return end

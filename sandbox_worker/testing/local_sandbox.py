@@ -1,9 +1,20 @@
-"""``LocalDirBackend`` / ``LocalDirSandbox``: a *test double* of the sandbox interface.
+"""TEST MACHINERY: ``LocalDirBackend`` / ``LocalDirSandbox``, a double of the sandbox backends.
 
-A "sandbox" is a fresh copy of a template git checkout in a host directory, and commands run
+Stands for the docker and bwrap backends (:class:`sandbox_worker.backends.SandboxBackend`). A
+"sandbox" is a fresh copy of a template git checkout in a host directory, and commands run
 there with the host's bash (no isolation at all). It lets the reward evaluation's logic (scripts,
-patch fallbacks, restoration of protected files, grading) run in unit tests without docker or
-bwrap; the real acceptance runs through the real backends (tests/integration/evaluation).
+patch fallbacks, restoration of protected files, grading) and the trajectory runner's pipeline
+run in unit tests without docker or bwrap; the real acceptance runs through the real backends
+(tests/integration/sandbox_worker/evaluation).
+
+The backend contract suite (tests/integration/sandbox_worker/backends/test_contract.py) runs the
+part of the contract this double honours against it: ``exec`` (exit codes, merged output,
+missing binaries and directories as results, timeouts, argument checks), ``diff``, missing
+images, duplicate ids, the context manager. It does NOT honour the rest, by design: no
+isolation or filesystem policy (host paths, a shared host ``/tmp``, ``$HOME`` is the scratch
+directory), no network namespace or relay, no limits or quotas, no background processes or
+exposed ports, no output cap, and its sandboxes live only in this process's memory (nothing for
+``cleanup_node`` to find after a crash).
 
 Paths: the evaluation is configured with ``EvalConfig(workdir=<host dir>, scratch_dir=<host
 dir>)``, so the commands it builds address host paths directly; ``create`` copies the template
@@ -25,7 +36,11 @@ from sandbox_worker.backends.base import (
     ImageNotFoundError,
     Sandbox,
     SandboxBackend,
+    SandboxInfraError,
     SandboxSpec,
+    check_timeout,
+    command_argv,
+    validate_sandbox_path,
 )
 
 
@@ -45,8 +60,12 @@ class LocalDirSandbox(Sandbox):
         timeout_s: float | None = None,
         env: dict[str, str] | None = None,
     ) -> ExecResult:
-        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        argv = command_argv(cmd)
+        check_timeout(timeout_s)
+        cwd = validate_sandbox_path(workdir) if workdir is not None else self.spec.workdir
         self.commands.append(cmd if isinstance(cmd, str) else " ".join(cmd))
+        if not Path(cwd).is_dir():  # what the real backends' exec wrapper answers
+            return ExecResult(exit_code=126, output=f"cannot enter {cwd}: no such directory\n")
         run_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.scratch),
@@ -61,14 +80,18 @@ class LocalDirSandbox(Sandbox):
             **(env or {}),
         }
         started = time.monotonic()
-        proc = subprocess.Popen(
-            argv,
-            cwd=workdir or self.spec.workdir,
-            env=run_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=run_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except (FileNotFoundError, PermissionError) as exc:  # a result, as in a real sandbox
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return ExecResult(exit_code=code, output=f"{argv[0]}: {exc.strerror}\n")
         try:
             out, _ = proc.communicate(timeout=timeout_s)
             timed_out = False
@@ -83,7 +106,14 @@ class LocalDirSandbox(Sandbox):
             duration_s=time.monotonic() - started,
         )
 
-    def spawn(self, cmd: str | list[str], **kwargs: object) -> BackgroundProcess:
+    def spawn(
+        self,
+        cmd: str | list[str],
+        *,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str = "/dev/null",
+    ) -> BackgroundProcess:
         raise NotImplementedError("LocalDirSandbox does not run background processes")
 
     def expose(self, sandbox_port: int) -> Path:
@@ -129,6 +159,8 @@ class LocalDirBackend(SandboxBackend):
         template = self.templates.get(spec.image)
         if template is None:
             raise ImageNotFoundError(f"no template for image {spec.image!r}")
+        if spec.sandbox_id in self.live:
+            raise SandboxInfraError(f"sandbox {spec.sandbox_id!r} already exists")
         workdir = Path(spec.workdir)
         if workdir.exists():
             raise RuntimeError(f"{workdir} still exists: a previous sandbox was not destroyed")

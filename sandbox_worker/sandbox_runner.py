@@ -1,5 +1,8 @@
 """The real trajectory runner: one rollout task from sandbox to reward.
 
+:class:`SandboxTrajectoryRunner` implements :class:`sandbox_worker.runner.TrajectoryRunner`;
+:func:`sandbox_worker.factory.build_runner` wires it from the worker's config.
+
 For one :class:`RolloutTask` (see docs/tasks-and-rewards.md, "Trajectory runs"):
 
 1. **open** the trajectory at the adapter with its identifiers (task, batch, group, instance);
@@ -35,11 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from sandbox_worker.adapter_client import (
-    AdapterClient,
     AdapterError,
     CloseResult,
     OpenReplyLostError,
     TrajectoryExistsError,
+    TrajectoryRecords,
 )
 from sandbox_worker.backends.base import (
     LlmRelay,
@@ -59,7 +62,6 @@ from sandbox_worker.outcomes import (
     abort_reason_of_end,
     aborted,
     graded,
-    status_of_end,
     with_counts,
 )
 from sandbox_worker.relay.host_relay import RelayHub
@@ -176,7 +178,7 @@ class SandboxTrajectoryRunner:
         backend: SandboxBackend,
         hub: RelayHub,
         bundle: AgentServerBundle,
-        adapter: AdapterClient,
+        adapter: TrajectoryRecords,
         instances: Mapping[str, SWEInstance],
         settings: RunnerSettings,
         *,
@@ -244,8 +246,8 @@ class SandboxTrajectoryRunner:
         run.report["evaluation"] = report.model_dump(mode="json")
         if report.infra_error is not None:
             raise _Abort(f"evaluation infrastructure failed: {report.infra_error}")
-        status = status_of_end(result.end_reason)
-        assert status is not None  # aborted endings left the pipeline in _agent_phase
+        status = result.outcome_status
+        assert status is not OutcomeStatus.ABORTED  # aborted endings left in _agent_phase
         reward = report.reward
         assert reward is not None
         counts = run.counts
@@ -322,8 +324,7 @@ class SandboxTrajectoryRunner:
 
     def _agent_phase(self, run: _Run, instance: SWEInstance, image: str) -> AgentRunResult:
         """Sandbox -> diff base -> agent -> patch -> destroy; then freeze the record."""
-        task, s = run.task, self.settings
-        spec = self.agent_spec(task, run.node, image, run.token)
+        spec = self.agent_spec(run.task, run.node, image, run.token)
         t0 = time.monotonic()
         try:
             sandbox = self.backend.create(spec)
@@ -331,38 +332,7 @@ class SandboxTrajectoryRunner:
             raise _Abort(f"sandbox creation failed: {exc}") from exc
         run.timed("sandbox_create", t0)
         try:
-            try:
-                base = resolve_diff_base(sandbox, instance, s.workdir)
-            except SandboxInfraError as exc:
-                raise _Abort(f"sandbox failed: {exc}") from exc
-            run.report["diff_base"] = {"commit": base.commit, "kind": base.kind}
-            run.check_cancel()
-            prompt = build_swe_prompt(instance.problem_statement, s.workdir)
-            t0 = time.monotonic()
-            result = self.agent_fn(
-                sandbox,
-                self.hub,
-                self.bundle,
-                task.trajectory_id,
-                prompt,
-                task.limits,
-                task.sampling,
-                config=s.openhands,
-                cancel=run.ctx.cancel,
-                startup_timeout_s=s.agent_server_startup_s,
-            )
-            run.timed("agent", t0)
-            run.durations["conversation"] = round(result.duration_s, 3)
-            run.report["agent"] = _agent_report(result)
-            result = self._attribute_server_loss(sandbox, result, run)
-            if status_of_end(result.end_reason) is None or run.ctx.cancel.is_set():
-                cancel_reason = run.ctx.cancel.reason if run.ctx.cancel.is_set() else None
-                if cancel_reason is not None:
-                    raise _Abort(cancel_reason)
-                raise _Abort(abort_reason_of_end(result.end_reason, result.error))
-            t0 = time.monotonic()
-            run.patch = self._extract_patch(sandbox, base, run)
-            run.timed("patch", t0)
+            result = self._agent_in(sandbox, run, instance)
         finally:
             t0 = time.monotonic()
             try:
@@ -370,17 +340,57 @@ class SandboxTrajectoryRunner:
             except (SandboxInfraError, OSError) as exc:  # cleanup_node removes it later
                 run.ctx.log.warning("could not destroy agent sandbox %s: %s", spec.sandbox_id, exc)
             run.timed("sandbox_destroy", t0)
-        # Freeze the record (no call can land after this) and learn its counters; an abort the
-        # adapter recorded itself (no engine could serve a call) makes the run aborted.
-        try:
-            run.counts = self.adapter.close(task.trajectory_id)
-        except AdapterError as exc:
-            run.ctx.log.warning("could not close %s before evaluation: %s", task.trajectory_id, exc)
-        else:
-            kept = run.counts.outcome
-            if kept is not None and kept.status is OutcomeStatus.ABORTED:
-                raise _Abort(f"adapter: {kept.abort_reason}")
+        self._freeze_record(run)
         return result
+
+    def _agent_in(self, sandbox: Sandbox, run: _Run, instance: SWEInstance) -> AgentRunResult:
+        """Diff base -> agent -> patch in the agent sandbox; an aborted ending raises."""
+        s = self.settings
+        try:
+            base = resolve_diff_base(sandbox, instance, s.workdir)
+        except SandboxInfraError as exc:
+            raise _Abort(f"sandbox failed: {exc}") from exc
+        run.report["diff_base"] = {"commit": base.commit, "kind": base.kind}
+        run.check_cancel()
+        t0 = time.monotonic()
+        result = self.agent_fn(
+            sandbox,
+            self.hub,
+            self.bundle,
+            run.task.trajectory_id,
+            build_swe_prompt(instance.problem_statement, s.workdir),
+            run.task.limits,
+            run.task.sampling,
+            config=s.openhands,
+            cancel=run.ctx.cancel,
+            startup_timeout_s=s.agent_server_startup_s,
+        )
+        run.timed("agent", t0)
+        run.durations["conversation"] = round(result.duration_s, 3)
+        run.report["agent"] = _agent_report(result)
+        result = self._attribute_server_loss(sandbox, result, run)
+        run.check_cancel()
+        if result.is_infrastructure:
+            raise _Abort(abort_reason_of_end(result.end_reason, result.error))
+        t0 = time.monotonic()
+        run.patch = self._extract_patch(sandbox, base, run)
+        run.timed("patch", t0)
+        return result
+
+    def _freeze_record(self, run: _Run) -> None:
+        """Close the record before evaluation (no call can land after this) and learn its
+        counters; an abort the adapter recorded itself (no engine could serve a call) makes
+        the run aborted."""
+        try:
+            run.counts = self.adapter.close(run.task.trajectory_id)
+        except AdapterError as exc:
+            run.ctx.log.warning(
+                "could not close %s before evaluation: %s", run.task.trajectory_id, exc
+            )
+            return
+        kept = run.counts.outcome
+        if kept is not None and kept.status is OutcomeStatus.ABORTED:
+            raise _Abort(f"adapter: {kept.abort_reason}")
 
     def _attribute_server_loss(
         self, sandbox: Sandbox, result: AgentRunResult, run: _Run

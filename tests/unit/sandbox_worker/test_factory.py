@@ -1,4 +1,4 @@
-"""``build_runner`` (the worker's factory), the ``worker.rollout`` config, the worker CLI."""
+"""``build_runner`` (the worker's one runner factory) and the worker CLI's refusal."""
 
 from __future__ import annotations
 
@@ -9,60 +9,29 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.openhands.server import AgentServerBundle
-from sandbox_worker.openhands_runner import (
+from sandbox_worker.factory import (
     NodeCleanup,
     backend_kwargs,
     build_runner,
     load_task_instances,
     runner_settings,
 )
+from sandbox_worker.openhands.server import AgentServerBundle
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import RunnerUnavailableError, TrajectoryRunner
 from sandbox_worker.sandbox_names import sandbox_node_name
+from sandbox_worker.sandbox_runner import SandboxTrajectoryRunner
+from sandbox_worker.testing.local_sandbox import LocalDirBackend
+from sandbox_worker.testing.simulated import SimulatedRunner
 from services.datasets import DatasetError
-from tests.support.local_sandbox import LocalDirBackend
 from tests.support.paths import REPO_ROOT
 from tests.unit.sandbox_worker.conftest import INSTANCES, make_task
 
 
 def cfg(**rollout: object) -> WorkerConfig:
     return WorkerConfig(backend="docker", rollout=rollout)
-
-
-@pytest.mark.parametrize(
-    ("url", "match"),
-    [
-        ("ftp://a:1", "http"),
-        ("http://a:1/t/x/v1", "no path"),
-        ("http://a:99999", "invalid port"),
-        ("http://:80", "HOST:PORT"),
-        ("http://a:1?x=1", "no path"),
-    ],
-)
-def test_bad_adapter_urls_are_refused(url: str, match: str) -> None:
-    with pytest.raises(ValidationError, match=match):
-        cfg(adapter_url=url)
-
-
-def test_rollout_config_is_strict() -> None:
-    with pytest.raises(ValidationError, match="extra"):
-        cfg(adapter_ur="http://a:1")
-    with pytest.raises(ValidationError, match="memory_mb"):
-        cfg(sandbox={"memory_mb": 1})
-    with pytest.raises(ValidationError, match="disk_mb"):
-        cfg(sandbox={"disk_mb": 8})
-    with pytest.raises(ValidationError, match="inodes"):
-        cfg(evaluation={"limits": {"inodes": 10}})
-    with pytest.raises(ValidationError, match="cgroups"):
-        cfg(backend={"cgroups": "maybe"})
-    with pytest.raises(ValidationError, match="grading"):
-        cfg(evaluation={"grading": "stdout"})
-    with pytest.raises(ValidationError, match="protected_dir"):
-        cfg(evaluation={"infra_rules": {"o/p": {"protected_dir": ["x"]}}})
 
 
 def test_settings_follow_the_config() -> None:
@@ -114,13 +83,12 @@ def _local(tmp_path: Path) -> tuple[LocalDirBackend, RelayHub]:
     return LocalDirBackend({}, tmp_path / "scratch"), RelayHub()
 
 
-def test_adapter_credential_and_sandboxed_condenser_rules() -> None:
-    with pytest.raises(ValidationError, match="adapter_token"):
-        cfg(adapter_token="short")
-    # an untracked summary call would need the adapter's /v1, which no sandbox can reach
-    with pytest.raises(ValidationError, match=r"condenser\.tracked"):
-        cfg(openhands={"condenser": {"enabled": True, "tracked": False}})
-    assert cfg(openhands={"condenser": {"enabled": True}}).rollout.openhands.condenser.tracked
+def test_build_runner_builds_the_simulated_runner() -> None:
+    runner, cleaner = build_runner(WorkerConfig(backend="simulated"))
+    assert isinstance(runner, SimulatedRunner) and cleaner is None
+    assert runner.probe is None
+    with pytest.raises(ValueError, match="probe needs a Redis client"):
+        build_runner(WorkerConfig(backend="simulated", simulated={"probe": True}))
 
 
 def test_build_runner_sends_the_worker_token(tmp_path: Path) -> None:
@@ -137,7 +105,8 @@ def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) 
     backend, hub = _local(tmp_path)
     try:
         runner, cleaner = build_runner(cfg(image_namespace="swebench"), backend=backend, hub=hub)
-        assert isinstance(runner, TrajectoryRunner) and isinstance(cleaner, NodeCleanup)
+        assert isinstance(runner, SandboxTrajectoryRunner) and isinstance(cleaner, NodeCleanup)
+        assert isinstance(runner, TrajectoryRunner)
         assert runner.image_for("django__django-11099") == (
             "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
         )
@@ -157,8 +126,6 @@ def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) 
 def test_build_runner_refusals(tmp_path: Path) -> None:
     backend, hub = _local(tmp_path)
     try:
-        with pytest.raises(RunnerUnavailableError, match="needs a sandbox backend"):
-            build_runner(WorkerConfig(backend="simulated"), backend=backend, hub=hub)
         with pytest.raises(RunnerUnavailableError, match="cannot load the task instances"):
             build_runner(cfg(instances=[str(tmp_path / "none.jsonl")]), backend=backend, hub=hub)
         with pytest.raises(RunnerUnavailableError, match="bad image naming"):

@@ -19,7 +19,7 @@ from sandbox_worker.backends.base import NetworkPolicy, Sandbox
 from sandbox_worker.evaluation import EvalReport
 from sandbox_worker.openhands.result import AgentRunResult, EndReason, EventSummary
 from sandbox_worker.runner import SHUTDOWN, CancelToken
-from sandbox_worker.trajectory import DIFF_BASE_COMMIT, DIFF_START_HEAD
+from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, DIFF_START_HEAD
 from services.protocol.trajectory import Outcome, OutcomeStatus
 from tests.unit.sandbox_worker.conftest import (
     COUNTERS,

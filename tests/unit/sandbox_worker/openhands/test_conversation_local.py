@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker.openhands.config import CondenserConfig, OpenHandsConfig
+from sandbox_worker.openhands.conversation import LocalTarget, RemoteTarget, run_agent
 from sandbox_worker.openhands.result import EndReason
-from sandbox_worker.openhands.runner import LocalTarget, RemoteTarget, run_agent
 from services.protocol.tasks import AgentLimits, SamplingConfig
 from services.protocol.trajectory import OutcomeStatus
 from tests.support.fake_llm import FakeLLM, Reply, call

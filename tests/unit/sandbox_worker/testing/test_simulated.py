@@ -1,28 +1,19 @@
-"""The runner protocol pieces: cancel tokens, the simulated runner, the runner factory."""
+"""The SIMULATED runner (test machinery) and its directive language."""
 
 from __future__ import annotations
 
 import logging
 import statistics
-import sys
 import threading
 import time
-import types
 
 import pytest
 
-from sandbox_worker.config import SimulatedRunnerConfig, WorkerConfig
-from sandbox_worker.runner import (
-    CancelToken,
-    RunContext,
-    RunnerUnavailableError,
-    SimulatedRunner,
-    TrajectoryRunner,
-    build_runner,
-    parse_directives,
-)
+from sandbox_worker.config import SimulatedRunnerConfig
+from sandbox_worker.runner import CancelToken, RunContext, TrajectoryRunner
+from sandbox_worker.testing.simulated import SimulatedRunner, parse_directives
 from services.protocol import RolloutTask
-from services.protocol.trajectory import Outcome, OutcomeStatus
+from services.protocol.trajectory import OutcomeStatus
 
 
 def task(instance: str = "i", attempt: int = 1, tid: str = "b:0:0") -> RolloutTask:
@@ -33,14 +24,6 @@ def task(instance: str = "i", attempt: int = 1, tid: str = "b:0:0") -> RolloutTa
 
 def ctx(token: CancelToken | None = None) -> RunContext:
     return RunContext(node="n", cancel=token or CancelToken(), log=logging.getLogger("t"))
-
-
-def test_cancel_token_keeps_the_first_reason() -> None:
-    tok = CancelToken()
-    assert not tok.is_set() and tok.reason is None and tok.wait(0.01) is False
-    assert tok.cancel("cancelled") is True
-    assert tok.cancel("worker shutdown") is False
-    assert tok.is_set() and tok.reason == "cancelled" and tok.wait(0) is True
 
 
 def test_directives_from_the_instance_id() -> None:
@@ -97,40 +80,3 @@ def test_lognormal_durations_are_deterministic_per_task_and_seed() -> None:
     other = SimulatedRunner(cfg.model_copy(update={"seed": 8}))
     assert other.duration_for(task(tid="b:0:0"), d) != values[0]
     assert runner.duration_for(task("x.sleep5"), parse_directives("x.sleep5")) == 0.005
-
-
-def test_factory_builds_the_simulated_runner() -> None:
-    runner, backend = build_runner(WorkerConfig(backend="simulated"))
-    assert isinstance(runner, SimulatedRunner) and backend is None
-    with pytest.raises(ValueError, match="probe needs a Redis client"):
-        build_runner(WorkerConfig(backend="simulated", simulated={"probe": True}))
-
-
-def test_factory_says_when_the_real_runner_is_missing() -> None:
-    cfg = WorkerConfig(backend="docker")
-    with pytest.raises(RunnerUnavailableError, match="not yet available in this build"):
-        build_runner(cfg, module="sandbox_worker.no_such_runner_module")
-
-
-def test_factory_reports_a_runner_module_without_factory_or_runner(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    empty = types.ModuleType("fake_runner_empty")
-    monkeypatch.setitem(sys.modules, "fake_runner_empty", empty)
-    with pytest.raises(RunnerUnavailableError, match="has no build_runner"):
-        build_runner(WorkerConfig(backend="bwrap"), module="fake_runner_empty")
-
-    class Good:
-        def run(self, task: RolloutTask, ctx: RunContext) -> Outcome:
-            return Outcome(status=OutcomeStatus.COMPLETED, reward=1.0)
-
-    mod = types.ModuleType("fake_runner_ok")
-    mod.build_runner = lambda cfg: (Good(), None)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fake_runner_ok", mod)
-    runner, _ = build_runner(WorkerConfig(backend="bwrap"), module="fake_runner_ok")
-    assert isinstance(runner, Good)
-    bad = types.ModuleType("fake_runner_bad")
-    bad.build_runner = lambda cfg: (object(), None)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fake_runner_bad", bad)
-    with pytest.raises(RunnerUnavailableError, match="returned no runner"):
-        build_runner(WorkerConfig(backend="bwrap"), module="fake_runner_bad")

@@ -1,11 +1,17 @@
-"""The factory the sandbox worker calls for ``--backend docker|bwrap``.
+"""The one runner factory of the sandbox worker: :func:`build_runner`.
 
-``build_runner(cfg) -> (runner, node_cleaner)`` (see :mod:`sandbox_worker.runner`) wires the
-real trajectory runner (:class:`sandbox_worker.trajectory.SandboxTrajectoryRunner`) from
-``cfg.rollout``: the sandbox backend with one shared relay hub, the agent-server bundle (this
-process's own Python and venv, mounted read-only into sandboxes), the adapter client, the task
-instances and the image naming rule. Anything missing is a :class:`RunnerUnavailableError`
-with what to do (the worker then exits with status 2).
+``build_runner(cfg, client) -> (runner, node_cleaner)`` builds the
+:class:`~sandbox_worker.runner.TrajectoryRunner` that ``cfg.backend`` names:
+
+* ``simulated``: :class:`sandbox_worker.testing.simulated.SimulatedRunner` (TEST MACHINERY: it
+  only sleeps), with its Redis probe when ``cfg.simulated.probe`` is set; no node cleaner.
+* ``docker`` / ``bwrap``: the real runner, :class:`sandbox_worker.sandbox_runner.
+  SandboxTrajectoryRunner`, wired from ``cfg.rollout``: the sandbox backend with one shared relay
+  hub, the agent-server bundle (this process's own Python and venv, mounted read-only into
+  sandboxes), the adapter client, the task instances and the image naming rule.
+
+Anything missing is a :class:`~sandbox_worker.runner.RunnerUnavailableError` with what to do
+(the worker then exits with status 2).
 
 The returned node cleaner maps the worker's node name to the backends' alphabet
 (:func:`sandbox_worker.sandbox_names.sandbox_node_name`) before ``cleanup_node``, so a restarted
@@ -14,22 +20,26 @@ worker removes exactly the sandboxes (agent and evaluation) its crashed predeces
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
+
 from sandbox_worker import images
-from sandbox_worker.adapter_client import AdapterClient
+from sandbox_worker.adapter_client import AdapterClient, TrajectoryRecords
 from sandbox_worker.backends import SandboxBackend, SandboxInfraError, make_backend
 from sandbox_worker.backends.base import SandboxLimits
 from sandbox_worker.config import SandboxLimitsConfig, TrajectoryRunnerConfig, WorkerConfig
 from sandbox_worker.evaluation import EvalConfig
 from sandbox_worker.openhands.server import AgentServerBundle, AgentServerError
 from sandbox_worker.relay.host_relay import RelayHub
-from sandbox_worker.runner import RunnerUnavailableError
+from sandbox_worker.runner import NodeCleaner, RunnerUnavailableError, TrajectoryRunner
 from sandbox_worker.sandbox_names import sandbox_node_name
-from sandbox_worker.trajectory import RunnerSettings, SandboxTrajectoryRunner
+from sandbox_worker.sandbox_runner import RunnerSettings, SandboxTrajectoryRunner
+from sandbox_worker.testing.probe import SimulatedProbe
+from sandbox_worker.testing.simulated import SimulatedRunner
 from services.datasets import DatasetError, load_instances
 from services.protocol.instance import SWEInstance
 
@@ -110,64 +120,96 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
 
 def build_runner(
     cfg: WorkerConfig,
+    client: redis.Redis | None = None,
     *,
     backend: SandboxBackend | None = None,
     hub: RelayHub | None = None,
     instances: Mapping[str, SWEInstance] | None = None,
-    adapter: AdapterClient | None = None,
+    adapter: TrajectoryRecords | None = None,
     bundle: AgentServerBundle | None = None,
-) -> tuple[SandboxTrajectoryRunner, NodeCleanup]:
-    """The runner and node cleaner for ``cfg.backend`` (``docker`` or ``bwrap``).
+) -> tuple[TrajectoryRunner, NodeCleaner | None]:
+    """The runner and node cleaner for ``cfg.backend`` (see the module docstring).
 
-    The keyword arguments replace the parts built from ``cfg`` (tests, embedding); a backend
-    passed in must use the given ``hub`` for its relays.
+    ``client`` is the worker's Redis connection (the simulated runner's probe writes there).
+    The keyword arguments replace the parts of the real runner built from ``cfg`` (tests,
+    embedding); a backend passed in must use the given ``hub`` for its relays.
     """
-    if cfg.backend not in ("docker", "bwrap"):
-        raise RunnerUnavailableError(
-            f"the trajectory runner needs a sandbox backend, not {cfg.backend!r}"
-        )
+    if cfg.backend == "simulated":
+        return _simulated_runner(cfg, client), None
     rc = cfg.rollout
+    bundle = _checked_bundle(bundle)
+    task_instances = _task_instances(rc, instances)
+    if backend is None:
+        hub = hub or RelayHub()
+        backend = _sandbox_backend(cfg.backend, rc, hub)
+    elif hub is None:
+        raise ValueError("a backend passed to build_runner needs the RelayHub it relays with")
+    runner = SandboxTrajectoryRunner(
+        backend,
+        hub,
+        bundle,
+        adapter or _adapter_client(rc),
+        task_instances,
+        runner_settings(rc),
+        image_for=_image_naming(rc, task_instances),
+    )
+    return runner, NodeCleanup(backend)
+
+
+def _simulated_runner(cfg: WorkerConfig, client: redis.Redis | None) -> SimulatedRunner:
+    probe = None
+    if cfg.simulated.probe:
+        if client is None:
+            raise ValueError("the simulated runner's probe needs a Redis client")
+        probe = SimulatedProbe(client, cfg.queue.prefix)
+    return SimulatedRunner(cfg.simulated, probe)
+
+
+def _checked_bundle(bundle: AgentServerBundle | None) -> AgentServerBundle:
     try:
         bundle = bundle or AgentServerBundle.current()
         bundle.check()
     except AgentServerError as exc:
         raise RunnerUnavailableError(f"cannot run the OpenHands agent server: {exc}") from exc
+    return bundle
+
+
+def _task_instances(
+    rc: TrajectoryRunnerConfig, instances: Mapping[str, SWEInstance] | None
+) -> dict[str, SWEInstance]:
     try:
-        task_instances = (
-            dict(instances) if instances is not None else load_task_instances(rc.instances)
-        )
+        return dict(instances) if instances is not None else load_task_instances(rc.instances)
     except (DatasetError, OSError) as exc:
         raise RunnerUnavailableError(f"cannot load the task instances: {exc}") from exc
-    if backend is None:
-        hub = hub or RelayHub()
-        try:
-            backend = make_backend(cfg.backend, hub=hub, **backend_kwargs(cfg.backend, rc))
-        except (SandboxInfraError, OSError, ValueError) as exc:
-            raise RunnerUnavailableError(f"the {cfg.backend} backend is not usable: {exc}") from exc
-    elif hub is None:
-        raise ValueError("a backend passed to build_runner needs the RelayHub it relays with")
+
+
+def _sandbox_backend(name: str, rc: TrajectoryRunnerConfig, hub: RelayHub) -> SandboxBackend:
+    try:
+        return make_backend(name, hub=hub, **backend_kwargs(name, rc))
+    except (SandboxInfraError, OSError, ValueError) as exc:
+        raise RunnerUnavailableError(f"the {name} backend is not usable: {exc}") from exc
+
+
+def _adapter_client(rc: TrajectoryRunnerConfig) -> AdapterClient:
+    return AdapterClient(
+        rc.adapter_url,
+        timeout_s=rc.adapter_timeout_s,
+        attempts=rc.adapter_attempts,
+        token=rc.adapter_token,
+    )
+
+
+def _image_naming(
+    rc: TrajectoryRunnerConfig, task_instances: Mapping[str, SWEInstance]
+) -> Callable[[str], str]:
+    """The instance id -> image rule; a bad namespace or tag fails here, not once per task."""
     namespace, tag = rc.image_namespace, rc.image_tag
 
     def image_for(instance_id: str) -> str:
         return images.instance_image(instance_id, namespace=namespace, tag=tag)
 
-    try:  # a bad namespace or tag fails here, not once per task
+    try:
         image_for(next(iter(task_instances), "probe"))
     except ValueError as exc:
         raise RunnerUnavailableError(f"bad image naming settings: {exc}") from exc
-    runner = SandboxTrajectoryRunner(
-        backend,
-        hub,
-        bundle,
-        adapter
-        or AdapterClient(
-            rc.adapter_url,
-            timeout_s=rc.adapter_timeout_s,
-            attempts=rc.adapter_attempts,
-            token=rc.adapter_token,
-        ),
-        task_instances,
-        runner_settings(rc),
-        image_for=image_for,
-    )
-    return runner, NodeCleanup(backend)
+    return image_for
