@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -170,6 +171,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     grace_s: float = DEFAULT_GRACE_S,
+    poll_s: float = 0.2,
 ) -> ManagedProcess:
     """Start ``argv`` (stdout and stderr appended to ``log_path``, ``env`` over this process's
     environment) and wait until ``ready``; a process that does not get ready is stopped and
@@ -189,11 +191,28 @@ def launch(
     with _live_lock:
         _live.add(process)
     try:
-        process.wait_ready(ready, timeout_s)
+        process.wait_ready(ready, timeout_s, poll_s)
     except BaseException:
         process.stop()
         raise
     return process
+
+
+def start_in_parallel[T](
+    launchers: Sequence[Callable[[], T]], stop: Callable[[T], object]
+) -> list[T]:
+    """Run the launchers concurrently (in threads); if any fails, stop the ones that started and
+    re-raise the first error. Returns the results in the launchers' order."""
+    with ThreadPoolExecutor(max(1, len(launchers))) as pool:
+        futures = [pool.submit(launch) for launch in launchers]
+        wait(futures)
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for future in futures:
+            if future.exception() is None:
+                stop(future.result())
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 @atexit.register

@@ -12,7 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.processes import ProcessError, free_port, launch, tcp_open
+from services.processes import (
+    ManagedProcess,
+    ProcessError,
+    free_port,
+    launch,
+    start_in_parallel,
+    tcp_open,
+)
 from tests.support.paths import REPO_ROOT
 
 
@@ -133,3 +140,28 @@ def test_a_caller_that_exits_without_stopping_leaves_nothing_behind(tmp_path: Pa
     done = subprocess.run(python(caller), env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "fails without stopping" in done.stderr
     assert wait_gone(int(pid_file.read_text()), timeout_s=1)
+
+
+def test_start_in_parallel_stops_the_started_ones_when_one_fails(tmp_path: Path) -> None:
+    port = free_port()
+    started: list[ManagedProcess] = []
+
+    def good() -> ManagedProcess:
+        proc = launch("good", http_server(port), tmp_path / "g.log", ready=tcp_open(port))
+        started.append(proc)
+        return proc
+
+    def bad() -> ManagedProcess:
+        return launch("bad", python("raise SystemExit(7)"), tmp_path / "b.log", ready=lambda: False)
+
+    with pytest.raises(ProcessError, match="bad exited with 7"):
+        start_in_parallel([good, bad], ManagedProcess.stop)
+    assert len(started) == 1 and not started[0].running()
+
+
+def test_start_in_parallel_returns_results_in_the_launchers_order() -> None:
+    def slow() -> str:
+        time.sleep(0.3)
+        return "slow"
+
+    assert start_in_parallel([slow, lambda: "fast"], lambda _: None) == ["slow", "fast"]
