@@ -1,7 +1,9 @@
 """Fixtures of the adapter integration tests: real reference engines, real Redis, real adapter.
 
-* ``engines`` -- reference engine subprocesses (tiny model, weight_version "0"), each started when
-  a test first uses it and shared by the session; tests that change their weights restore them.
+* ``engines`` -- reference engine subprocesses (tiny model, weight_version "0"), shared by the
+  session: the kinds that the selected tests declare (``pytest.mark.engines("a", "scripted")``)
+  start in parallel at the first use, any other kind when a test first uses it; a run of one test
+  file starts only its engines. Tests that change their weights restore them.
   ``engines.scripted`` runs in **scripted mode** (test machinery: it replays the outputs of
   :data:`SCRIPTS` with the tiny model's real logprobs), for tests that need well-formed tool calls.
 * ``adapter`` -- a factory that runs the adapter app in-process (uvicorn in a thread) against
@@ -11,12 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,7 @@ from adapter.app import create_app
 from adapter.config import AdapterConfig
 from adapter.rendering import Renderer
 from adapter.service import AdapterService, open_store
-from services.processes import free_port
+from services.processes import free_port, start_in_parallel
 from tests.support.engines import ReferenceServer, launch_reference_server, tiny_model_path
 
 ADMIN_TOKEN = "test-admin-token"
@@ -132,6 +135,11 @@ class EnginePool:
     def spare(self) -> ReferenceServer:
         return self.get("spare")
 
+    def start(self, kinds: Iterable[str]) -> None:
+        """Start these kinds (those not running yet) in parallel."""
+        missing = [k for k in dict.fromkeys(kinds) if k not in self.started()]
+        start_in_parallel([functools.partial(self.get, k) for k in missing], ReferenceServer.stop)
+
     def started(self) -> dict[str, ReferenceServer]:
         with self._lock:
             return dict(self._servers)
@@ -141,13 +149,25 @@ class EnginePool:
             server.stop()
 
 
+def declared_kinds(items: Iterable[pytest.Item]) -> list[str]:
+    """The engine kinds that the selected tests using ``engines`` declare with the marker."""
+    kinds: list[str] = []
+    for item in items:
+        if "engines" in getattr(item, "fixturenames", ()):
+            for marker in item.iter_markers("engines"):
+                kinds += marker.args
+    return list(dict.fromkeys(kinds))
+
+
 @pytest.fixture(scope="session")
-def engine_pool(model_dir: Path) -> Iterator[EnginePool]:
-    """The session's engines, started lazily (each is a torch process: ~5-60 s to start)."""
+def engine_pool(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[EnginePool]:
+    """The session's engines: those the selected tests declare start in parallel (each is a torch
+    process, ~5-60 s to start), any other kind when a test first uses it."""
     # Not under pytest's numbered temp dirs: concurrent pytest runs rotate those away.
     work = Path(tempfile.mkdtemp(prefix="swerl-adapter-engines-"))
     pool = EnginePool(model_dir, work)
     try:
+        pool.start(declared_kinds(request.session.items))
         yield pool
     finally:
         pool.stop()

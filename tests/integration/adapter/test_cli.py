@@ -8,10 +8,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.integration.adapter.conftest import EnginePool
 from tests.support.adapter_process import launch_adapter
 from tests.support.engines import REPO_ROOT
+
+pytestmark = pytest.mark.engines("a")
 
 
 def test_cli_serves_and_records(

@@ -9,6 +9,8 @@ import pytest
 from services.processes import free_port
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
 
+pytestmark = pytest.mark.engines("a", "spare")
+
 
 def turn(a: Any, tid: str, messages: list[dict[str, Any]]) -> Any:
     response = a.chat(tid, {"messages": messages, "max_tokens": 5})

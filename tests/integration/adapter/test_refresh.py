@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 import torch
 from transformers import AutoModelForCausalLM
@@ -15,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from services.protocol import Segment
 from services.store import load_trajectory
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool, RunningAdapter
+
+pytestmark = pytest.mark.engines("a", "b")
 
 N_TRAJECTORIES = 8
 N_TURNS = 4
