@@ -41,7 +41,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,7 +58,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from adapter.engines.sglang import SamplingParams, SGLangClient  # noqa: E402
 from services.store import load_trajectory  # noqa: E402
 from services.tiny_model.build import ensure_tiny_model  # noqa: E402
-from tests.support.engines import free_port, launch_reference_server  # noqa: E402
+from tests.support.adapter_process import AdapterProcess, launch_adapter  # noqa: E402
+from tests.support.engines import launch_reference_server  # noqa: E402
 from tests.support.redis import start_redis, stop_redis  # noqa: E402
 
 ADMIN_TOKEN = "bench-token"
@@ -279,32 +279,12 @@ async def run_adapter(
     return timings
 
 
-def start_adapter(engine_url: str, model_dir: Path, redis_url: str, log: Path) -> tuple[Any, str]:
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "adapter",
-                "--engines", engine_url, "--model", str(model_dir), "--redis", redis_url,
-                "--port", str(port), "--admin-token", ADMIN_TOKEN, "--log-level", "warning",
-            ],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"adapter exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise RuntimeError(f"adapter did not start:\n{log.read_text()}")
-        time.sleep(0.2)
+def start_adapter(
+    engines: list[str], model_dir: Path, redis_url: str, log_dir: Path
+) -> AdapterProcess:
+    """``python -m adapter`` with the bench's admin token (shared with ``bench_publish``)."""
+    extra = ["--admin-token", ADMIN_TOKEN]
+    return launch_adapter(engines, model_dir, redis_url, log_dir, extra_args=extra)
 
 
 def added_latency(timings: Timings, redis_url: str, prefix: str, n_traj: int) -> list[float]:
@@ -656,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     adapter_proc = None
     try:
-        adapter_proc, url = start_adapter(engine.url, model_dir, store.url, work / "adapter.log")
+        adapter_proc = start_adapter([engine.url], model_dir, store.url, work)
+        url = adapter_proc.url
         if "latency" in phases:
             bench_latency(engine.url, model_dir, url, store.url, n_traj, n_turns, n_tokens, figures)
             checks["added latency <= 10% of direct"] = figures["added_fraction"] <= 0.10
@@ -679,8 +660,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         if adapter_proc is not None:
-            adapter_proc.terminate()
-            adapter_proc.wait(timeout=30)
+            adapter_proc.stop()
         engine.stop()
         stop_redis(store)
 

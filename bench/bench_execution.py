@@ -36,7 +36,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from sandbox_worker.testing.probe import SimulatedProbe  # noqa: E402
 from services.manager.client import RolloutManager  # noqa: E402
+from services.processes import ManagedProcess, launch  # noqa: E402
 from services.protocol import RolloutRequest  # noqa: E402
 from services.queue.config import QueueConfig  # noqa: E402
 from services.queue.submitter import SubmitterQueue  # noqa: E402
@@ -125,53 +125,37 @@ def cluster(
     """A manager process and ``nodes`` worker processes on their own key prefix."""
     url = bench.redis.url
     env = {
-        **os.environ,
         "PYTHONDONTWRITEBYTECODE": "1",
         "SWERL_WORKER__LOG_LEVEL": "WARNING",
         "SWERL_MANAGER__LOG_LEVEL": "WARNING",
         **(worker_env or {}),
     }
-    procs = [
-        subprocess.Popen(
-            [
-                *(sys.executable, "-m", "services.manager", "--redis", url),
-                *("--prefix", prefix, "--prefetch", str(prefetch)),
-            ],
-            cwd=ROOT,
-            env=env,
-        )
-    ]
+    logs = bench.redis.data_dir / f"logs-{prefix}"  # removed with the bench's Redis
+    argvs = {"manager": [sys.executable, "-m", "services.manager", "--redis", url,
+                         "--prefix", prefix, "--prefetch", str(prefetch)]}  # fmt: skip
     for i in range(nodes):
-        procs.append(
-            subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "sandbox_worker", "--redis", url, "--prefix", prefix),
-                    *("--node", f"node{i}", "--slots", str(slots), "--backend", "simulated"),
-                ],
-                cwd=ROOT,
-                env=env,
-            )
-        )
+        argvs[f"node{i}"] = [sys.executable, "-m", "sandbox_worker", "--redis", url,
+                             "--prefix", prefix, "--node", f"node{i}", "--slots", str(slots),
+                             "--backend", "simulated"]  # fmt: skip
+    procs: list[ManagedProcess] = []
     queue = SubmitterQueue(url, QueueConfig(prefix=prefix))
     try:
+        for name, argv in argvs.items():
+            procs.append(launch(name, argv, logs / f"{name}.log", env=env, cwd=ROOT))
         deadline = time.monotonic() + 60
         while sum(n.alive for n in queue.nodes()) < nodes:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"the {nodes} workers did not come up")
+            if time.monotonic() > deadline or any(not p.running() for p in procs):
+                tails = "\n".join(f"--- {p.name}\n{p.log_tail(1000)}" for p in procs)
+                raise RuntimeError(f"the {nodes} workers did not come up:\n{tails}")
             time.sleep(0.05)
         time.sleep(0.3)  # let the manager see every heartbeat
         assert bench.redis.proc is not None
         yield Cluster(RolloutManager(queue=queue), [p.pid for p in procs] + [bench.redis.proc.pid])
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+            p.signal_group(signal.SIGTERM)
         for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            p.stop()
         queue.close()
 
 

@@ -91,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             engines = list(
                 pool.map(lambda _: launch_reference_server(model_dir, None, "0", (), work), [0, 1])
             )
-        adapter, url = start_adapter(
-            ",".join(e.url for e in engines), model_dir, store.url, work / "a.log"
-        )
+        adapter = start_adapter([e.url for e in engines], model_dir, store.url, work)
+        url = adapter.url
         backend = TorchBackend(TrainerConfig(model=str(model_dir)))
         megabytes = sum(t.numel() * t.element_size() for _, t in backend.named_weights()) / 2**20
         figures: dict[str, Any] = {"model_mb": megabytes, "engines": 2, "rounds": args.rounds}
@@ -138,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         if adapter is not None:
-            adapter.terminate()
-            adapter.wait(timeout=30)
+            adapter.stop()
         for engine in engines:
             engine.stop()
         stop_redis(store)

@@ -40,8 +40,9 @@ import redis
 from sandbox_worker.images import DEFAULT_INSTANCES
 from sandbox_worker.tasks.scripted import write_script
 from services.datasets import load_instances
-from services.local_stack import LocalStack, StackError, free_port, http_ok
+from services.local_stack import LocalStack, StackError
 from services.manager.client import RolloutManager
+from services.processes import free_port, http_ok
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
 from services.store.trajectories import load_trajectory
 from services.tiny_model.build import ensure_tiny_model

@@ -20,18 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from sandbox_worker.backends import SandboxBackend, make_backend
@@ -42,94 +36,17 @@ from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CancelToken, RunContext
 from sandbox_worker.tasks.scripted import write_script
 from services.datasets import load_instances
+from services.processes import start_in_parallel
 from services.protocol.instance import SWEInstance
+from tests.support.adapter_process import AdapterProcess, launch_adapter
 from tests.support.docker import build_task_images, ensure_dockerd
-from tests.support.engines import (
-    REPO_ROOT,
-    ReferenceServer,
-    free_port,
-    launch_reference_server,
-    tiny_model_for_session,
-)
+from tests.support.engines import ReferenceServer, launch_reference_server, tiny_model_for_session
 from tests.support.redis import RedisServer
 
 STARTUP_TIMEOUT_S = 300.0  # imports are slow on a busy 2-core machine
 ENGINE_WEIGHT_VERSION = "3"  # numeric: the adapter adopts it and records it on every turn
 RUN_TAG = f"e2e{os.getpid() % 100000}"
 WORKER_TOKEN = "e2e-worker-token-0123456789abcdef"  # adapter.worker_token / rollout.adapter_token
-WORKER_HEADERS = {"authorization": f"Bearer {WORKER_TOKEN}"}
-
-
-@dataclass
-class AdapterProcess:
-    url: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def record(self, trajectory_id: str) -> dict[str, Any]:
-        response = httpx.get(
-            f"{self.url}/trajectories/{trajectory_id}", headers=WORKER_HEADERS, timeout=30
-        )
-        assert response.status_code == 200, response.text
-        data: dict[str, Any] = response.json()
-        return data
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-
-def launch_adapter(engine: ReferenceServer, model_dir: Path, redis_url: str, logs: Path):
-    port = free_port()
-    log_path = logs / f"adapter-{port}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "adapter",
-                "--engines", engine.url,
-                "--model", str(model_dir),
-                "--redis", redis_url,
-                "--port", str(port),
-                "--log-level", "warning",
-            ],
-            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
-                 "SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN},
-        )  # fmt: skip
-    adapter = AdapterProcess(f"http://127.0.0.1:{port}", port, process, log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"adapter exited with {process.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{adapter.url}/health", timeout=1).status_code == 200:
-                return adapter
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            adapter.stop()
-            raise RuntimeError(f"adapter did not become healthy:\n{log_path.read_text()}")
-        time.sleep(0.3)
-
-
-def start_all[T](launchers: list[Callable[[], T]], stop: Callable[[T], None]) -> list[T]:
-    """Run launchers concurrently; if one fails, stop the others and re-raise."""
-    with ThreadPoolExecutor(len(launchers)) as pool:
-        futures = [pool.submit(launch) for launch in launchers]
-        wait(futures)
-    started = [f.result() for f in futures if f.exception() is None]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        for item in started:
-            stop(item)
-        raise errors[0]  # type: ignore[misc]
-    return started
 
 
 @dataclass
@@ -193,7 +110,7 @@ def rollout_stack(redis_server: RedisServer) -> Iterator[RolloutStack]:
     try:
         with tiny_model_for_session() as model_dir:
             version = ["--weight-version", ENGINE_WEIGHT_VERSION]
-            engines = start_all(
+            engines = start_in_parallel(
                 [
                     lambda: launch_reference_server(
                         model_dir, script, extra_args=version, log_dir=logs,
@@ -205,10 +122,22 @@ def rollout_stack(redis_server: RedisServer) -> Iterator[RolloutStack]:
                 ],
                 ReferenceServer.stop,
             )  # fmt: skip
-            adapters = start_all(
+            adapters = start_in_parallel(
                 [
-                    lambda: launch_adapter(engines[0], model_dir, redis_server.url, logs),
-                    lambda: launch_adapter(engines[1], model_dir, redis_server.url, logs),
+                    lambda: launch_adapter(
+                        [engines[0].url],
+                        model_dir,
+                        redis_server.url,
+                        logs,
+                        worker_token=WORKER_TOKEN,
+                    ),
+                    lambda: launch_adapter(
+                        [engines[1].url],
+                        model_dir,
+                        redis_server.url,
+                        logs,
+                        worker_token=WORKER_TOKEN,
+                    ),
                 ],
                 AdapterProcess.stop,
             )

@@ -21,15 +21,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -37,14 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from sandbox_worker.openhands.config import OpenHandsConfig
 from sandbox_worker.openhands.conversation import LocalTarget, run_agent
 from sandbox_worker.openhands.result import EndReason
+from services.processes import start_in_parallel
 from services.protocol.tasks import AgentLimits, SamplingConfig
-from tests.support.engines import (
-    REPO_ROOT,
-    ReferenceServer,
-    free_port,
-    launch_reference_server,
-    tiny_model_path,
-)
+from tests.support.adapter_process import AdapterProcess, launch_adapter
+from tests.support.engines import ReferenceServer, launch_reference_server, tiny_model_path
 from tests.support.redis import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -94,84 +86,11 @@ def make_repo(path: Path) -> Path:
 
 
 @dataclass
-class Adapter:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def t(self, trajectory_id: str) -> str:
-        return f"{self.url}/t/{trajectory_id}/v1"
-
-    def record(self, trajectory_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/trajectories/{trajectory_id}", timeout=30)
-        assert response.status_code == 200, response.text
-        data: dict[str, Any] = response.json()
-        return data
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-
-def launch_adapter(
-    engine: ReferenceServer, model_dir: Path, redis_url: str, log_dir: Path
-) -> Adapter:
-    port = free_port()
-    log_path = log_dir / f"adapter-{port}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "adapter",
-                "--engines", engine.url,
-                "--model", str(model_dir),
-                "--redis", redis_url,
-                "--port", str(port),
-                "--log-level", "warning",
-            ],
-            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
-    adapter = Adapter(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"adapter exited with {process.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{adapter.url}/health", timeout=1).status_code == 200:
-                return adapter
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            adapter.stop()
-            raise RuntimeError(f"adapter did not become healthy:\n{log_path.read_text()}")
-        time.sleep(0.3)
-
-
-@dataclass
 class Stack:
     model_dir: Path
     workspace: Path
-    scripted: Adapter
-    random: Adapter
-
-
-def start_in_parallel[T](launchers: list[Callable[[], T]], stop: Callable[[T], None]) -> list[T]:
-    """Run the launchers concurrently; if any fails, stop the ones that started and re-raise."""
-    with ThreadPoolExecutor(len(launchers)) as pool:
-        futures = [pool.submit(launch) for launch in launchers]
-        wait(futures)
-    started = [f.result() for f in futures if f.exception() is None]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        for item in started:
-            stop(item)
-        raise errors[0]  # type: ignore[misc]
-    return started
+    scripted: AdapterProcess
+    random: AdapterProcess
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +110,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         ],
         ReferenceServer.stop,
     )
-    adapters: list[Adapter] = []
+    adapters: list[AdapterProcess] = []
     try:
         adapters = start_in_parallel(
             [
-                lambda: launch_adapter(engines[0], model_dir, redis_server.url, logs),
-                lambda: launch_adapter(engines[1], model_dir, redis_server.url, logs),
+                lambda: launch_adapter([engines[0].url], model_dir, redis_server.url, logs),
+                lambda: launch_adapter([engines[1].url], model_dir, redis_server.url, logs),
             ],
-            Adapter.stop,
+            AdapterProcess.stop,
         )
         yield Stack(model_dir, workspace, adapters[0], adapters[1])
     finally:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 import socket
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +35,7 @@ from sandbox_worker.factory import build_runner
 from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from sandbox_worker.tasks.scripted import build_script
 from services.manager import ManagerConfig, RolloutManager
+from services.processes import launch
 from services.protocol.tasks import AgentLimits, RolloutRequest, RolloutTask, SamplingConfig
 from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
 from services.queue.config import QueueConfig
@@ -282,17 +280,14 @@ def test_worker_process_and_manager_run_a_batch(rollout_stack: RolloutStack) -> 
             }
         )
     )
+    argv = [
+        sys.executable, "-m", "sandbox_worker",
+        "--redis", stack.redis_url, "--node", node, "--slots", "4",
+        "--backend", "docker", "--config", str(config), "--prefix", prefix,
+    ]  # fmt: skip
     log_path = stack.root / "logs" / f"worker-{node}.log"
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen(
-            [
-                sys.executable, "-m", "sandbox_worker",
-                "--redis", stack.redis_url, "--node", node, "--slots", "4",
-                "--backend", "docker", "--config", str(config), "--prefix", prefix,
-            ],
-            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
+    env = {"PYTHONPATH": str(REPO_ROOT)}
+    worker = launch("worker", argv, log_path, env=env, cwd=REPO_ROOT, grace_s=60)
     manager = RolloutManager(stack.redis_url, ManagerConfig(queue=QueueConfig(prefix=prefix)))
     try:
         manager.start()
@@ -310,14 +305,8 @@ def test_worker_process_and_manager_run_a_batch(rollout_stack: RolloutStack) -> 
         results = manager.collect(batch, timeout_s=600)
     finally:
         manager.close()
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-        try:
-            rc = worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            rc = worker.wait(timeout=10)
-    log_text = log_path.read_text(errors="replace")
+        rc = worker.stop()  # SIGTERM: the worker drains and exits 0
+    log_text = worker.log()
     assert rc == 0, log_text[-3000:]
     assert len(results) == 4, log_text[-3000:]
     by_instance: dict[str, int] = {}

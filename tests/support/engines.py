@@ -2,8 +2,9 @@
 
 ``tiny_model_path`` builds (once) the tiny model under ``$SWERL_CACHE_DIR`` if that is set, else
 under a pytest temporary directory. ``start_reference_server`` runs
-``python -m services.reference_engine.server`` on a free loopback port as a real subprocess and
-waits for ``/health``; use it as a context manager (or call ``stop()``).
+``python -m services.reference_engine.server`` on a free loopback port as a real subprocess
+(:mod:`services.processes`) and waits for ``/health``; use it as a context manager (or call
+``stop()``).
 ``reference_server_in_thread`` serves the same app from a thread of the test process: it starts in
 well under a second once torch is imported (a subprocess pays ~5-25 s of imports on a busy
 machine), so tests that need several differently configured engines use it.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,19 +24,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
+from services.processes import ManagedProcess, ProcessError, free_port, launch
 from services.tiny_model.build import ensure_tiny_model
 from tests.support.paths import REPO_ROOT
 
 STARTUP_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tiny_model_path(fallback_dir: Path, coder: bool = False, seed: int = 0) -> Path:
@@ -70,23 +64,24 @@ class ReferenceServer:
 
     url: str
     port: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
+    managed: ManagedProcess
     args: list[str] = field(default_factory=list)
     owns_log_dir: bool = False
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.managed.popen
+
+    @property
+    def log_path(self) -> Path:
+        return self.managed.log_path
+
     def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        return self.managed.log()
 
     def stop(self) -> None:
         """Stop the process; a log directory this helper created is removed with it."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        self.managed.stop()
         if self.owns_log_dir:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
@@ -119,30 +114,22 @@ def launch_reference_server(
     args += list(extra_args)
     owns_log_dir = log_dir is None
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="swerl-engine-"))
-    log_path = log_dir / f"reference-server-{port}.log"
-    log = open(log_path, "wb")  # noqa: SIM115 -- the child process owns it
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    server = ReferenceServer(
-        f"http://127.0.0.1:{port}", port, process, log_path, args, owns_log_dir
-    )
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            log = server.log()
-            server.stop()
-            raise RuntimeError(f"reference server exited with {process.returncode}:\n{log}")
-        try:
-            if httpx.get(server.url + "/health", timeout=1.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            log = server.log()
-            server.stop()
-            raise RuntimeError(f"reference server did not become healthy:\n{log}")
-        time.sleep(0.2)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        managed = launch(
+            f"reference engine {url}",
+            args,
+            log_dir / f"reference-server-{port}.log",
+            ready=f"{url}/health",
+            timeout_s=timeout_s,
+            env={"PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"},
+            cwd=REPO_ROOT,
+        )
+    except ProcessError:
+        if owns_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+    return ReferenceServer(url, port, managed, args, owns_log_dir)
 
 
 @contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
+from services.processes import ManagedProcess, launch
 from services.protocol.trajectory import TrajectoryMeta
 from services.queue.config import QueueConfig
 from services.queue.submitter import SubmitterQueue
@@ -52,22 +52,17 @@ class Procs:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.started: list[tuple[str, subprocess.Popen]] = []
+        self.started: list[ManagedProcess] = []
 
     def _spawn(
         self, name: str, argv: list[str], env: dict[str, str], wrap: Sequence[str] = ()
-    ) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}-{len(self.started)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [*wrap, sys.executable, *argv],
-            cwd=REPO,
-            env={**os.environ, **WORKER_ENV, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+    ) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}-{len(self.started)}.log"
+        proc = launch(
+            name, [*wrap, sys.executable, *argv], log, env={**WORKER_ENV, **env}, cwd=REPO
         )
-        log.close()
-        self.started.append((name, proc))
-        return proc
+        self.started.append(proc)
+        return proc.popen
 
     def worker(
         self,
@@ -79,7 +74,7 @@ class Procs:
         fake_args: Sequence[str] = (),
         wrap: Sequence[str] = (),
         **env: str,
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen[bytes]:
         """``python -m sandbox_worker`` (simulated), or the fake-backend worker with ``fake``
         (``fake_args`` go to it). ``wrap`` prefixes the command (e.g. :func:`on_host`)."""
         if fake:
@@ -90,7 +85,7 @@ class Procs:
         argv += ["--redis", url, "--node", node, "--slots", str(slots)]
         return self._spawn(node, argv, env, wrap)
 
-    def manager(self, url: str, *args: str) -> subprocess.Popen:
+    def manager(self, url: str, *args: str) -> subprocess.Popen[bytes]:
         env = {
             "SWERL_MANAGER__POLL_INTERVAL_S": "0.1",
             "SWERL_MANAGER__RECLAIM_INTERVAL_S": "0.3",
@@ -106,11 +101,8 @@ class Procs:
         )
 
     def close(self) -> None:
-        for _, proc in self.started:
-            if proc.poll() is None:
-                proc.kill()
-        for _, proc in self.started:
-            proc.wait(timeout=10)
+        for proc in self.started:
+            proc.stop(grace_s=0)
 
 
 @pytest.fixture

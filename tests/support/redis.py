@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from services.processes import ManagedProcess, free_port, launch
 
 
 @dataclass
@@ -26,50 +20,49 @@ class RedisServer:
     port: int
     data_dir: Path
     appendonly: bool = True
-    proc: subprocess.Popen | None = None
+    managed: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.managed.popen if self.managed else None
+
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: run `make setup`")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--dir", str(self.data_dir),
-                "--appendonly", "yes" if self.appendonly else "no",
-                "--appendfsync", "always",
-                "--save", "",
-                "--protected-mode", "yes",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.02)
-        client.close()
+        argv = [
+            binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--save", "",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
+        log = self.data_dir / "redis-server.log"
+        self.managed = launch(
+            "redis-server", argv, log, ready=self._pong, timeout_s=10, grace_s=10, poll_s=0.02
+        )
+
+    def _pong(self) -> bool:
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+        finally:
+            client.close()
 
     def stop(self, kill: bool = False) -> None:
-        if self.proc and self.proc.poll() is None:
-            if kill:
-                self.proc.kill()
-            else:
-                self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
+        """SIGTERM (Redis exits cleanly), or SIGKILL at once with ``kill`` (a crash)."""
+        if self.managed:
+            self.managed.stop(grace_s=0 if kill else None)
+        self.managed = None
 
     def restart(self) -> None:
         self.stop()

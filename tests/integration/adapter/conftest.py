@@ -1,10 +1,11 @@
 """Fixtures of the adapter integration tests: real reference engines, real Redis, real adapter.
 
-* ``engines`` -- two reference engine subprocesses (tiny model, weight_version "0"), shared by
-  the session; tests that change their weights restore them.
-* ``scripted_engine`` -- a reference engine in **scripted mode** (test machinery: it replays the
-  outputs of :data:`SCRIPTS` with the tiny model's real logprobs), for tests that need
-  well-formed tool calls.
+* ``engines`` -- reference engine subprocesses (tiny model, weight_version "0"), shared by the
+  session: the kinds that the selected tests declare (``pytest.mark.engines("a", "scripted")``)
+  start in parallel at the first use, any other kind when a test first uses it; a run of one test
+  file starts only its engines. Tests that change their weights restore them.
+  ``engines.scripted`` runs in **scripted mode** (test machinery: it replays the outputs of
+  :data:`SCRIPTS` with the tiny model's real logprobs), for tests that need well-formed tool calls.
 * ``adapter`` -- a factory that runs the adapter app in-process (uvicorn in a thread) against
   given engines and the session's Redis.
 """
@@ -12,13 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,8 @@ from adapter.app import create_app
 from adapter.config import AdapterConfig
 from adapter.rendering import Renderer
 from adapter.service import AdapterService, open_store
-from tests.support.engines import ReferenceServer, free_port, tiny_model_path
-from tests.support.engines import launch_reference_server as launch
+from services.processes import free_port, start_in_parallel
+from tests.support.engines import ReferenceServer, launch_reference_server, tiny_model_path
 
 ADMIN_TOKEN = "test-admin-token"
 # Engine start-up is mostly importing torch; on a loaded 2-core machine it can take minutes.
@@ -89,49 +90,95 @@ def model_dir_seed1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_path(tmp_path_factory.mktemp("tiny-seed1"), seed=1)
 
 
-@dataclass
 class EnginePool:
-    a: ReferenceServer
-    b: ReferenceServer
-    scripted: ReferenceServer
-    spare: ReferenceServer  # killed by the engine-failure test; no other test may use it
+    """The session's reference engines (tiny model, weight_version "0"), each started on first use
+    and then shared by the session, so a test run starts only the engines its tests use.
 
-    def all(self) -> list[ReferenceServer]:
-        return [self.a, self.b, self.scripted]
+    ``a`` and ``b`` sample freely, ``scripted`` replays :data:`SCRIPTS`, ``spare`` is killed by the
+    engine-failure test (no other test may use it).
+    """
+
+    KINDS = ("a", "b", "scripted", "spare")
+
+    def __init__(self, model_dir: Path, work: Path) -> None:
+        self.model_dir = model_dir
+        self.work = work
+        self.script = work / "script.jsonl"
+        self.script.write_text("\n".join(json.dumps(s) for s in SCRIPTS) + "\n")
+        self._servers: dict[str, ReferenceServer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, kind: str) -> ReferenceServer:
+        if kind not in self.KINDS:
+            raise KeyError(f"no session engine {kind!r}; known: {self.KINDS}")
+        with self._lock:
+            if kind not in self._servers:
+                script = self.script if kind == "scripted" else None
+                self._servers[kind] = launch_reference_server(
+                    self.model_dir, script, "0", (), self.work, ENGINE_START_TIMEOUT_S
+                )
+            return self._servers[kind]
+
+    @property
+    def a(self) -> ReferenceServer:
+        return self.get("a")
+
+    @property
+    def b(self) -> ReferenceServer:
+        return self.get("b")
+
+    @property
+    def scripted(self) -> ReferenceServer:
+        return self.get("scripted")
+
+    @property
+    def spare(self) -> ReferenceServer:
+        return self.get("spare")
+
+    def start(self, kinds: Iterable[str]) -> None:
+        """Start these kinds (those not running yet) in parallel."""
+        missing = [k for k in dict.fromkeys(kinds) if k not in self.started()]
+        start_in_parallel([functools.partial(self.get, k) for k in missing], ReferenceServer.stop)
+
+    def started(self) -> dict[str, ReferenceServer]:
+        with self._lock:
+            return dict(self._servers)
+
+    def stop(self) -> None:
+        for server in self.started().values():
+            server.stop()
+
+
+def declared_kinds(items: Iterable[pytest.Item]) -> list[str]:
+    """The engine kinds that the selected tests using ``engines`` declare with the marker."""
+    kinds: list[str] = []
+    for item in items:
+        if "engines" in getattr(item, "fixturenames", ()):
+            for marker in item.iter_markers("engines"):
+                kinds += marker.args
+    return list(dict.fromkeys(kinds))
 
 
 @pytest.fixture(scope="session")
-def engine_pool(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
-    """Start the session engines in parallel (each is a torch process: ~5-20 s)."""
+def engine_pool(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[EnginePool]:
+    """The session's engines: those the selected tests declare start in parallel (each is a torch
+    process, ~5-60 s to start), any other kind when a test first uses it."""
     # Not under pytest's numbered temp dirs: concurrent pytest runs rotate those away.
     work = Path(tempfile.mkdtemp(prefix="swerl-adapter-engines-"))
-    script = work / "script.jsonl"
-    script.write_text("\n".join(json.dumps(s) for s in SCRIPTS) + "\n")
-    scripts: list[Path | None] = [None, None, script, None]
-    with ThreadPoolExecutor(len(scripts)) as pool:
-        futures = [
-            pool.submit(launch, model_dir, sc, "0", (), work, ENGINE_START_TIMEOUT_S)
-            for sc in scripts
-        ]
-        errors = [f.exception() for f in futures]
-    if any(errors):
-        for future, error in zip(futures, errors, strict=True):
-            if error is None:
-                future.result().stop()
-        raise RuntimeError(f"session engines did not start: {errors}")
-    servers = [f.result() for f in futures]
-    engines = EnginePool(*servers)
-    yield engines
-    for server in [*engines.all(), engines.spare]:
-        server.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    pool = EnginePool(model_dir, work)
+    try:
+        pool.start(declared_kinds(request.session.items))
+        yield pool
+    finally:
+        pool.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture
 def engines(engine_pool: EnginePool) -> EnginePool:
-    for server in engine_pool.all():
-        if server.process.poll() is not None:
-            raise RuntimeError(f"session engine {server.url} died:\n{server.log()}")
+    for kind, server in engine_pool.started().items():
+        if kind != "spare" and server.process.poll() is not None:
+            raise RuntimeError(f"session engine {kind} ({server.url}) died:\n{server.log()}")
     return engine_pool
 
 

@@ -24,6 +24,8 @@ from tests.integration.adapter.conftest import (
 )
 from tests.support.redis import RedisServer
 
+pytestmark = pytest.mark.engines("a")
+
 WORKER_TOKEN = "worker-token-for-tests-0123456789"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 

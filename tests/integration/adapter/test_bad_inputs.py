@@ -8,6 +8,8 @@ import pytest
 
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
 
+pytestmark = pytest.mark.engines("a")
+
 GOOD = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 

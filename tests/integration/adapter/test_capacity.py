@@ -12,11 +12,14 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from services.protocol import TrajectoryMeta
 from services.store import TrajectoryStore
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
+
+pytestmark = pytest.mark.engines("a")
 
 N_TRAJECTORIES = 256
 

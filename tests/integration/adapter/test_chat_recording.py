@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 from transformers import AutoTokenizer
 
@@ -20,6 +21,8 @@ from tests.integration.adapter.conftest import (
     AdapterFactory,
     EnginePool,
 )
+
+pytestmark = pytest.mark.engines("a", "scripted")
 
 
 def segment_tokens(segment: dict[str, Any]) -> list[int]:

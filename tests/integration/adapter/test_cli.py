@@ -5,48 +5,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.integration.adapter.conftest import EnginePool
-from tests.support.engines import REPO_ROOT, free_port
+from tests.support.adapter_process import launch_adapter
+from tests.support.engines import REPO_ROOT
+
+pytestmark = pytest.mark.engines("a")
 
 
 def test_cli_serves_and_records(
     engines: EnginePool, model_dir: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    port = free_port()
     config = tmp_path / "swerl.yaml"
     config.write_text("adapter:\n  served_model_name: from-yaml\n  default_max_tokens: 3\n")
-    log = tmp_path / "adapter.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "adapter",
-                "--engines", engines.a.url,
-                "--model", str(model_dir),
-                "--redis", redis_url,
-                "--port", str(port),
-                "--config", str(config),
-                "--admin-token", "t0k",
-            ],
-            cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    extra = ["--config", str(config), "--admin-token", "t0k"]
+    adapter = launch_adapter([engines.a.url], model_dir, redis_url, tmp_path, extra_args=extra)
+    with adapter.managed:
+        url = adapter.url
         r = httpx.post(
             f"{url}/t/cli-1/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}]},
@@ -61,9 +40,6 @@ def test_cli_serves_and_records(
         assert models["data"][0]["id"] == "from-yaml"
         versions = httpx.get(f"{url}/admin/versions", headers={"authorization": "Bearer t0k"})
         assert versions.status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def test_cli_rejects_bad_configuration(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from services.processes import free_port
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
-from tests.support.engines import free_port
+
+pytestmark = pytest.mark.engines("a", "spare")
 
 
 def turn(a: Any, tid: str, messages: list[dict[str, Any]]) -> Any:

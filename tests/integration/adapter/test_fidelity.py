@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from services.store import load_trajectory
 from tests.integration.adapter.conftest import BASH_TOOL, AdapterFactory, EnginePool
 
+pytestmark = pytest.mark.engines("a", "scripted")
+
 
 def forward_logprobs(model_path: str, tokens: list[int]) -> torch.Tensor:
     """log p(token[i] | tokens[:i]) for every i >= 1, from one full forward pass."""

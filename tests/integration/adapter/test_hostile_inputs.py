@@ -19,6 +19,8 @@ import pytest
 
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool, RunningAdapter
 
+pytestmark = pytest.mark.engines("a")
+
 MESSAGES = '[{"role": "user", "content": "hello"}]'
 
 

@@ -17,6 +17,8 @@ import pytest
 
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
 
+pytestmark = pytest.mark.engines("a")
+
 WORDS = "def class return import value module python line file test error assert self "
 
 

@@ -19,6 +19,8 @@ from tests.integration.adapter.conftest import (
     RunningAdapter,
 )
 
+pytestmark = pytest.mark.engines("a", "scripted")
+
 USER = [{"role": "user", "content": "Say something."}]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 import torch
 from transformers import AutoModelForCausalLM
@@ -15,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from services.protocol import Segment
 from services.store import load_trajectory
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool, RunningAdapter
+
+pytestmark = pytest.mark.engines("a", "b")
 
 N_TRAJECTORIES = 8
 N_TURNS = 4
@@ -201,7 +204,10 @@ def test_bad_model_path_is_refused_before_anything_drains(
     (no_weights / "config.json").write_text("{}")
     with adapter([engines.a.url, engines.b.url]) as a:
         v = current_version(a)
-        before = [httpx.get(f"{e.url}/model_info").json()["weight_version"] for e in engines.all()]
+        before = [
+            httpx.get(f"{e.url}/model_info").json()["weight_version"]
+            for e in (engines.a, engines.b)
+        ]
         closes: list[bool] = []
         gate = a.service.gate
         original_close = gate.close
@@ -225,7 +231,10 @@ def test_bad_model_path_is_refused_before_anything_drains(
         health = a.http.get(f"{a.url}/health").json()
         assert health["engines"] == {engines.a.url: True, engines.b.url: True}
         assert current_version(a) == v
-        after = [httpx.get(f"{e.url}/model_info").json()["weight_version"] for e in engines.all()]
+        after = [
+            httpx.get(f"{e.url}/model_info").json()["weight_version"]
+            for e in (engines.a, engines.b)
+        ]
         assert after == before
         response = a.chat(None, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
         assert response.status_code == 200, response.text

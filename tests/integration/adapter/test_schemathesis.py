@@ -20,6 +20,8 @@ from schemathesis.generation import GenerationMode
 
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool, RunningAdapter
 
+pytestmark = pytest.mark.engines("a")
+
 EXAMPLES_PER_OPERATION = 25
 EXPECTED_OPERATIONS = {
     "POST /v1/chat/completions",

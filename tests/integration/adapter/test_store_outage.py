@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.integration.adapter.conftest import AdapterFactory, EnginePool
 from tests.support.redis import RedisServer
+
+pytestmark = pytest.mark.engines("a")
 
 
 def test_turns_survive_a_redis_outage(

@@ -25,8 +25,8 @@ from adapter.engines.sglang import (
     SamplingParams,
     SGLangClient,
 )
+from services.processes import free_port
 from tests.support.engine_under_test import EngineUnderTest
-from tests.support.engines import free_port
 
 
 def long_tokens(engine: EngineUnderTest) -> int:

@@ -16,6 +16,7 @@ import pytest
 from sandbox_worker.backends._common import RELAY_SCRIPT
 from sandbox_worker.relay.host_relay import RelayError, RelayHub
 from sandbox_worker.relay.http_filter import RelayBinding
+from services.processes import free_port
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -55,12 +56,6 @@ def _roundtrip(sock: socket.socket, payload: bytes) -> bytes:
     return bytes(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_inner(args: list[str], ready: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, str(RELAY_SCRIPT), *args, "--ready-file", str(ready)])
     deadline = time.monotonic() + 20
@@ -91,7 +86,7 @@ def test_inner_tcp_to_host_llm_relay_to_tcp_target(tmp_path: Path, hub: RelayHub
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sock_path = tmp_path / "llm.sock"
     handle = hub.llm_relay(sock_path, "127.0.0.1", server.server_address[1], RelayBinding("traj-1"))
-    port = _free_port()
+    port = free_port()
     inner = _start_inner(
         ["tcp2unix", "--listen", f"127.0.0.1:{port}", "--connect", str(sock_path)],
         tmp_path / "ready",
@@ -135,7 +130,7 @@ def test_host_tcp_to_inner_unix_to_tcp(tmp_path: Path, hub: RelayHub, echo_port:
 
 def test_unreachable_target_answers_502_and_closes(tmp_path: Path, hub: RelayHub) -> None:
     sock_path = tmp_path / "dead.sock"
-    handle = hub.llm_relay(sock_path, "127.0.0.1", _free_port(), RelayBinding("traj-1"))
+    handle = hub.llm_relay(sock_path, "127.0.0.1", free_port(), RelayBinding("traj-1"))
     try:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)

@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from services.processes import free_port
 from tests.support.dp_worker import run
-from tests.support.engines import REPO_ROOT, free_port
+from tests.support.engines import REPO_ROOT
 from tests.support.trajectory_records import record, turn
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
