@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,11 +45,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapter.errors import APIError
 from adapter.hygiene import decode_json
+from adapter.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from adapter.openai_schema import ChatCompletionRequest, completion_response, stream_chunks
 from adapter.service import AdapterService, ChatOutcome
 from adapter.weight_sync import DistributedRefreshRequest, DistributedWeights, GroupRequest
 from services.protocol import Outcome, TrajectoryMeta
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
+from services.protocol.raw_frames import COUNT_HEADER, encode_frames
+from services.protocol.raw_frames import MEDIA_TYPE as RAW_MEDIA_TYPE
 
 log = logging.getLogger("adapter.app")
 
@@ -196,10 +198,10 @@ def create_app(service: AdapterService) -> FastAPI:
                 await service.authorize_trajectory(trajectory_id, request.headers)
             outcome = await service.chat(trajectory_id, await _json_body(request))
         except APIError as exc:
-            service.metrics.requests.inc(route=route, status=str(exc.status))
+            service.metrics.requests.labels(route=route, status=str(exc.status)).inc()
             raise
-        service.metrics.requests.inc(route=route, status="ok")
-        timer.observe(time.perf_counter() - started, route=route)
+        service.metrics.requests.labels(route=route, status="ok").inc()
+        timer.labels(route=route).observe(time.perf_counter() - started)
         if outcome.stream:
             return _sse(outcome)
         body = completion_response(
@@ -251,9 +253,7 @@ def create_app(service: AdapterService) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(
-            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/trajectories", status_code=201)
     async def open_trajectory(request: Request) -> JSONResponse:
@@ -280,11 +280,8 @@ def create_app(service: AdapterService) -> FastAPI:
     async def get_trajectory_raw(trajectory_id: str, request: Request) -> Response:
         access.require_worker(request.headers)
         _, raw = await service.get_trajectory(trajectory_id)
-        payload = b"".join(struct.pack("<I", len(e)) + e for e in raw)
         return Response(
-            payload,
-            media_type="application/octet-stream",
-            headers={"x-swerl-entries": str(len(raw))},
+            encode_frames(raw), media_type=RAW_MEDIA_TYPE, headers={COUNT_HEADER: str(len(raw))}
         )
 
     @app.post("/admin/weights")
