@@ -1,7 +1,9 @@
 """Dependencies the routers inject (FastAPI ``Depends``) and the request-body helpers they share.
 
 The service lives on ``app.state`` (set by :func:`adapter.app.create_app`); routers never close
-over it, so each router module can be read, and mounted, on its own.
+over it, so each router module can be read, and mounted, on its own. The providers are ``async``
+so that FastAPI calls them on the event loop (a plain ``def`` dependency is run in a worker
+thread: a thread hop per request on the chat path).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from adapter.service import AdapterService
 from adapter.weight_sync import DistributedWeights
 
 
-def get_service(request: Request) -> AdapterService:
+async def get_service(request: Request) -> AdapterService:
     service: AdapterService = request.app.state.service
     return service
 
 
-def get_distributed(request: Request) -> DistributedWeights:
+async def get_distributed(request: Request) -> DistributedWeights:
     distributed: DistributedWeights = request.app.state.distributed
     return distributed
 
@@ -31,12 +33,12 @@ Service = Annotated[AdapterService, Depends(get_service)]
 Distributed = Annotated[DistributedWeights, Depends(get_distributed)]
 
 
-def require_admin(request: Request, service: Service) -> None:
+async def require_admin(request: Request, service: Service) -> None:
     """The admin token (``/admin/*``)."""
     service.access.require_admin(request.headers)
 
 
-def require_worker(request: Request, service: Service) -> None:
+async def require_worker(request: Request, service: Service) -> None:
     """The worker token in training mode (``/trajectories...``)."""
     service.access.require_worker(request.headers)
 
@@ -73,7 +75,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def json_body(request: Request, required: bool = True) -> Any:
     """The body as JSON (:func:`adapter.hygiene.decode_json`), within the service's
     ``max_body_bytes``; an empty body is a 400 when ``required``, else None."""
-    raw = await read_body(request, get_service(request).max_body_bytes)
+    service: AdapterService = request.app.state.service
+    raw = await read_body(request, service.max_body_bytes)
     if not raw.strip():
         if required:
             raise APIError(400, "request body is empty: a JSON object is required")

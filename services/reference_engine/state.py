@@ -22,8 +22,9 @@ class ServerState:
     receiver: DistributedReceiver | None = None
 
 
-def get_state(request: Request) -> ServerState:
-    """The state :func:`services.reference_engine.server.create_app` put on ``app.state``."""
+async def get_state(request: Request) -> ServerState:
+    """The state :func:`services.reference_engine.server.create_app` put on ``app.state``
+    (``async``: FastAPI runs a plain ``def`` dependency in a worker thread)."""
     state: ServerState = request.app.state.server
     return state
 
