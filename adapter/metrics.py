@@ -1,188 +1,110 @@
-"""Prometheus text exposition (format 0.0.4) for the adapter's ``/metrics``.
+"""The adapter's Prometheus metrics (``GET /metrics``), on ``prometheus_client``.
 
-A deliberately small registry -- counters, gauges and histograms with labels -- so the adapter
-needs no metrics dependency. Updates are plain dict operations on the event loop thread.
+Each :class:`AdapterMetrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the
+process-global one: several adapters run in one process (the test suite, a bench), and each must
+export only its own numbers. Metrics are updated on the event loop thread.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Iterable
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-LabelValues = tuple[str, ...]
+# The text format generate_latest writes (Prometheus exposition 0.0.4).
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: tuple[str, ...], values: LabelValues, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help_: str, labels: Iterable[str] = ()) -> None:
-        self.name = name
-        self.help = help_
-        self.label_names = tuple(labels)
-
-    def _key(self, labels: dict[str, str]) -> LabelValues:
-        if set(labels) != set(self.label_names):
-            raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
-        return tuple(str(labels[n]) for n in self.label_names)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-    def lines(self) -> list[str]:
-        raise NotImplementedError
-
-
-class Counter(_Metric):
-    kind = "counter"
-
-    def __init__(self, name: str, help_: str, labels: Iterable[str] = ()) -> None:
-        super().__init__(name, help_, labels)
-        self.values: dict[LabelValues, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(self._key(labels), 0.0)
-
-    def lines(self) -> list[str]:
-        return [
-            f"{self.name}{_labels(self.label_names, k)} {_num(v)}"
-            for k, v in sorted(self.values.items())
-        ]
-
-
-class Gauge(Counter):
-    kind = "gauge"
-
-    def set(self, value: float, **labels: str) -> None:
-        self.values[self._key(labels)] = value
-
-
-class Histogram(_Metric):
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, help_: str, labels: Iterable[str] = (), buckets: Iterable[float] = ()
-    ) -> None:
-        super().__init__(name, help_, labels)
-        self.buckets = tuple(sorted(buckets or LATENCY_BUCKETS))
-        self.counts: dict[LabelValues, list[int]] = {}
-        self.sums: dict[LabelValues, float] = {}
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        counts = self.counts.setdefault(key, [0] * (len(self.buckets) + 1))
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sums[key] = self.sums.get(key, 0.0) + value
-
-    def count(self, **labels: str) -> int:
-        return sum(self.counts.get(self._key(labels), []))
-
-    def lines(self) -> list[str]:
-        out: list[str] = []
-        for key in sorted(self.counts):
-            running = 0
-            for bound, n in zip((*self.buckets, math.inf), self.counts[key], strict=True):
-                running += n
-                le = f'le="{_num(bound)}"'
-                out.append(f"{self.name}_bucket{_labels(self.label_names, key, le)} {running}")
-            lbl = _labels(self.label_names, key)
-            out.append(f"{self.name}_sum{lbl} {_num(self.sums[key])}")
-            out.append(f"{self.name}_count{lbl} {running}")
-        return out
 
 
 class AdapterMetrics:
-    """Every metric the adapter exports."""
+    """Every metric the adapter exports, in a registry of its own."""
 
     def __init__(self) -> None:
-        self.requests = Counter(
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._define_requests()
+        self._define_engines()
+        self._define_weights()
+
+    def _counter(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, help_, labels, registry=self.registry)
+
+    def _gauge(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, help_, labels, registry=self.registry)
+
+    def _histogram(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> Histogram:
+        return Histogram(name, help_, labels, registry=self.registry, buckets=LATENCY_BUCKETS)
+
+    def _define_requests(self) -> None:
+        self.requests = self._counter(
             "swerl_adapter_requests_total",
             "Chat completion requests by outcome (ok or the HTTP status).",
-            ["route", "status"],
+            ("route", "status"),
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = self._counter(
             "swerl_adapter_prompt_tokens_total", "Prompt tokens sent to engines."
         )
-        self.generated_tokens = Counter(
+        self.generated_tokens = self._counter(
             "swerl_adapter_generated_tokens_total", "Tokens generated by engines."
         )
-        self.observation_tokens = Counter(
+        self.observation_tokens = self._counter(
             "swerl_adapter_observation_tokens_total",
             "Observation tokens appended to continuing segments.",
         )
-        self.segments = Counter(
+        self.segments = self._counter(
             "swerl_adapter_segments_opened_total",
             "Trajectory segments opened, by reason.",
-            ["reason"],
+            ("reason",),
         )
-        self.request_latency = Histogram(
-            "swerl_adapter_request_seconds", "End-to-end chat completion latency.", ["route"]
+        self.request_latency = self._histogram(
+            "swerl_adapter_request_seconds", "End-to-end chat completion latency.", ("route",)
         )
-        self.engine_latency = Histogram(
-            "swerl_adapter_engine_seconds", "Engine /generate latency.", ["engine"]
-        )
-        self.gate_wait = Histogram(
-            "swerl_adapter_gate_wait_seconds", "Time requests waited at the closed refresh gate."
-        )
-        self.gate_closed = Histogram(
-            "swerl_adapter_refresh_gate_closed_seconds",
-            "How long each weight refresh closed the gate.",
-        )
-        self.refresh_load = Histogram(
-            "swerl_adapter_refresh_load_seconds", "Engine weight loading time per refresh."
-        )
-        self.engine_healthy = Gauge(
-            "swerl_adapter_engine_healthy", "1 if the engine is in rotation.", ["engine"]
-        )
-        self.engine_inflight = Gauge(
-            "swerl_adapter_engine_inflight", "Generate calls in flight per engine.", ["engine"]
-        )
-        self.engine_failures = Counter(
-            "swerl_adapter_engine_failures_total", "Failed generate calls per engine.", ["engine"]
-        )
-        self.retries = Counter("swerl_adapter_retries_total", "Requests retried on another engine.")
-        self.outage_waits = Counter(
-            "swerl_adapter_outage_waits_total",
-            "Calls that waited for an engine to be re-admitted (every engine was out).",
-        )
-        self.store_errors = Counter(
+        self.store_errors = self._counter(
             "swerl_adapter_store_errors_total", "Failed write-throughs to Redis (kept, retried)."
         )
-        self.weight_version = Gauge("swerl_adapter_weight_version", "Current weight version.")
-        self.open_trajectories = Gauge(
+        self.open_trajectories = self._gauge(
             "swerl_adapter_open_trajectories", "Trajectories with in-memory state."
         )
 
-    def all(self) -> list[_Metric]:
-        return [m for m in vars(self).values() if isinstance(m, _Metric)]
+    def _define_engines(self) -> None:
+        self.engine_latency = self._histogram(
+            "swerl_adapter_engine_seconds", "Engine /generate latency.", ("engine",)
+        )
+        self.engine_healthy = self._gauge(
+            "swerl_adapter_engine_healthy", "1 if the engine is in rotation.", ("engine",)
+        )
+        self.engine_inflight = self._gauge(
+            "swerl_adapter_engine_inflight", "Generate calls in flight per engine.", ("engine",)
+        )
+        self.engine_failures = self._counter(
+            "swerl_adapter_engine_failures_total", "Failed generate calls per engine.", ("engine",)
+        )
+        self.retries = self._counter(
+            "swerl_adapter_retries_total", "Requests retried on another engine."
+        )
+        self.outage_waits = self._counter(
+            "swerl_adapter_outage_waits_total",
+            "Calls that waited for an engine to be re-admitted (every engine was out).",
+        )
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in self.all():
-            lines.extend(metric.header())
-            lines.extend(metric.lines())
-        return "\n".join(lines) + "\n"
+    def _define_weights(self) -> None:
+        self.gate_wait = self._histogram(
+            "swerl_adapter_gate_wait_seconds", "Time requests waited at the closed refresh gate."
+        )
+        self.gate_closed = self._histogram(
+            "swerl_adapter_refresh_gate_closed_seconds",
+            "How long each weight refresh closed the gate.",
+        )
+        self.refresh_load = self._histogram(
+            "swerl_adapter_refresh_load_seconds", "Engine weight loading time per refresh."
+        )
+        self.weight_version = self._gauge("swerl_adapter_weight_version", "Current weight version.")
+
+    def value(self, sample: str, **labels: str) -> float:
+        """The current value of one exposed sample (``name_total``, ``name_count``, ...), 0 if it
+        was never set."""
+        found = self.registry.get_sample_value(sample, labels)
+        return 0.0 if found is None else found
+
+    def render(self) -> bytes:
+        """The exposition text of this registry."""
+        return generate_latest(self.registry)

@@ -204,32 +204,13 @@ class Recorder:
                 f"engine returned {len(result.output_ids)} ids and "
                 f"{len(result.output_logprobs)} logprobs"
             )
-        turn = Turn(
-            observation_ids=int_array(plan.observation_ids),
-            output_ids=int_array(result.output_ids),
-            output_logprobs=float_array(result.output_logprobs),
-            weight_version=result.weight_version,
-            finish_reason=result.finish_reason,
-            engine=result.engine,
-            started_at=result.started_at,
-            latency_s=result.latency_s,
-            queue_wait_s=result.queue_wait_s,
-            prompt_tokens=len(plan.input_ids),
-            cached_tokens=result.cached_tokens,
-        )
+        turn = _turn(plan, result)
         counters = {
             "turns": 1,
             "generated_tokens": len(result.output_ids),
             "observation_tokens": len(plan.observation_ids),
         }
         entries: list[bytes] = []
-        if plan.reason is None and state is not None:
-            # The old state is superseded: extend its token buffer in place (no O(n) copy).
-            tokens = state.token_ids
-            tokens.extend(turn.observation_ids)
-        else:
-            tokens = int_array(plan.input_ids)
-        tokens.extend(turn.output_ids)
         if plan.reason is not None:
             assert plan.prompt_ids is not None
             segment = Segment(prompt_ids=int_array(plan.prompt_ids), reason=plan.reason)
@@ -245,7 +226,7 @@ class Recorder:
         entries.append(turn.to_bytes())
         new_state = SegmentState(
             index=plan.segment_index,
-            token_ids=tokens,
+            token_ids=_segment_tokens(state, plan, turn),
             messages=plan.message_keys,
             returned=canonical(returned),
             ends_with_eot=self.ends_with_eot(result.output_ids),
@@ -254,3 +235,32 @@ class Recorder:
             n_turns=n_turns,
         )
         return Committed(state=new_state, turn=turn, entries=entries, counters=counters)
+
+
+def _turn(plan: TurnPlan, result: TurnResult) -> Turn:
+    """The record's turn for the engine's answer to ``plan``."""
+    return Turn(
+        observation_ids=int_array(plan.observation_ids),
+        output_ids=int_array(result.output_ids),
+        output_logprobs=float_array(result.output_logprobs),
+        weight_version=result.weight_version,
+        finish_reason=result.finish_reason,
+        engine=result.engine,
+        started_at=result.started_at,
+        latency_s=result.latency_s,
+        queue_wait_s=result.queue_wait_s,
+        prompt_tokens=len(plan.input_ids),
+        cached_tokens=result.cached_tokens,
+    )
+
+
+def _segment_tokens(state: SegmentState | None, plan: TurnPlan, turn: Turn) -> array:
+    """Every token of the segment after ``turn``: the old buffer extended in place when the turn
+    continues it (the old state is superseded: no O(n) copy), else the new prompt."""
+    if plan.reason is None and state is not None:
+        tokens = state.token_ids
+        tokens.extend(turn.observation_ids)
+    else:
+        tokens = int_array(plan.input_ids)
+    tokens.extend(turn.output_ids)
+    return tokens

@@ -89,8 +89,8 @@ class Router:
             self._publish(engine)
 
     def _publish(self, engine: Engine) -> None:
-        self.metrics.engine_healthy.set(1.0 if engine.healthy else 0.0, engine=engine.url)
-        self.metrics.engine_inflight.set(float(engine.inflight), engine=engine.url)
+        self.metrics.engine_healthy.labels(engine=engine.url).set(1.0 if engine.healthy else 0.0)
+        self.metrics.engine_inflight.labels(engine=engine.url).set(float(engine.inflight))
 
     def healthy(self) -> list[Engine]:
         return [e for e in self.engines if e.healthy]
@@ -147,7 +147,7 @@ class Router:
         engine.healthy = False
         engine.last_error = reason
         engine.failures += 1
-        self.metrics.engine_failures.inc(engine=engine.url)
+        self.metrics.engine_failures.labels(engine=engine.url).inc()
         self._publish(engine)
 
     def mark_healthy(self, engine: Engine) -> None:
@@ -195,7 +195,9 @@ class Router:
             finally:
                 engine.inflight -= 1
                 self._publish(engine)
-            self.metrics.engine_latency.observe(time.perf_counter() - started, engine=engine.url)
+            self.metrics.engine_latency.labels(engine=engine.url).observe(
+                time.perf_counter() - started
+            )
             if result.aborted:
                 # Aborted by the engine (not by us): nothing reached the client, try elsewhere.
                 errors.append(f"{engine.url}: generation aborted by the engine")

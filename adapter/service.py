@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions
@@ -49,9 +49,10 @@ from adapter.openai_schema import (
     tool_call_id,
     usage,
 )
-from adapter.recorder import Recorder, SegmentState, TurnPlan, TurnResult
+from adapter.recorder import Recorder, TurnPlan, TurnResult
 from adapter.rendering import ContextLengthError, Renderer
 from adapter.routing import Engine, NoEngineAvailableError, Router
+from adapter.runtime import TrajectoryRuntime
 from adapter.tokenize_worker import TokenizerProcesses, TokenizerWorkerError
 from adapter.tool_parsers import ToolParser, get_parser
 from adapter.weights import RefreshGate, WeightCoordinator
@@ -76,20 +77,6 @@ def open_store(config: AdapterConfig) -> TrajectoryStore:
 
 
 _STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-
-
-@dataclass
-class TrajectoryRuntime:
-    """In-memory state of one open trajectory."""
-
-    trajectory_id: str
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    state: SegmentState | None = None
-    n_segments: int = 0
-    pending_entries: list[bytes] = field(default_factory=list)
-    pending_counters: dict[str, int] = field(default_factory=dict)
-    last_used: float = field(default_factory=time.monotonic)
-    token_digest: str | None = None  # of the trajectory's bearer token (adapter.auth)
 
 
 @dataclass(frozen=True)
@@ -215,12 +202,14 @@ class AdapterService:
             await asyncio.sleep(min(60.0, ttl))
             cutoff = time.monotonic() - ttl
             for tid, runtime in list(self.trajectories.items()):
-                if runtime.last_used < cutoff and not runtime.lock.locked():
-                    if runtime.pending_entries:
-                        try:
-                            await self._flush(runtime)
-                        except APIError:
-                            continue
+                if not runtime.idle_since(cutoff):
+                    continue
+                try:
+                    async with runtime.lock:
+                        await self._flush(runtime)
+                except APIError:
+                    continue
+                if runtime.idle_since(cutoff):  # no request came while it was written
                     self.trajectories.pop(tid, None)
                     self.router.forget(tid)
             self.metrics.open_trajectories.set(float(len(self.trajectories)))
@@ -308,24 +297,23 @@ class AdapterService:
         return runtime
 
     async def _flush(self, runtime: TrajectoryRuntime) -> None:
-        if not runtime.pending_entries and not runtime.pending_counters:
+        write = runtime.pending()
+        if not write:
             return
-        entries, counters = runtime.pending_entries, runtime.pending_counters
         try:
-            await self.store.append(runtime.trajectory_id, entries, counters)
+            await self.store.append(runtime.trajectory_id, list(write.entries), write.counters)
         except _STORE_ERRORS as exc:
             self.metrics.store_errors.inc()
             log.warning(
                 "trajectory %s: write-through failed (%d entries kept in memory): %s",
                 runtime.trajectory_id,
-                len(entries),
+                len(write.entries),
                 exc,
             )
             raise APIError(
                 503, f"trajectory store unavailable: {exc}", code="store_unavailable"
             ) from None
-        runtime.pending_entries = []
-        runtime.pending_counters = {}
+        runtime.written(write)
 
     async def close_trajectory(self, trajectory_id: str, outcome: Outcome | None) -> dict[str, Any]:
         self.validate_id(trajectory_id)
@@ -360,7 +348,7 @@ class AdapterService:
         self.validate_id(trajectory_id)
         runtime = self.trajectories.get(trajectory_id)
         try:
-            if runtime is not None and runtime.pending_entries:
+            if runtime is not None and runtime.pending():
                 async with runtime.lock:
                     await self._flush(runtime)
             record = await self.store.load(trajectory_id)
@@ -459,7 +447,7 @@ class AdapterService:
             return await self._generate_and_answer(request, None, plan)
         runtime = await self._runtime(trajectory_id)
         async with runtime.lock:
-            runtime.last_used = time.monotonic()
+            runtime.touch()
             # Planning reads the trajectory's state and changes nothing; the lock keeps the
             # state as it is until this request committed or failed.
             plan = await self._off_loop(
@@ -479,8 +467,51 @@ class AdapterService:
         plan: TurnPlan,
     ) -> ChatOutcome:
         sampling = self._sampling(request, len(plan.input_ids))
-        tid = runtime.trajectory_id if runtime else None
         started_at = time.time()
+        result, engine, waited = await self._generate(request, runtime, plan, sampling)
+        version = self.weights.version_of(result.weight_version)
+        message, reason = self._answer(request, result.output_ids, result.finish_reason)
+        if runtime is not None:
+            turn = TurnResult(
+                output_ids=result.output_ids,
+                output_logprobs=result.output_logprobs,
+                weight_version=version,
+                finish_reason=result.finish_reason.type,
+                engine=engine.url,
+                started_at=started_at,
+                latency_s=result.latency_s,
+                queue_wait_s=waited,
+                cached_tokens=result.cached_tokens,
+            )
+            await self._record(runtime, plan, turn, message)
+        self.metrics.prompt_tokens.inc(len(plan.input_ids))
+        self.metrics.generated_tokens.inc(len(result.output_ids))
+        self.metrics.observation_tokens.inc(len(plan.observation_ids))
+        headers = {"x-swerl-weight-version": str(version), "x-swerl-engine": engine.url}
+        if runtime is not None:
+            headers["x-swerl-segment"] = str(plan.segment_index)
+        return ChatOutcome(
+            cid=completion_id(),
+            model=request.model or self.model_name,
+            message=message,
+            finish_reason=reason,
+            usage=usage(len(plan.input_ids), len(result.output_ids), result.cached_tokens),
+            stream=bool(request.stream),
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            headers=headers,
+            logprobs=self._logprobs(result) if request.logprobs else None,
+        )
+
+    async def _generate(
+        self,
+        request: ChatCompletionRequest,
+        runtime: TrajectoryRuntime | None,
+        plan: TurnPlan,
+        sampling: SamplingParams,
+    ) -> tuple[GenerateResult, Engine, float]:
+        """One generate call through the refresh gate; returns the answer, the engine that gave
+        it and the seconds waited at the gate. No engine: the trajectory records the failure."""
+        tid = runtime.trajectory_id if runtime else None
         rid = f"{tid or 'untracked'}-{uuid.uuid4().hex[:12]}"
         try:
             async with self.gate.slot() as waited:
@@ -504,54 +535,24 @@ class AdapterService:
                 except (APIError, *_STORE_ERRORS):
                     log.error("trajectory %s: could not record infra failure", tid)
             raise APIError(503, message, code="engine_unavailable") from None
-        version = self.weights.version_of(result.weight_version)
-        message, reason = self._answer(request, result.output_ids, result.finish_reason)
-        if runtime is not None:
-            committed = self.recorder.commit(
-                runtime.state,
-                plan,
-                TurnResult(
-                    output_ids=result.output_ids,
-                    output_logprobs=result.output_logprobs,
-                    weight_version=version,
-                    finish_reason=result.finish_reason.type,
-                    engine=engine.url,
-                    started_at=started_at,
-                    latency_s=result.latency_s,
-                    queue_wait_s=waited,
-                    cached_tokens=result.cached_tokens,
-                ),
-                ChatMessage.model_validate(message),
-            )
-            runtime.state = committed.state
-            if plan.new_segment:
-                runtime.n_segments += 1
-                self.metrics.segments.inc(reason=str(plan.reason))
-            runtime.pending_entries.extend(committed.entries)
-            for name, delta in committed.counters.items():
-                runtime.pending_counters[name] = runtime.pending_counters.get(name, 0) + delta
-            with contextlib.suppress(APIError):  # kept in memory; retried next turn / at close
-                await self._flush(runtime)
-        self.metrics.prompt_tokens.inc(len(plan.input_ids))
-        self.metrics.generated_tokens.inc(len(result.output_ids))
-        self.metrics.observation_tokens.inc(len(plan.observation_ids))
-        headers = {
-            "x-swerl-weight-version": str(version),
-            "x-swerl-engine": engine.url,
-        }
-        if runtime is not None:
-            headers["x-swerl-segment"] = str(plan.segment_index)
-        return ChatOutcome(
-            cid=completion_id(),
-            model=request.model or self.model_name,
-            message=message,
-            finish_reason=reason,
-            usage=usage(len(plan.input_ids), len(result.output_ids), result.cached_tokens),
-            stream=bool(request.stream),
-            include_usage=bool(request.stream_options and request.stream_options.include_usage),
-            headers=headers,
-            logprobs=self._logprobs(result) if request.logprobs else None,
+        return result, engine, waited
+
+    async def _record(
+        self,
+        runtime: TrajectoryRuntime,
+        plan: TurnPlan,
+        turn: TurnResult,
+        message: dict[str, Any],
+    ) -> None:
+        """Commit the answered turn into the trajectory and write it through to the store."""
+        committed = self.recorder.commit(
+            runtime.state, plan, turn, ChatMessage.model_validate(message)
         )
+        runtime.apply(plan, committed)
+        if plan.new_segment:
+            self.metrics.segments.labels(reason=str(plan.reason)).inc()
+        with contextlib.suppress(APIError):  # kept in memory; retried next turn / at close
+            await self._flush(runtime)
 
     def _logprobs(self, result: GenerateResult) -> dict[str, Any]:
         """OpenAI ``logprobs`` from what was recorded: every generated token (the stop token

@@ -199,6 +199,44 @@ class WeightCoordinator:
         loader: EngineLoader | None,
         check: Callable[[list[Engine]], None] | None,
     ) -> dict[str, Any]:
+        await self._validate(model_path, version, check)
+        if loader is None:
+            assert model_path is not None
+
+            async def loader(engine: Engine) -> dict[str, Any]:
+                return await self._load(engine, model_path, version)
+
+        closed_at = time.perf_counter()
+        inflight_at_close = self.gate.inflight
+        self.gate.close()
+        try:
+            drained_at = await self._drain(closed_at)
+            report = await self._load_all(loader, model_path, version)
+            loaded_at = time.perf_counter()
+            self.state.version = version
+            self.state.model_path = model_path  # None: no disk copy of this version
+            self.state.refreshes += 1
+        finally:
+            self.gate.reopen()
+        summary = {
+            "version": version,
+            "model_path": model_path,
+            "gate_closed_s": time.perf_counter() - closed_at,
+            "drain_s": drained_at - closed_at,
+            "load_s": loaded_at - drained_at,
+            "inflight_at_close": inflight_at_close,
+            "engines": report,
+        }
+        self._refreshed(summary)
+        return summary
+
+    async def _validate(
+        self,
+        model_path: str | None,
+        version: int,
+        check: Callable[[list[Engine]], None] | None,
+    ) -> None:
+        """Everything that can refuse a refresh before the gate closes (nothing drained yet)."""
         if version <= self.state.version:
             raise APIError(
                 409,
@@ -217,65 +255,50 @@ class WeightCoordinator:
                 )
         if check is not None:
             check(self.router.healthy())
-        if loader is None:
-            assert model_path is not None
 
-            async def loader(engine: Engine) -> dict[str, Any]:
-                return await self._load(engine, model_path, version)
-
-        closed_at = time.perf_counter()
-        inflight_at_close = self.gate.inflight
-        self.gate.close()
+    async def _drain(self, closed_at: float) -> float:
+        """Wait for the generate calls in flight when the gate closed; returns when they were."""
         try:
-            try:
-                await self.gate.drain(self.drain_timeout_s)
-            except TimeoutError:
-                raise APIError(
-                    504,
-                    f"{self.gate.inflight} generate calls still in flight after "
-                    f"{self.drain_timeout_s:.0f}s; refresh abandoned, weights unchanged",
-                ) from None
-            drained_at = time.perf_counter()
-            engines = self.router.healthy()
-            results = await asyncio.gather(*(loader(e) for e in engines))
-            loaded_at = time.perf_counter()
-            report = {e.url: r for e, r in zip(engines, results, strict=True)}
-            for engine, result in zip(engines, results, strict=True):
-                if not result["ok"]:
-                    self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
-            if not any(r["ok"] for r in results):
-                raise APIError(
-                    502,
-                    f"no engine loaded {model_path} (version {version}): {report}",
-                    code="refresh_failed",
-                )
-            self.state.version = version
-            self.state.model_path = model_path  # None: no disk copy of this version
-            self.state.refreshes += 1
-        finally:
-            self.gate.reopen()
-        reopened_at = time.perf_counter()
-        summary = {
-            "version": version,
-            "model_path": model_path,
-            "gate_closed_s": reopened_at - closed_at,
-            "drain_s": drained_at - closed_at,
-            "load_s": loaded_at - drained_at,
-            "inflight_at_close": inflight_at_close,
-            "engines": report,
-        }
+            await self.gate.drain(self.drain_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                504,
+                f"{self.gate.inflight} generate calls still in flight after "
+                f"{self.drain_timeout_s:.0f}s; refresh abandoned, weights unchanged",
+            ) from None
+        return time.perf_counter()
+
+    async def _load_all(
+        self, loader: EngineLoader, model_path: str | None, version: int
+    ) -> dict[str, dict[str, Any]]:
+        """Load every engine in rotation concurrently; those that fail leave the rotation. At
+        least one must succeed (502 otherwise). Returns each engine's result by URL."""
+        engines = self.router.healthy()
+        results = await asyncio.gather(*(loader(e) for e in engines))
+        report = {e.url: r for e, r in zip(engines, results, strict=True)}
+        for engine, result in zip(engines, results, strict=True):
+            if not result["ok"]:
+                self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
+        if not any(r["ok"] for r in results):
+            raise APIError(
+                502,
+                f"no engine loaded {model_path} (version {version}): {report}",
+                code="refresh_failed",
+            )
+        return report
+
+    def _refreshed(self, summary: dict[str, Any]) -> None:
         self.state.last_refresh = summary
-        self.metrics.weight_version.set(float(version))
+        self.metrics.weight_version.set(float(summary["version"]))
         self.metrics.gate_closed.observe(summary["gate_closed_s"])
         self.metrics.refresh_load.observe(summary["load_s"])
         log.info(
             "weights v%d loaded: gate closed %.3fs (drain %.3fs, load %.3fs)",
-            version,
+            summary["version"],
             summary["gate_closed_s"],
             summary["drain_s"],
             summary["load_s"],
         )
-        return summary
 
     async def readmit(self, engine: Engine) -> None:
         """Probe an unhealthy engine; put it back once it serves the current weights."""

@@ -396,28 +396,7 @@ def parse_generate_output(
     output_ids = list(output.output_ids)
     logprobs: list[float] = []
     if return_logprob:
-        entries = meta.output_token_logprobs
-        if entries is None:
-            raise EngineProtocolError(
-                url, "return_logprob was set but output_token_logprobs is missing"
-            )
-        ids: list[int] = []
-        for i, entry in enumerate(entries):
-            value, token = entry[0], entry[1]
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise EngineProtocolError(url, f"output_token_logprobs[{i}] has logprob {value!r}")
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise EngineProtocolError(url, f"output_token_logprobs[{i}] has token id {token!r}")
-            logprobs.append(float(value))
-            ids.append(token)
-        # The logprob entries name every generated token; some SGLang versions leave the
-        # matched stop token out of output_ids, never anything else.
-        if output_ids != ids and output_ids != ids[:-1]:
-            raise EngineProtocolError(
-                url,
-                f"output_ids ({len(output_ids)}) disagree with output_token_logprobs ({len(ids)})",
-            )
-        output_ids = ids
+        output_ids, logprobs = _output_logprobs(meta.output_token_logprobs, output_ids, url)
     if meta.completion_tokens != len(output_ids) and meta.completion_tokens != len(output_ids) - 1:
         raise EngineProtocolError(
             url, f"completion_tokens={meta.completion_tokens} but {len(output_ids)} output ids"
@@ -442,6 +421,40 @@ def parse_generate_output(
     )
 
 
+def _output_logprobs(
+    entries: list[list[Any]] | None, output_ids: list[int], url: str
+) -> tuple[list[int], list[float]]:
+    """``meta_info.output_token_logprobs`` (``[logprob, token_id, ...]`` per generated token) as
+    the generated ids and their logprobs, checked against ``output_ids``."""
+    if entries is None:
+        raise EngineProtocolError(
+            url, "return_logprob was set but output_token_logprobs is missing"
+        )
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for i, entry in enumerate(entries):
+        value, token = _logprob_and_token(entry[0], entry[1], "output_token_logprobs", i, url)
+        logprobs.append(value)
+        ids.append(token)
+    # The logprob entries name every generated token; some SGLang versions leave the
+    # matched stop token out of output_ids, never anything else.
+    if output_ids != ids and output_ids != ids[:-1]:
+        raise EngineProtocolError(
+            url,
+            f"output_ids ({len(output_ids)}) disagree with output_token_logprobs ({len(ids)})",
+        )
+    return ids, logprobs
+
+
+def _logprob_and_token(value: Any, token: Any, field: str, i: int, url: str) -> tuple[float, int]:
+    """One ``[logprob, token_id]`` pair of a logprob list: a number and an integer id."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise EngineProtocolError(url, f"{field}[{i}] has logprob {value!r}")
+    if not isinstance(token, int) or isinstance(token, bool):
+        raise EngineProtocolError(url, f"{field}[{i}] has token id {token!r}")
+    return float(value), token
+
+
 def _parse_top_logprobs(
     entries: list[list[list[Any]] | None] | None, n_tokens: int, url: str
 ) -> list[list[tuple[float, int]]]:
@@ -454,17 +467,13 @@ def _parse_top_logprobs(
         raise EngineProtocolError(
             url, f"output_top_logprobs has {len(entries)} entries for {n_tokens} output tokens"
         )
-    parsed: list[list[tuple[float, int]]] = []
-    for i, position in enumerate(entries):
-        row: list[tuple[float, int]] = []
-        for value, token, _text in position or []:
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise EngineProtocolError(url, f"output_top_logprobs[{i}] has logprob {value!r}")
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise EngineProtocolError(url, f"output_top_logprobs[{i}] has token id {token!r}")
-            row.append((float(value), token))
-        parsed.append(row)
-    return parsed
+    return [
+        [
+            _logprob_and_token(value, token, "output_top_logprobs", i, url)
+            for value, token, _text in position or []
+        ]
+        for i, position in enumerate(entries)
+    ]
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,11 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from services.protocol import TrajectoryMeta, TrajectoryRecord
+from services.protocol.raw_frames import decode_frames
 from services.store import load_trajectory
 from tests.integration.adapter.conftest import (
     BASH_TOOL,
@@ -100,12 +101,8 @@ def test_tool_call_conversation_is_parsed_and_recorded_token_exactly(
         assert closed.json()["outcome"]["reward"] == 1.0
         raw = a.http.get(f"{a.url}/trajectories/tools-json/raw")
         assert raw.headers["content-type"] == "application/octet-stream"
-        entries, off = [], 0
-        while off < len(raw.content):
-            (n,) = struct.unpack_from("<I", raw.content, off)
-            entries.append(raw.content[off + 4 : off + 4 + n])
-            off += 4 + n
-        assert int(raw.headers["x-swerl-entries"]) == len(entries) == 4
+        entries = decode_frames(raw.content, expected_count=raw.headers["x-swerl-entries"])
+        assert len(entries) == 4
         rebuilt = TrajectoryRecord.from_entries(TrajectoryMeta(trajectory_id="tools-json"), entries)
         assert rebuilt.segments[0].token_ids() == segment_tokens(segment)
     # Other services read the same record synchronously.
@@ -237,8 +234,10 @@ def test_rewritten_history_opens_a_counted_segment(
         assert [len(s["turns"]) for s in record["segments"]] == [2, 2]
         assert record["counters"]["history_mismatch"] == 1
         assert record["counters"]["segments"] == 2
-        metrics = a.http.get(f"{a.url}/metrics").text
-        assert 'swerl_adapter_segments_opened_total{reason="history_mismatch"} 1' in metrics
+        metrics = _samples(a.http.get(f"{a.url}/metrics").text)
+        assert (
+            metrics[("swerl_adapter_segments_opened_total", (("reason", "history_mismatch"),))] == 1
+        )
 
 
 def _sse(response: httpx.Response) -> list[Any]:
@@ -326,10 +325,27 @@ def test_untracked_calls_models_health_and_metrics(
         assert health.status_code == 200
         assert health.json()["engines"] == {engines.a.url: True}
         metrics = a.http.get(f"{a.url}/metrics")
-        assert metrics.headers["content-type"].startswith("text/plain")
-        assert 'swerl_adapter_requests_total{route="untracked",status="ok"} 1' in metrics.text
-        assert f'swerl_adapter_engine_healthy{{engine="{engines.a.url}"}} 1' in metrics.text
-        assert "swerl_adapter_request_seconds_bucket" in metrics.text
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        samples = _samples(metrics.text)
+        ok = (("route", "untracked"), ("status", "ok"))
+        generated = body["usage"]["completion_tokens"]
+        assert samples[("swerl_adapter_requests_total", ok)] == 1
+        assert samples[("swerl_adapter_engine_healthy", (("engine", engines.a.url),))] == 1
+        assert samples[("swerl_adapter_request_seconds_count", (("route", "untracked"),))] == 1
+        assert samples[("swerl_adapter_generated_tokens_total", ())] == generated
+        r = a.chat(None, {"messages": [{"role": "user", "content": "again"}], "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        again = _samples(a.http.get(f"{a.url}/metrics").text)
+        assert again[("swerl_adapter_requests_total", ok)] == 2
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus exposition, parsed by prometheus_client's own parser."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_trajectory_lifecycle_routes(adapter: AdapterFactory, engines: EnginePool) -> None:

@@ -104,7 +104,7 @@ def test_new_trajectories_go_to_the_least_busy_healthy_engine() -> None:
     assert router.pick("t1") is e0  # sticky engine out of rotation
     router.mark_unhealthy(e0, "down")
     assert router.pick("t1") is None
-    assert router.metrics.engine_healthy.get(engine=e0.url) == 0.0
+    assert router.metrics.value("swerl_adapter_engine_healthy", engine=e0.url) == 0.0
 
 
 def test_stick_and_forget_keep_assignment_counts() -> None:
@@ -171,7 +171,7 @@ def test_a_call_waits_for_the_only_engine_to_be_readmitted() -> None:
 
     assert asyncio.run(scenario()) == "ok@http://127.0.0.1:9100"
     assert client.calls == 2
-    assert router.metrics.outage_waits.get() == 1
+    assert router.metrics.value("swerl_adapter_outage_waits_total") == 1
     assert router.sticky == {"t1": "http://127.0.0.1:9100"}
 
 
@@ -180,11 +180,11 @@ def test_without_a_readmission_the_call_fails_after_the_wait() -> None:
     with pytest.raises(NoEngineAvailableError, match="read timed out"):
         asyncio.run(router.generate("t1", [1], SamplingParams(), rid="r"))
     assert client.calls == 1  # never re-admitted: no second call
-    assert router.metrics.outage_waits.get() == 1
+    assert router.metrics.value("swerl_adapter_outage_waits_total") == 1
 
 
 def test_no_outage_wait_fails_at_once() -> None:
     router, client = _flaky_router(outage_wait_s=0.0, failures=10)
     with pytest.raises(NoEngineAvailableError):
         asyncio.run(router.generate(None, [1], SamplingParams(), rid="r"))
-    assert client.calls == 1 and router.metrics.outage_waits.get() == 0
+    assert client.calls == 1 and router.metrics.value("swerl_adapter_outage_waits_total") == 0

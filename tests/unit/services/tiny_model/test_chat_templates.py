@@ -191,3 +191,135 @@ def test_rendered_prompt_round_trips_through_tokens(
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
     assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == text.count("<|im_start|>")
+
+
+# -- the shared conversation macro renders exactly what the two full templates rendered ---------
+
+CODER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "str_replace_editor",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "enum": ["view", "create"]},
+                    "path": {"type": "string", "description": "Absolute path."},
+                    "view_range": {"type": ["array", "null"], "items": {"type": "integer"}},
+                },
+                "required": ["command", "path"],
+            },
+        },
+    },
+    {"name": "finish", "description": "", "parameters": {"type": "object"}},
+]
+
+# (messages, tools) pairs covering every branch of the message loop: system first / later / in
+# the tools preamble, user text and text parts, assistant with content, reasoning, one and
+# several tool calls (with and without content, bare and OpenAI-shaped), tool results alone,
+# grouped, first and last, multi-turn conversations.
+EQUIVALENCE_CASES: list[tuple[list[dict[str, Any]], Any]] = [
+    ([{"role": "user", "content": "Hi"}], None),
+    ([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}], None),
+    ([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}], TOOLS),
+    ([{"role": "user", "content": "Hi"}, {"role": "system", "content": "late"}], TOOLS),
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}], None),
+    ([{"role": "user", "content": None}], None),
+    (CONVERSATION, TOOLS),
+    (CONVERSATION, CODER_TOOLS),
+    (CONVERSATION, None),
+    (CONVERSATION[:3], TOOLS),
+    (CONVERSATION[:4], TOOLS),
+    (CONVERSATION[:6], TOOLS),
+    ([CONVERSATION[3]], TOOLS),
+    ([CONVERSATION[1], CONVERSATION[3], CONVERSATION[5], CONVERSATION[6]], TOOLS),
+    (
+        [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"name": "finish", "arguments": {"message": "done", "n": [1]}}],
+            },
+            {"role": "tool", "content": [{"type": "text", "text": "ok"}]},
+            {"role": "assistant", "content": "bye", "reasoning_content": ""},
+            {"role": "user", "content": "again"},
+        ],
+        CODER_TOOLS,
+    ),
+]
+
+STRING_ARGUMENT_CASES: list[list[dict[str, Any]]] = [
+    [
+        {
+            "role": "assistant",
+            "content": "x",
+            "tool_calls": [{"function": {"name": "f", "arguments": '{"b": 1, "a": 2}'}}],
+        }
+    ],
+]
+
+BAD_CASES: list[list[dict[str, Any]]] = [
+    [{"role": "narrator", "content": "x"}],
+    [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}],
+    [{"role": "user", "content": {"text": "a mapping"}}],
+]
+
+
+def _render_with(tok: Any, template: str, messages: Any, tools: Any, generation: bool) -> str:
+    return tok.apply_chat_template(
+        messages,
+        tools=tools,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=generation,
+    )
+
+
+def _outcome(tok: Any, template: str, messages: Any, tools: Any, generation: bool) -> str:
+    try:
+        return _render_with(tok, template, messages, tools, generation)
+    except TemplateError as exc:
+        return f"error: {exc}"
+
+
+@pytest.mark.parametrize("coder", [False, True], ids=["json", "coder"])
+def test_templates_render_byte_identically_to_the_cached_models_templates(
+    tokenizer: Any, coder: bool
+) -> None:
+    from services.tiny_model.chat_templates import (
+        QWEN3_CODER_XML_TOOLS_TEMPLATE,
+        QWEN_JSON_TOOLS_TEMPLATE,
+    )
+    from tests.unit.services.tiny_model.legacy_chat_templates import (
+        LEGACY_QWEN3_CODER_XML_TOOLS_TEMPLATE,
+        LEGACY_QWEN_JSON_TOOLS_TEMPLATE,
+    )
+
+    new = QWEN3_CODER_XML_TOOLS_TEMPLATE if coder else QWEN_JSON_TOOLS_TEMPLATE
+    old = LEGACY_QWEN3_CODER_XML_TOOLS_TEMPLATE if coder else LEGACY_QWEN_JSON_TOOLS_TEMPLATE
+    assert new != old  # the comparison below is between two different texts
+    cases = [*EQUIVALENCE_CASES, *((m, TOOLS) for m in STRING_ARGUMENT_CASES + BAD_CASES)]
+    rendered = 0
+    for messages, tools in cases:
+        for generation in (False, True):
+            expected = _outcome(tokenizer, old, messages, tools, generation)
+            assert _outcome(tokenizer, new, messages, tools, generation) == expected, (
+                messages,
+                tools,
+                generation,
+            )
+            rendered += not expected.startswith("error: ")
+    # Most cases render (the comparison is not between two identical error messages).
+    assert rendered >= 2 * len(EQUIVALENCE_CASES)
+
+
+def test_the_cached_models_template_is_the_legacy_text(tokenizer: Any) -> None:
+    """The reference above is what the cached tiny models really carry (built before the macro);
+    a freshly built model carries the new text, which renders the same."""
+    from services.tiny_model.chat_templates import QWEN_JSON_TOOLS_TEMPLATE
+    from tests.unit.services.tiny_model.legacy_chat_templates import (
+        LEGACY_QWEN_JSON_TOOLS_TEMPLATE,
+    )
+
+    assert tokenizer.chat_template in (LEGACY_QWEN_JSON_TOOLS_TEMPLATE, QWEN_JSON_TOOLS_TEMPLATE)

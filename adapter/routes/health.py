@@ -1,0 +1,22 @@
+"""Liveness (``/health``: 503 when no engine is in rotation) and Prometheus ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from adapter.metrics import CONTENT_TYPE
+from adapter.routes.deps import Service
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(service: Service) -> JSONResponse:
+    view = service.health()
+    return JSONResponse(view, status_code=200 if view["status"] == "ok" else 503)
+
+
+@router.get("/metrics")
+async def metrics(service: Service) -> Response:
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE)
