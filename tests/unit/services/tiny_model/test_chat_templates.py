@@ -291,7 +291,7 @@ def test_templates_render_byte_identically_to_the_cached_models_templates(
         QWEN3_CODER_XML_TOOLS_TEMPLATE,
         QWEN_JSON_TOOLS_TEMPLATE,
     )
-    from tests.unit.services.tiny_model.legacy_chat_templates import (
+    from tests.support.legacy_chat_templates import (
         LEGACY_QWEN3_CODER_XML_TOOLS_TEMPLATE,
         LEGACY_QWEN_JSON_TOOLS_TEMPLATE,
     )
@@ -318,7 +318,7 @@ def test_the_cached_models_template_is_the_legacy_text(tokenizer: Any) -> None:
     """The reference above is what the cached tiny models really carry (built before the macro);
     a freshly built model carries the new text, which renders the same."""
     from services.tiny_model.chat_templates import QWEN_JSON_TOOLS_TEMPLATE
-    from tests.unit.services.tiny_model.legacy_chat_templates import (
+    from tests.support.legacy_chat_templates import (
         LEGACY_QWEN_JSON_TOOLS_TEMPLATE,
     )
 
