@@ -11,6 +11,7 @@ from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.evaluation.evaluate import ALREADY_APPLIED
 from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
+from tests.support.grading_attacks import HANG_INSTANCE, hanging_patch
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
 pytestmark = pytest.mark.slow  # every case runs the mini repo's test suite
@@ -173,11 +174,8 @@ def test_hanging_tests_time_out_as_reward_zero(
     local_config: EvalConfig,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
-    inst = mini_instances["swerl__strkit-1"]
-    hang = inst.patch.replace(
-        "+    if width <= len(suffix):\n",
-        "+    while True:\n+        pass\n+    if width <= len(suffix):\n",
-    ).replace("@@ -26,7 +26,9 @@", "@@ -26,7 +26,11 @@")
+    inst = mini_instances[HANG_INSTANCE]
+    hang = hanging_patch(inst)
     config = local_config.model_copy(update={"test_timeout_s": 2})
     report = _run(local_backend, inst, hang, config)
     assert report.infra_error is None, report.infra_error
