@@ -8,7 +8,7 @@ vectorised library is checked against an independent reading of the equations.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 Matrix = list[list[float]]
 BoolMatrix = list[list[bool]]
@@ -17,6 +17,13 @@ BoolMatrix = list[list[bool]]
 def action_positions(mask_row: list[bool]) -> list[int]:
     """``u_1 < ... < u_M``."""
     return [t for t, m in enumerate(mask_row) if m]
+
+
+def action_tokens(mask: BoolMatrix) -> Iterator[tuple[int, int]]:
+    """``(i, t)`` of every action token, row by row."""
+    for i, row in enumerate(mask):
+        for t in action_positions(row):
+            yield i, t
 
 
 def over_actions(mask: BoolMatrix, value_at: Callable[[int, list[int], int], float]) -> Matrix:
@@ -117,14 +124,11 @@ def dis_loss(
     weights = token_weights(mask, aggregation)
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            rho = math.exp(logp[i][t] - behavior[i][t])
-            if low < rho < high:
-                loss -= weights[i][t] * rho * adv[i][t]
-                grad[i][t] = -weights[i][t] * rho * adv[i][t]
+    for i, t in action_tokens(mask):
+        rho = math.exp(logp[i][t] - behavior[i][t])
+        if low < rho < high:
+            loss -= weights[i][t] * rho * adv[i][t]
+            grad[i][t] = -weights[i][t] * rho * adv[i][t]
     return loss, grad
 
 
@@ -143,18 +147,15 @@ def ppo_loss(
     clipped_tokens = 0
     tokens = 0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            tokens += 1
-            a = adv[i][t]
-            rho = math.exp(logp[i][t] - behavior[i][t])
-            clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
-            loss -= weights[i][t] * min(rho * a, clipped * a)
-            active = (a > 0 and rho > 1 + eps_high) or (a < 0 and rho < 1 - eps_low)
-            clipped_tokens += active
-            grad[i][t] = 0.0 if active else -weights[i][t] * rho * a
+    for i, t in action_tokens(mask):
+        tokens += 1
+        a = adv[i][t]
+        rho = math.exp(logp[i][t] - behavior[i][t])
+        clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
+        loss -= weights[i][t] * min(rho * a, clipped * a)
+        active = (a > 0 and rho > 1 + eps_high) or (a < 0 and rho < 1 - eps_low)
+        clipped_tokens += active
+        grad[i][t] = 0.0 if active else -weights[i][t] * rho * a
     return loss, grad, clipped_tokens / tokens
 
 
@@ -221,19 +222,16 @@ def clipped_value_loss(
     grad = [[0.0] * len(row) for row in mask]
     if count == 0:
         return 0.0, grad
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            v, vo, g = values[i][t], old[i][t], targets[i][t]
-            inside = abs(v - vo) < eps_v
-            v_bar = vo + min(max(v - vo, -eps_v), eps_v)
-            plain, clipped = (v - g) ** 2, (v_bar - g) ** 2
-            loss += max(plain, clipped) / count
-            if plain >= clipped:
-                grad[i][t] = 2 * (v - g) / count
-            else:
-                grad[i][t] = 2 * (v_bar - g) / count if inside else 0.0
+    for i, t in action_tokens(mask):
+        v, vo, g = values[i][t], old[i][t], targets[i][t]
+        inside = abs(v - vo) < eps_v
+        v_bar = vo + min(max(v - vo, -eps_v), eps_v)
+        plain, clipped = (v - g) ** 2, (v_bar - g) ** 2
+        loss += max(plain, clipped) / count
+        if plain >= clipped:
+            grad[i][t] = 2 * (v - g) / count
+        else:
+            grad[i][t] = 2 * (v_bar - g) / count if inside else 0.0
     return loss, grad
 
 
@@ -394,14 +392,11 @@ def bce_value_loss(
     count = max(1, sum(1 for row in mask for x in row if x))
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            z, y = logits[i][t], targets[i][t]
-            s = sigmoid(z)
-            loss += (a * (softplus(z) - y * z) + b * (s - y) ** 2) / count
-            grad[i][t] = (a * (s - y) + b * 2 * (s - y) * s * (1 - s)) / count
+    for i, t in action_tokens(mask):
+        z, y = logits[i][t], targets[i][t]
+        s = sigmoid(z)
+        loss += (a * (softplus(z) - y * z) + b * (s - y) ** 2) / count
+        grad[i][t] = (a * (s - y) + b * 2 * (s - y) * s * (1 - s)) / count
     return loss, grad
 
 
@@ -443,21 +438,18 @@ def pact_actor_loss(
     weights = token_weights(mask, "seq-mean-token-mean")
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            rho = math.exp(logp[i][t] - old[i][t])
-            w = min(math.exp(old[i][t] - behavior[i][t]), tis_high)
-            a = adv[i][t]
-            if kind == "dis":
-                inside = low < rho < high
-                term, slope = (w * rho * a, w * rho * a) if inside else (0.0, 0.0)
-            else:
-                clipped = min(max(rho, 1 - low), 1 + high)
-                term = w * min(rho * a, clipped * a)
-                active = (a > 0 and rho > 1 + high) or (a < 0 and rho < 1 - low)
-                slope = 0.0 if active else w * rho * a
-            loss -= weights[i][t] * term
-            grad[i][t] = -weights[i][t] * slope
+    for i, t in action_tokens(mask):
+        rho = math.exp(logp[i][t] - old[i][t])
+        w = min(math.exp(old[i][t] - behavior[i][t]), tis_high)
+        a = adv[i][t]
+        if kind == "dis":
+            inside = low < rho < high
+            term, slope = (w * rho * a, w * rho * a) if inside else (0.0, 0.0)
+        else:
+            clipped = min(max(rho, 1 - low), 1 + high)
+            term = w * min(rho * a, clipped * a)
+            active = (a > 0 and rho > 1 + high) or (a < 0 and rho < 1 - low)
+            slope = 0.0 if active else w * rho * a
+        loss -= weights[i][t] * term
+        grad[i][t] = -weights[i][t] * slope
     return loss, grad
