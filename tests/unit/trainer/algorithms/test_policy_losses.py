@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     dis_policy_loss,
     grpo_advantages,
@@ -33,8 +37,7 @@ def _expand(adv: torch.Tensor, like: torch.Tensor) -> list[list[float]]:
     return (adv[:, None].expand_as(like) if adv.ndim == 1 else adv).tolist()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dis_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, device: str):
@@ -97,8 +100,7 @@ def test_dis_survives_huge_log_ratios_off_and_on_actions() -> None:
     assert float(metrics["masked_low_frac"]) == pytest.approx(1 / 3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ppo_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, device: str):
@@ -127,8 +129,7 @@ def test_ppo_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, 
     )
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gspo_matches_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)
