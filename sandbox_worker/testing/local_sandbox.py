@@ -43,6 +43,16 @@ from sandbox_worker.backends.base import (
     validate_sandbox_path,
 )
 
+ISOLATED_GIT_ENV: dict[str, str] = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
+"""git without the host's system/global config, with a fixed identity (so commits work)."""
+
 
 class LocalDirSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec, scratch: Path, backend: LocalDirBackend) -> None:
@@ -70,12 +80,7 @@ class LocalDirSandbox(Sandbox):
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.scratch),
             "LANG": "C.UTF-8",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_AUTHOR_NAME": "t",
-            "GIT_AUTHOR_EMAIL": "t@example.com",
-            "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@example.com",
+            **ISOLATED_GIT_ENV,
             **self.spec.env,
             **(env or {}),
         }

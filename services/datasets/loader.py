@@ -70,9 +70,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DatasetError(
-                f"{path}:line {exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-            ) from None
+            raise _invalid_json(path, exc.lineno, exc) from None
         if not isinstance(rows, list):
             raise DatasetError(f"{path}: a .json dataset must be a list of instances")
         for index, row in enumerate(rows, start=1):
@@ -84,10 +82,12 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DatasetError(
-                f"{path}:line {lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-            ) from None
+            raise _invalid_json(path, lineno, exc) from None
         yield f"line {lineno}", record
+
+
+def _invalid_json(path: Path, lineno: int, exc: json.JSONDecodeError) -> DatasetError:
+    return DatasetError(f"{path}:line {lineno}: invalid JSON: {exc.msg} (column {exc.colno})")
 
 
 def _parquet_rows(path: Path) -> list[dict[str, Any]]:

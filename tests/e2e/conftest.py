@@ -17,6 +17,7 @@ may be left: the fixtures remove what they started and fail the session on lefto
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -124,20 +125,15 @@ def rollout_stack(redis_server: RedisServer) -> Iterator[RolloutStack]:
             )  # fmt: skip
             adapters = start_in_parallel(
                 [
-                    lambda: launch_adapter(
-                        [engines[0].url],
+                    functools.partial(
+                        launch_adapter,
+                        [engine.url],
                         model_dir,
                         redis_server.url,
                         logs,
                         worker_token=WORKER_TOKEN,
-                    ),
-                    lambda: launch_adapter(
-                        [engines[1].url],
-                        model_dir,
-                        redis_server.url,
-                        logs,
-                        worker_token=WORKER_TOKEN,
-                    ),
+                    )
+                    for engine in engines
                 ],
                 AdapterProcess.stop,
             )

@@ -9,8 +9,10 @@ prefix of a sibling or an exact copy, and rewards are 0/1 or arbitrary scalars w
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -139,6 +141,13 @@ def random_batch(
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = [torch.float32, torch.float64]
+
+
+def on_devices_and_dtypes[TestFn: Callable[..., object]](test: TestFn) -> TestFn:
+    """Parametrise a test over ``dtype`` in DTYPES and ``device`` in DEVICES (ids end
+    ``-<dtype>-<device>``, as the two stacked ``parametrize`` marks give)."""
+    test = pytest.mark.parametrize("dtype", DTYPES)(test)
+    return pytest.mark.parametrize("device", DEVICES)(test)
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:

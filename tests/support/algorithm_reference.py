@@ -8,6 +8,7 @@ vectorised library is checked against an independent reading of the equations.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 Matrix = list[list[float]]
 BoolMatrix = list[list[bool]]
@@ -16,6 +17,25 @@ BoolMatrix = list[list[bool]]
 def action_positions(mask_row: list[bool]) -> list[int]:
     """``u_1 < ... < u_M``."""
     return [t for t, m in enumerate(mask_row) if m]
+
+
+def action_tokens(mask: BoolMatrix) -> Iterator[tuple[int, int]]:
+    """``(i, t)`` of every action token, row by row."""
+    for i, row in enumerate(mask):
+        for t in action_positions(row):
+            yield i, t
+
+
+def over_actions(mask: BoolMatrix, value_at: Callable[[int, list[int], int], float]) -> Matrix:
+    """``out[i][u_j] = value_at(i, u, j)`` for row ``i``'s actions ``u``; 0 off the actions."""
+    out = []
+    for i, row in enumerate(mask):
+        u = action_positions(row)
+        values = [0.0] * len(row)
+        for j, t in enumerate(u):
+            values[t] = value_at(i, u, j)
+        out.append(values)
+    return out
 
 
 def members(groups: list[int], i: int) -> list[int]:
@@ -104,14 +124,11 @@ def dis_loss(
     weights = token_weights(mask, aggregation)
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            rho = math.exp(logp[i][t] - behavior[i][t])
-            if low < rho < high:
-                loss -= weights[i][t] * rho * adv[i][t]
-                grad[i][t] = -weights[i][t] * rho * adv[i][t]
+    for i, t in action_tokens(mask):
+        rho = math.exp(logp[i][t] - behavior[i][t])
+        if low < rho < high:
+            loss -= weights[i][t] * rho * adv[i][t]
+            grad[i][t] = -weights[i][t] * rho * adv[i][t]
     return loss, grad
 
 
@@ -130,18 +147,15 @@ def ppo_loss(
     clipped_tokens = 0
     tokens = 0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            tokens += 1
-            a = adv[i][t]
-            rho = math.exp(logp[i][t] - behavior[i][t])
-            clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
-            loss -= weights[i][t] * min(rho * a, clipped * a)
-            active = (a > 0 and rho > 1 + eps_high) or (a < 0 and rho < 1 - eps_low)
-            clipped_tokens += active
-            grad[i][t] = 0.0 if active else -weights[i][t] * rho * a
+    for i, t in action_tokens(mask):
+        tokens += 1
+        a = adv[i][t]
+        rho = math.exp(logp[i][t] - behavior[i][t])
+        clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
+        loss -= weights[i][t] * min(rho * a, clipped * a)
+        active = (a > 0 and rho > 1 + eps_high) or (a < 0 and rho < 1 - eps_low)
+        clipped_tokens += active
+        grad[i][t] = 0.0 if active else -weights[i][t] * rho * a
     return loss, grad, clipped_tokens / tokens
 
 
@@ -208,19 +222,16 @@ def clipped_value_loss(
     grad = [[0.0] * len(row) for row in mask]
     if count == 0:
         return 0.0, grad
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            v, vo, g = values[i][t], old[i][t], targets[i][t]
-            inside = abs(v - vo) < eps_v
-            v_bar = vo + min(max(v - vo, -eps_v), eps_v)
-            plain, clipped = (v - g) ** 2, (v_bar - g) ** 2
-            loss += max(plain, clipped) / count
-            if plain >= clipped:
-                grad[i][t] = 2 * (v - g) / count
-            else:
-                grad[i][t] = 2 * (v_bar - g) / count if inside else 0.0
+    for i, t in action_tokens(mask):
+        v, vo, g = values[i][t], old[i][t], targets[i][t]
+        inside = abs(v - vo) < eps_v
+        v_bar = vo + min(max(v - vo, -eps_v), eps_v)
+        plain, clipped = (v - g) ** 2, (v_bar - g) ** 2
+        loss += max(plain, clipped) / count
+        if plain >= clipped:
+            grad[i][t] = 2 * (v - g) / count
+        else:
+            grad[i][t] = 2 * (v_bar - g) / count if inside else 0.0
     return loss, grad
 
 
@@ -307,31 +318,22 @@ def pact_advantages(
     rewards: list[float], values: Matrix, mask: BoolMatrix, gamma: float = 1.0
 ) -> Matrix:
     """GAE with lambda = 1, outcome reward on ``u_M``: ``A_{u_j} = gamma^(M-j) R - V(s_{u_j})``."""
-    out = []
-    for i, row in enumerate(mask):
-        u = action_positions(row)
-        adv = [0.0] * len(row)
-        for j, t in enumerate(u):
-            adv[t] = gamma ** (len(u) - 1 - j) * rewards[i] - values[i][t]
-        out.append(adv)
-    return out
+    return over_actions(
+        mask, lambda i, u, j: gamma ** (len(u) - 1 - j) * rewards[i] - values[i][u[j]]
+    )
 
 
 def pact_credit(
     rewards: list[float], values: Matrix, mask: BoolMatrix, gamma: float = 1.0
 ) -> Matrix:
     """Theorem 1: ``C_{u_j} = gamma V(s_{u_{j+1}}) - V(s_{u_j})``, ``C_{u_M} = R - V(s_{u_M})``."""
-    out = []
-    for i, row in enumerate(mask):
-        u = action_positions(row)
-        credit = [0.0] * len(row)
-        for j, t in enumerate(u):
-            if j + 1 < len(u):
-                credit[t] = gamma * values[i][u[j + 1]] - values[i][t]
-            else:
-                credit[t] = rewards[i] - values[i][t]
-        out.append(credit)
-    return out
+
+    def credit(i: int, u: list[int], j: int) -> float:
+        if j + 1 < len(u):
+            return gamma * values[i][u[j + 1]] - values[i][u[j]]
+        return rewards[i] - values[i][u[j]]
+
+    return over_actions(mask, credit)
 
 
 def tis_weights(old: Matrix, behavior: Matrix, mask: BoolMatrix, low: float, high: float) -> Matrix:
@@ -345,27 +347,23 @@ def tis_weights(old: Matrix, behavior: Matrix, mask: BoolMatrix, low: float, hig
 
 def critic_is_weights(new: Matrix, old: Matrix, mask: BoolMatrix, mode: str) -> Matrix:
     """``W_{u_j}`` of the four modes, each product/sum written out over ``k >= j``."""
-    out = []
-    for i, row in enumerate(mask):
-        u = action_positions(row)
-        c = [math.exp(new[i][t] - old[i][t]) for t in u]
-        weights = [0.0] * len(row)
-        for j, t in enumerate(u):
-            if mode == "none":
-                weights[t] = 1.0
-            elif mode == "token":
-                weights[t] = c[j]
-            elif mode == "product":
-                product = 1.0
-                for k in range(j, len(u)):
-                    product *= c[k]
-                weights[t] = product
-            elif mode == "first_order":
-                weights[t] = 1.0 + sum(c[k] - 1.0 for k in range(j, len(u)))
-            else:
-                raise ValueError(mode)
-        out.append(weights)
-    return out
+
+    def weight(i: int, u: list[int], j: int) -> float:
+        c = [math.exp(new[i][t] - old[i][t]) for t in u[j:]]  # c_{u_j}, ..., c_{u_M}
+        if mode == "none":
+            return 1.0
+        if mode == "token":
+            return c[0]
+        if mode == "product":
+            product = 1.0
+            for c_k in c:
+                product *= c_k
+            return product
+        if mode == "first_order":
+            return 1.0 + sum(c_k - 1.0 for c_k in c)
+        raise ValueError(mode)
+
+    return over_actions(mask, weight)
 
 
 def pact_critic_targets(
@@ -394,14 +392,11 @@ def bce_value_loss(
     count = max(1, sum(1 for row in mask for x in row if x))
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            z, y = logits[i][t], targets[i][t]
-            s = sigmoid(z)
-            loss += (a * (softplus(z) - y * z) + b * (s - y) ** 2) / count
-            grad[i][t] = (a * (s - y) + b * 2 * (s - y) * s * (1 - s)) / count
+    for i, t in action_tokens(mask):
+        z, y = logits[i][t], targets[i][t]
+        s = sigmoid(z)
+        loss += (a * (softplus(z) - y * z) + b * (s - y) ** 2) / count
+        grad[i][t] = (a * (s - y) + b * 2 * (s - y) * s * (1 - s)) / count
     return loss, grad
 
 
@@ -415,15 +410,12 @@ def srppo_advantages(
     rewards: list[float], values: Matrix, mask: BoolMatrix, k: float, gamma: float = 1.0
 ) -> Matrix:
     """``A_{u_j} = w^_i (gamma^(M-j) R_i - V(s_{u_j}))`` with ``w^_i`` from ``V(s_{u_1})``."""
-    out = []
-    for i, row in enumerate(mask):
-        u = action_positions(row)
+
+    def advantage(i: int, u: list[int], j: int) -> float:
         w = passk_weight(values[i][u[0]], k)
-        adv = [0.0] * len(row)
-        for j, t in enumerate(u):
-            adv[t] = w * (gamma ** (len(u) - 1 - j) * rewards[i] - values[i][t])
-        out.append(adv)
-    return out
+        return w * (gamma ** (len(u) - 1 - j) * rewards[i] - values[i][u[j]])
+
+    return over_actions(mask, advantage)
 
 
 def pact_actor_loss(
@@ -446,21 +438,18 @@ def pact_actor_loss(
     weights = token_weights(mask, "seq-mean-token-mean")
     loss = 0.0
     grad = [[0.0] * len(row) for row in mask]
-    for i, row in enumerate(mask):
-        for t, m in enumerate(row):
-            if not m:
-                continue
-            rho = math.exp(logp[i][t] - old[i][t])
-            w = min(math.exp(old[i][t] - behavior[i][t]), tis_high)
-            a = adv[i][t]
-            if kind == "dis":
-                inside = low < rho < high
-                term, slope = (w * rho * a, w * rho * a) if inside else (0.0, 0.0)
-            else:
-                clipped = min(max(rho, 1 - low), 1 + high)
-                term = w * min(rho * a, clipped * a)
-                active = (a > 0 and rho > 1 + high) or (a < 0 and rho < 1 - low)
-                slope = 0.0 if active else w * rho * a
-            loss -= weights[i][t] * term
-            grad[i][t] = -weights[i][t] * slope
+    for i, t in action_tokens(mask):
+        rho = math.exp(logp[i][t] - old[i][t])
+        w = min(math.exp(old[i][t] - behavior[i][t]), tis_high)
+        a = adv[i][t]
+        if kind == "dis":
+            inside = low < rho < high
+            term, slope = (w * rho * a, w * rho * a) if inside else (0.0, 0.0)
+        else:
+            clipped = min(max(rho, 1 - low), 1 + high)
+            term = w * min(rho * a, clipped * a)
+            active = (a > 0 and rho > 1 + high) or (a < 0 and rho < 1 - low)
+            slope = 0.0 if active else w * rho * a
+        loss -= weights[i][t] * term
+        grad[i][t] = -weights[i][t] * slope
     return loss, grad

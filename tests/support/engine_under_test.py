@@ -9,7 +9,6 @@ started on the tiny model.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.engines import (
+from tests.support.engines import (  # noqa: F401 (fixture)
     ThreadedReferenceServer,
     reference_server_in_thread,
-    tiny_model_for_session,
+    tiny_model_dir_fixture,
 )
+from tests.support.scratch import scratch  # noqa: F401 (fixture)
 
 ENGINE_URL_ENV = "SWERL_SGLANG_URL"
 ENGINE_MODEL_ENV = "SWERL_SGLANG_MODEL_DIR"
@@ -36,12 +36,6 @@ class EngineUnderTest:
     @property
     def is_reference(self) -> bool:
         return self.kind == "reference"
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Iterator[Path]:
-    with tiny_model_for_session() as path:
-        yield path
 
 
 @pytest.fixture(scope="session")
@@ -76,14 +70,3 @@ def engine_tokenizer(engine: EngineUnderTest) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(engine.model_dir))
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A private temporary directory.
-
-    Not pytest's ``tmp_path``: concurrent pytest sessions on one machine prune each other's
-    numbered base temp directories, which breaks long runs.
-    """
-    with tempfile.TemporaryDirectory(prefix="swerl-test-") as directory:
-        yield Path(directory)

@@ -58,6 +58,20 @@ def tiny_model_for_session(coder: bool = False, seed: int = 0) -> Iterator[Path]
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", name="tiny_model_dir")
+def tiny_model_dir_fixture() -> Iterator[Path]:
+    """``tiny_model_dir``: the tiny model, once per test session (import it into a conftest)."""
+    with tiny_model_for_session() as path:
+        yield path
+
+
+@pytest.fixture(scope="session", name="tiny_coder_dir")
+def tiny_coder_dir_fixture() -> Iterator[Path]:
+    """``tiny_coder_dir``: the tiny model with the coder chat template, once per session."""
+    with tiny_model_for_session(coder=True) as path:
+        yield path
+
+
 @dataclass
 class ReferenceServer:
     """A running reference engine subprocess."""

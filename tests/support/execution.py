@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
 from services.processes import ManagedProcess, launch
+from services.protocol import RolloutRequest
 from services.protocol.trajectory import TrajectoryMeta
 from services.queue.config import QueueConfig
 from services.queue.submitter import SubmitterQueue
@@ -167,3 +169,32 @@ def open_record(redis_url: str, trajectory_id: str) -> None:
             await store.close_connection()
 
     asyncio.run(_open())
+
+
+def start_one_task(
+    manager: RolloutManager,
+    probe: SimulatedProbe,
+    procs: Procs,
+    instance_id: str,
+    timeout: float = 20.0,
+) -> str:
+    """Submit one sample of ``instance_id``; return its batch id once the task has started."""
+    batch = manager.submit(RolloutRequest(instance_ids=[instance_id], n_samples=1))
+    wait_for(probe.starts, timeout, "the task to start", procs.logs)
+    return batch
+
+
+def kill9(proc: subprocess.Popen[bytes]) -> None:
+    """``kill -9`` a worker process and reap it (no shutdown path of its own runs)."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def cleanup_key(queue: SubmitterQueue) -> str:
+    """The list the FAKE node cleaner appends ``<node>:<removed count>`` to (fake_worker.py)."""
+    return f"{queue.cfg.prefix}test:cleanup"
+
+
+def node_cleanups(queue: SubmitterQueue) -> list[str]:
+    """Every node cleanup recorded so far, oldest first."""
+    return [c.decode() for c in queue.redis.lrange(cleanup_key(queue), 0, -1)]

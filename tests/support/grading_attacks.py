@@ -24,6 +24,17 @@ from sandbox_worker.tasks.repos import materialize_repo
 from services.protocol.instance import SWEInstance
 
 TARGET_INSTANCE = "swerl__spanlib-1"
+HANG_INSTANCE = "swerl__strkit-1"
+
+
+def hanging_patch(inst: SWEInstance) -> str:
+    """``HANG_INSTANCE``'s gold patch with an endless loop in the fixed function: the tests hang,
+    which must grade as reward 0 (timed out), never as an excluded infrastructure failure."""
+    return inst.patch.replace(
+        "+    if width <= len(suffix):\n",
+        "+    while True:\n+        pass\n+    if width <= len(suffix):\n",
+    ).replace("@@ -26,7 +26,9 @@", "@@ -26,7 +26,11 @@")
+
 
 # A pytest plugin that turns every test report into a pass.
 FORCE_PASS_HOOKS = """import pytest

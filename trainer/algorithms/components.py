@@ -151,44 +151,36 @@ def srppo_estimate(
     return Estimate(adv, None, "gae")
 
 
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(
-    batch: ObjectiveBatch,
-    reference_logp: Tensor,
-    advantages: Tensor,
-    config: ObjectiveConfig,
-    aggregation: Aggregation,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    return ppo_clip_policy_loss(
-        batch.logp, reference_logp, advantages, batch.mask, config.ppo_eps_low,
-        config.ppo_eps_high, aggregation, trajectory_index=batch.trajectories.row_index,
-        check=False,
-    )  # fmt: skip
+def _ratio_loss(
+    loss: Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    bounds: Callable[[ObjectiveConfig], tuple[float, float]],
+    *,
+    aggregated: bool = True,
+) -> PolicyLossFn:
+    """A registry entry for ``loss(logp, reference_logp, advantages, mask, low, high,
+    [aggregation,] trajectory_index=...)`` with its two bounds read from the config."""
+
+    def entry(
+        batch: ObjectiveBatch,
+        reference_logp: Tensor,
+        advantages: Tensor,
+        config: ObjectiveConfig,
+        aggregation: Aggregation,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        low, high = bounds(config)
+        extra = (aggregation,) if aggregated else ()
+        return loss(
+            batch.logp, reference_logp, advantages, batch.mask, low, high, *extra,
+            trajectory_index=batch.trajectories.row_index, check=False,
+        )  # fmt: skip
+
+    return entry
 
 
-@POLICY_LOSSES.register("dis")
-def dis_loss(
-    batch: ObjectiveBatch,
-    reference_logp: Tensor,
-    advantages: Tensor,
-    config: ObjectiveConfig,
-    aggregation: Aggregation,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    return dis_policy_loss(
-        batch.logp, reference_logp, advantages, batch.mask, config.dis_low, config.dis_high,
-        aggregation, trajectory_index=batch.trajectories.row_index, check=False,
-    )  # fmt: skip
-
-
-@POLICY_LOSSES.register("gspo")
-def gspo_loss(
-    batch: ObjectiveBatch,
-    reference_logp: Tensor,
-    advantages: Tensor,
-    config: ObjectiveConfig,
-    aggregation: Aggregation,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    return gspo_policy_loss(
-        batch.logp, reference_logp, advantages, batch.mask, config.gspo_eps_low,
-        config.gspo_eps_high, trajectory_index=batch.trajectories.row_index, check=False,
-    )  # fmt: skip
+POLICY_LOSSES.register("ppo_clip")(
+    _ratio_loss(ppo_clip_policy_loss, lambda c: (c.ppo_eps_low, c.ppo_eps_high))
+)
+POLICY_LOSSES.register("dis")(_ratio_loss(dis_policy_loss, lambda c: (c.dis_low, c.dis_high)))
+POLICY_LOSSES.register("gspo")(  # GSPO ignores the aggregation (sequence mean of token means)
+    _ratio_loss(gspo_policy_loss, lambda c: (c.gspo_eps_low, c.gspo_eps_high), aggregated=False)
+)

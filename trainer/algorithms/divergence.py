@@ -22,6 +22,7 @@ from trainer.algorithms.masks import ActionMask, last_action_index
 from trainer.algorithms.validation import (
     require_group_ids,
     require_rewards,
+    require_rewards_per_row,
     require_same_device,
     require_tokens,
 )
@@ -88,11 +89,7 @@ def divergence_mask(
     if check:
         require_tokens(tokens, am.mask)
         require_rewards(rewards)
-        if rewards.shape[0] != tokens.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {rewards.shape[0]} entries, "
-                f"tokens has {tokens.shape[0]} rows"
-            )
+        require_rewards_per_row(rewards, tokens.shape[0], of="tokens")
         require_group_ids(group_ids, tokens.shape[0])
         require_same_device(
             tokens=tokens, action_mask=am.mask, rewards=rewards, group_ids=group_ids

@@ -48,6 +48,7 @@ from trainer.algorithms.validation import (
     any_true,
     require_floating,
     require_ndim,
+    require_rewards_per_row,
     require_same_device,
     require_same_shape,
     require_unit_interval,
@@ -171,11 +172,7 @@ def check_gae_inputs(rewards: Tensor, values: Tensor | None, am: ActionMask, gam
         named["values"] = values
     require_same_device(**named)
     if rewards.ndim == 1:
-        if rewards.shape[0] != am.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {rewards.shape[0]} entries, "
-                f"action_mask has {am.shape[0]} rows"
-            )
+        require_rewards_per_row(rewards, am.shape[0])
     else:
         require_ndim("rewards", rewards, 2, "[N, T] per-token rewards or [N] outcomes")
         require_same_shape(rewards=rewards, action_mask=am.mask)

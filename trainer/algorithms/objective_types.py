@@ -26,6 +26,7 @@ from trainer.algorithms.validation import (
     require_group_ids,
     require_positive,
     require_rewards,
+    require_rewards_per_row,
     require_same_device,
     require_same_shape,
     require_tokens,
@@ -181,11 +182,7 @@ class ObjectiveBatch:
         require_tokens(self.tokens, mask)
         require_rewards(self.rewards)
         require_group_ids(self.group_ids, self.rewards.shape[0])
-        if self.rewards.shape[0] != mask.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {self.rewards.shape[0]} entries, "
-                f"action_mask has {mask.shape[0]} rows"
-            )
+        require_rewards_per_row(self.rewards, mask.shape[0])
         floats = {"logp": self.logp, "behavior_logp": self.behavior_logp}
         if self.old_logp is not None:
             floats["old_logp"] = self.old_logp

@@ -23,6 +23,7 @@ from trainer.algorithms.validation import (
     require_positive,
     require_rewards,
     require_rewards_in,
+    require_rewards_per_row,
     require_same_device,
     require_same_shape,
 )
@@ -265,11 +266,7 @@ def pact_critic_targets(
     am = ActionMask.of(action_mask, check=check)
     if check:
         require_rewards(rewards)
-        if rewards.shape[0] != am.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {rewards.shape[0]} entries, "
-                f"action_mask has {am.shape[0]} rows"
-            )
+        require_rewards_per_row(rewards, am.shape[0])
         require_rewards_in(rewards, 0.0, 1.0, "normalise them first (normalize_rewards)")
         require_same_device(rewards=rewards, action_mask=am.mask)
         _check_range("accept_low", accept_low, "accept_high", accept_high)

@@ -15,6 +15,7 @@ from trainer.algorithms.validation import (
     require_floating,
     require_ndim,
     require_rewards,
+    require_rewards_per_row,
     require_same_device,
     require_same_shape,
 )
@@ -61,11 +62,7 @@ def terminal_reward_tokens(
     am = ActionMask.of(action_mask, check=check)
     if check:
         require_rewards(rewards)
-        if am.shape[0] != rewards.shape[0]:
-            raise ValueError(
-                f"shape mismatch: rewards has {rewards.shape[0]} entries, "
-                f"action_mask has {am.shape[0]} rows"
-            )
+        require_rewards_per_row(rewards, am.shape[0])
         require_same_device(rewards=rewards, action_mask=am.mask)
     out = rewards.new_zeros(am.shape)
     return out.scatter_(1, am.last[:, None], rewards.detach()[:, None])

@@ -89,6 +89,14 @@ def require_rewards_in(rewards: Tensor, low: float, high: float, hint: str) -> N
         )
 
 
+def require_rewards_per_row(rewards: Tensor, rows: int, of: str = "action_mask") -> None:
+    """One outcome reward per row: ``rewards.shape[0]`` equals ``of``'s ``rows``."""
+    if rewards.shape[0] != rows:
+        raise ValueError(
+            f"shape mismatch: rewards has {rewards.shape[0]} entries, {of} has {rows} rows"
+        )
+
+
 def require_group_ids(group_ids: Tensor, n: int) -> None:
     """Group ids: a non-negative integer tensor ``[N]`` (same prompt = same id)."""
     require_integer("group_ids", group_ids)

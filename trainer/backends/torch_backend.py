@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from trainer.algorithms import ObjectiveBatch, compute_objective
+from trainer.algorithms import compute_objective
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
 from trainer.backends.parallel import DataParallel, full_tensor, shard
@@ -279,19 +279,7 @@ class TorchBackend:
         values: Tensor | None,
         old_values: Tensor | None,
     ) -> Any:
-        ob = ObjectiveBatch(
-            tokens=batch.tokens,
-            action_mask=batch.action_mask,
-            group_ids=batch.group_ids,
-            rewards=batch.rewards,
-            behavior_logp=batch.behavior_logp,
-            logp=logp,
-            values=values,
-            old_values=old_values,
-            token_versions=batch.token_versions,
-            trainer_version=self.version,
-            trajectory_index=batch.trajectory_index,  # group statistics count trajectories
-        )
+        ob = batch.objective_batch(logp, values, old_values, trainer_version=self.version)
         return compute_objective(
             objective.algorithm, ob, phase=objective.phase, config=objective.config
         )

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from services.protocol import TrajectoryRecord
-from trainer.algorithms import policy_lag
+from trainer.algorithms import ObjectiveBatch, policy_lag
 from trainer.config import BatchConfig
 from trainer.data.rows import RecordError, SegmentRow, check_record, segment_rows
 
@@ -86,6 +86,30 @@ class TrainBatch:
     @property
     def post_lengths(self) -> Tensor:
         return self.seq_lengths - self.prompt_lengths
+
+    def objective_batch(
+        self,
+        logp: Tensor,
+        values: Tensor | None = None,
+        old_values: Tensor | None = None,
+        trainer_version: int | None = None,
+    ) -> ObjectiveBatch:
+        """These rows as the objective reads them, with the model's ``logp`` (and the critic's
+        ``values`` / ``old_values``); the token versions come along when ``trainer_version`` is
+        given. Group statistics count trajectories (the batch's ``trajectory_index``)."""
+        return ObjectiveBatch(
+            tokens=self.tokens,
+            action_mask=self.action_mask,
+            group_ids=self.group_ids,
+            rewards=self.rewards,
+            behavior_logp=self.behavior_logp,
+            logp=logp,
+            values=values,
+            old_values=old_values,
+            token_versions=None if trainer_version is None else self.token_versions,
+            trainer_version=trainer_version,
+            trajectory_index=self.trajectory_index,
+        )
 
     def to(self, device: torch.device | str) -> TrainBatch:
         moved = {

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.engines import engine_url, tiny_model_for_session  # noqa: F401 (fixture)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Iterator[Path]:
-    with tiny_model_for_session() as path:
-        yield path
-
-
-@pytest.fixture(scope="session")
-def tiny_coder_dir() -> Iterator[Path]:
-    with tiny_model_for_session(coder=True) as path:
-        yield path
+from tests.support.engines import (  # noqa: F401 (fixtures)
+    engine_url,
+    tiny_coder_dir_fixture,
+    tiny_model_dir_fixture,
+)
+from tests.support.scratch import scratch  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="session")
@@ -36,14 +27,3 @@ def coder_tokenizer(tiny_coder_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_coder_dir))
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A private temporary directory.
-
-    Not pytest's ``tmp_path``: concurrent pytest sessions on one machine prune each other's
-    numbered base temp directories, which breaks long runs.
-    """
-    with tempfile.TemporaryDirectory(prefix="swerl-test-") as directory:
-        yield Path(directory)

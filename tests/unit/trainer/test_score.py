@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.engines import tiny_model_for_session
+from tests.support.engines import tiny_model_dir_fixture  # noqa: F401 (fixture)
 from trainer.__main__ import main
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir() -> Iterator[Path]:
-    with tiny_model_for_session() as path:
-        yield path
 
 
 def write_lines(path: Path, items: list[object]) -> Path:

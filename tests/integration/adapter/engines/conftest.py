@@ -5,5 +5,5 @@ from tests.support.engine_under_test import (  # noqa: F401 (fixtures)
     engine_tokenizer,
     reference_server,
     scratch,
-    tiny_model_dir,
+    tiny_model_dir_fixture,
 )

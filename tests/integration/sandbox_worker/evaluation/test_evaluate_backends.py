@@ -9,6 +9,7 @@ from sandbox_worker import images
 from sandbox_worker.backends import SandboxBackend
 from sandbox_worker.evaluation import EvalConfig, evaluate_patch
 from services.protocol.instance import SWEInstance
+from tests.support.grading_attacks import HANG_INSTANCE, hanging_patch
 
 
 @pytest.mark.parametrize("kind", ["docker", "bwrap"])
@@ -28,11 +29,8 @@ def test_missing_image_is_an_infra_error(
 def test_hanging_tests_are_reward_zero_not_abort(
     eval_backends: dict[str, SandboxBackend], instances: dict[str, SWEInstance], node: str
 ) -> None:
-    inst = instances["swerl__strkit-1"]
-    hang = inst.patch.replace(
-        "+    if width <= len(suffix):\n",
-        "+    while True:\n+        pass\n+    if width <= len(suffix):\n",
-    ).replace("@@ -26,7 +26,9 @@", "@@ -26,7 +26,11 @@")
+    inst = instances[HANG_INSTANCE]
+    hang = hanging_patch(inst)
     image = images.instance_image(inst.instance_id)
     config = EvalConfig(test_timeout_s=3)
     report = evaluate_patch(eval_backends["bwrap"], inst, hang, image, node=node, config=config)

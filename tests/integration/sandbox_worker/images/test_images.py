@@ -35,6 +35,15 @@ def _build_module() -> ModuleType:
     return module
 
 
+def _run_build_instances(
+    instances: Path, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``build_instances.py`` on ``instances`` with the test repositories' materializer."""
+    cmd = [sys.executable, str(BUILD_INSTANCES), "--instances", str(instances),
+           "--materializer", sandboxes.MATERIALIZER, *extra]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+
+
 # -- naming -----------------------------------------------------------------------------------
 
 
@@ -90,16 +99,8 @@ def test_rootfs_of_built_image_is_the_same_tree(sandbox_env: SessionEnv) -> None
 def test_build_is_idempotent_and_fast_when_warm(sandbox_env: SessionEnv) -> None:
     instances = sandbox_env.root / "images" / "instances.jsonl"
     env = {**os.environ, "DOCKER_HOST": images.docker_host()}
-    cmd = [
-        sys.executable,
-        str(BUILD_INSTANCES),
-        "--instances",
-        str(instances),
-        "--materializer",
-        sandboxes.MATERIALIZER,
-    ]
     started = time.monotonic()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    res = _run_build_instances(instances, env)
     elapsed = time.monotonic() - started
     assert res.returncode == 0, res.stderr
     assert "0 images built, 0 bwrap trees written" in res.stdout
@@ -133,21 +134,7 @@ def test_build_instances_reports_bad_records(tmp_path: Path) -> None:
 def test_build_refuses_a_repo_at_the_wrong_commit(tmp_path: Path) -> None:
     instances = sandboxes.write_instances(tmp_path / "i.jsonl", "0" * 40)
     env = {**os.environ, "DOCKER_HOST": images.docker_host(), "SWERL_IMAGE_NAMESPACE": "swerltest"}
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(BUILD_INSTANCES),
-            "--instances",
-            str(instances),
-            "--materializer",
-            sandboxes.MATERIALIZER,
-            "--no-bwrap",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    res = _run_build_instances(instances, env, "--no-bwrap")
     assert res.returncode == 1
     assert "but the instance's base_commit is 0000" in res.stderr
 

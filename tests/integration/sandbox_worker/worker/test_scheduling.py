@@ -17,7 +17,14 @@ from services.manager.client import RolloutManager
 from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus
 from services.queue.submitter import SubmitterQueue
-from tests.support.execution import Procs, wait_for, wait_nodes
+from tests.support.execution import (
+    Procs,
+    kill9,
+    node_cleanups,
+    start_one_task,
+    wait_for,
+    wait_nodes,
+)
 
 
 def test_three_nodes_thirty_tasks_bounded_and_exactly_once(
@@ -79,13 +86,11 @@ def test_kill9_task_redelivered_to_other_node_and_restart_cleans(
     sandboxes = procs.tmp / "sb"
     victim_proc = {n: procs.worker(redis_url, n, slots=1, fake=True) for n in ("a", "b")}
     wait_nodes(queue, {"a", "b"}, procs)
-    batch = manager.submit(RolloutRequest(instance_ids=["long.sleep2500"], n_samples=1))
-    started = wait_for(probe.starts, 20, "the task to start", procs.logs)
-    victim = started[0]["node"]
+    batch = start_one_task(manager, probe, procs, "long.sleep2500")
+    victim = probe.starts()[0]["node"]
     other = "b" if victim == "a" else "a"
     assert len(list((sandboxes / victim).glob("*"))) == 1  # its "sandbox" exists
-    victim_proc[victim].send_signal(signal.SIGKILL)
-    victim_proc[victim].wait(timeout=10)
+    kill9(victim_proc[victim])
 
     [result] = manager.collect(batch, timeout_s=30)
     assert result.node == other
@@ -100,8 +105,7 @@ def test_kill9_task_redelivered_to_other_node_and_restart_cleans(
     assert len(list((sandboxes / victim).glob("*"))) == 1
     procs.worker(redis_url, victim, slots=1, fake=True)
     wait_nodes(queue, {victim}, procs)
-    cleanups = [c.decode() for c in queue.redis.lrange(f"{queue.cfg.prefix}test:cleanup", 0, -1)]
-    assert cleanups[-1] == f"{victim}:1"
+    assert node_cleanups(queue)[-1] == f"{victim}:1"
     assert list((sandboxes / victim).glob("*")) == []
 
 
@@ -115,10 +119,8 @@ def test_kill9_restart_same_node_recovers_its_own_task(
     """A worker restarted at once (before its heartbeat expires) hands back what it had."""
     proc = procs.worker(redis_url, "solo", slots=1, fake=True)
     wait_nodes(queue, {"solo"}, procs)
-    batch = manager.submit(RolloutRequest(instance_ids=["t.sleep1500"], n_samples=1))
-    wait_for(probe.starts, 20, "the task to start", procs.logs)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    batch = start_one_task(manager, probe, procs, "t.sleep1500")
+    kill9(proc)
     procs.worker(redis_url, "solo", slots=1, fake=True)
     [result] = manager.collect(batch, timeout_s=30)
     assert (result.node, result.attempt) == ("solo", 2)
@@ -126,8 +128,7 @@ def test_kill9_restart_same_node_recovers_its_own_task(
     assert len(probe.runs()) == 1
     state = queue.task_state(f"{batch}:0:0")
     assert state["lost"] == "1" and "restarted" in state["last_error"]
-    cleanups = [c.decode() for c in queue.redis.lrange(f"{queue.cfg.prefix}test:cleanup", 0, -1)]
-    assert cleanups == ["solo:0", "solo:1"]
+    assert node_cleanups(queue) == ["solo:0", "solo:1"]
 
 
 def test_cancel_stops_running_and_drops_pending(

@@ -8,7 +8,6 @@ then take the node over -- never exit "node already served", which leaves the no
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +17,17 @@ import pytest
 from sandbox_worker.backends import SandboxBackend, make_backend
 from sandbox_worker.testing.probe import SimulatedProbe
 from services.manager.client import RolloutManager
-from services.protocol import RolloutRequest
 from services.protocol.trajectory import OutcomeStatus
 from services.queue.submitter import SubmitterQueue
 from services.store.trajectories import load_trajectory
 from tests.support.docker import build_test_images, ensure_dockerd
 from tests.support.execution import (
     Procs,
+    kill9,
+    node_cleanups,
     on_host,
     open_record,
+    start_one_task,
     wait_for,
     wait_nodes,
 )
@@ -48,11 +49,9 @@ def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
     ttl = {"SWERL_WORKER__QUEUE__HEARTBEAT_TTL_S": "10"}
     first = procs.worker(redis_url, "mover", 1, fake=True, wrap=on_host("box-a"), **ttl)
     wait_nodes(queue, {"mover"}, procs)
-    batch = manager.submit(RolloutRequest(instance_ids=["t.sleep20000"], n_samples=1))
-    wait_for(probe.starts, 20, "the task to start", procs.logs)
+    batch = start_one_task(manager, probe, procs, "t.sleep20000")
     open_record(redis_url, f"{batch}:0:0.a1")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    kill9(first)
 
     second = procs.worker(redis_url, "mover", 1, fake=True, wrap=on_host("box-b"), **ttl)
     wait_for(lambda: "taking over" in _log(procs, "mover", 1), 40, "the takeover", procs.logs)
@@ -61,8 +60,7 @@ def test_restart_on_another_host_waits_for_the_heartbeat_and_takes_over(
     assert "waiting up to" in log and "expired" in log, log
     assert "already served" not in log
     # the killed run's "sandbox" was reaped at takeover, before serving
-    cleanups = [c.decode() for c in queue.redis.lrange(f"{queue.cfg.prefix}test:cleanup", 0, -1)]
-    assert cleanups == ["mover:0", "mover:1"]
+    assert node_cleanups(queue) == ["mover:0", "mover:1"]
     # the task runs again, and the dead attempt's record is closed as aborted (worker lost)
     wait_for(lambda: len(probe.starts()) == 2, 30, "the second attempt", procs.logs)
     assert [(s["node"], s["attempt"]) for s in probe.starts()] == [("mover", 1), ("mover", 2)]
@@ -86,10 +84,8 @@ def test_restart_with_the_same_pid_in_a_new_pid_namespace_takes_over_at_once(
     first = procs.worker(redis_url, "pid1", slots=1, fake=True, wrap=in_pid_ns)
     wait_nodes(queue, {"pid1"}, procs)
     assert [(n.name, n.pid) for n in queue.nodes()] == [("pid1", 1)]
-    batch = manager.submit(RolloutRequest(instance_ids=["t.sleep1500"], n_samples=1))
-    wait_for(probe.starts, 20, "the task to start", procs.logs)
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    batch = start_one_task(manager, probe, procs, "t.sleep1500")
+    kill9(first)
     procs.worker(redis_url, "pid1", slots=1, fake=True, wrap=in_pid_ns)
     [result] = manager.collect(batch, timeout_s=30)
     assert (result.node, result.attempt) == ("pid1", 2)
@@ -139,19 +135,16 @@ def test_killed_workers_sandboxes_are_reaped_at_takeover(
         redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-a"), **ttl
     )
     wait_nodes(queue, {node}, procs, timeout=60)
-    batch = manager.submit(RolloutRequest(instance_ids=["t.sleep60000"], n_samples=1))
-    wait_for(probe.starts, 60, "the task to start", procs.logs)
+    batch = start_one_task(manager, probe, procs, "t.sleep60000", timeout=60)
     [old] = wait_for(lambda: real_backend.list_sandboxes(node), 60, "its sandbox", procs.logs)
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    kill9(first)
     assert real_backend.list_sandboxes(node) == [old]  # outlived the worker
 
     procs.worker(redis_url, node, 1, fake=True, fake_args=args, wrap=on_host("box-b"), **ttl)
     # reaped when the restarted worker takes the node over, before it serves: the marker and
     # the real sandbox
-    cleanup_key = f"{queue.cfg.prefix}test:cleanup"
-    wait_for(lambda: queue.redis.llen(cleanup_key) == 2, 60, "the takeover", procs.logs)
-    assert queue.redis.lindex(cleanup_key, -1) == f"{node}:2".encode()
+    wait_for(lambda: len(node_cleanups(queue)) == 2, 60, "the takeover", procs.logs)
+    assert node_cleanups(queue)[-1] == f"{node}:2"
     assert old not in real_backend.list_sandboxes(node)
     wait_for(lambda: len(probe.starts()) == 2, 60, "the second attempt", procs.logs)
     manager.cancel(batch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,18 +12,32 @@ from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.evaluation.evaluate import ALREADY_APPLIED
 from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
+from tests.support.grading_attacks import HANG_INSTANCE, hanging_patch
 from tests.unit.sandbox_worker.evaluation.conftest import image_of
 
 pytestmark = pytest.mark.slow  # every case runs the mini repo's test suite
 
+Grade = Callable[..., EvalReport]
+
+
+@pytest.fixture
+def grade(local_backend: LocalDirBackend, local_config: EvalConfig) -> Grade:
+    """``grade(inst, patch, **config_changes)``: evaluate_patch on the LocalDir double."""
+
+    def run(inst: SWEInstance, patch: str | None, **config_changes: object) -> EvalReport:
+        config = local_config.model_copy(update=config_changes) if config_changes else local_config
+        return evaluate_patch(local_backend, inst, patch, image_of(inst), config=config)
+
+    return run
+
 
 def test_gold_patch_resolves(
     local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__strkit-1"]
-    report = evaluate_patch(local_backend, inst, inst.patch, image_of(inst), config=local_config)
+    report = grade(inst, inst.patch)
     assert report.infra_error is None, report.log_tail
     assert report.applied and report.apply_method == "git apply --verbose"
     assert report.resolved and report.reward == 1.0
@@ -34,20 +49,13 @@ def test_gold_patch_resolves(
     assert local_backend.created[-1].destroyed
 
 
-def _run(
-    backend: LocalDirBackend, inst: SWEInstance, patch: str | None, config: EvalConfig
-) -> EvalReport:
-    return evaluate_patch(backend, inst, patch, image_of(inst), config=config)
-
-
 def test_empty_patch_is_not_applied_and_runs_no_tests(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__spanlib-1"]
     for patch in ("", "  \n", None):
-        report = _run(local_backend, inst, patch, local_config)
+        report = grade(inst, patch)
         assert report.infra_error is None
         assert not report.applied and report.apply_method is None
         assert not report.resolved and report.reward == 0.0
@@ -55,13 +63,11 @@ def test_empty_patch_is_not_applied_and_runs_no_tests(
 
 
 def test_empty_patch_graded_shows_the_base_state(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__spanlib-1"]
-    config = local_config.model_copy(update={"grade_empty_patch": True})
-    report = _run(local_backend, inst, "", config)
+    report = grade(inst, "", grade_empty_patch=True)
     assert report.tests_run and report.log_valid and not report.applied
     assert not report.resolved
     assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
@@ -71,13 +77,13 @@ def test_empty_patch_graded_shows_the_base_state(
 
 def test_patch_that_does_not_apply_is_reward_zero_not_abort(
     local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__tinyini-2"]
     garbage = inst.patch.replace("-        if value in _TRUE:", "-        if value in TRUE_VALUES:")
     assert garbage != inst.patch
-    report = _run(local_backend, inst, garbage.replace("index ", "x-index "), local_config)
+    report = grade(inst, garbage.replace("index ", "x-index "))
     assert report.infra_error is None and report.reward == 0.0
     assert not report.applied and not report.tests_run
     # Every fallback was tried, with a pristine tree before each retry.
@@ -95,8 +101,7 @@ def test_patch_that_does_not_apply_is_reward_zero_not_abort(
 
 
 def test_fuzzy_patch_applies_with_the_patch_fallback(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__strkit-1"]
@@ -106,14 +111,13 @@ def test_fuzzy_patch_applies_with_the_patch_fallback(
         '         raise ValueError(f"width must not be negative: {width}")',
     )
     assert fuzzy != inst.patch
-    report = _run(local_backend, inst, fuzzy, local_config)
+    report = grade(inst, fuzzy)
     assert report.applied and report.apply_method == "patch --batch --forward --fuzz=5 -p1 -i"
     assert report.resolved, report.log_tail
 
 
 def test_already_applied_patch_counts_as_applied(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
     templates: dict[str, Path],
     tmp_path: Path,
@@ -126,15 +130,14 @@ def test_already_applied_patch_counts_as_applied(
     reverse = subprocess.run(
         ["git", "diff", "-R"], cwd=checkout, capture_output=True, text=True, check=True
     ).stdout
-    report = _run(local_backend, inst, reverse, local_config)
+    report = grade(inst, reverse)
     assert report.applied and report.apply_method == ALREADY_APPLIED
     assert report.tests_run and not report.resolved
     assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
 
 
 def test_tampered_protected_test_file_is_restored(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__spanlib-3"]
@@ -144,14 +147,13 @@ def test_tampered_protected_test_file_is_restored(
         "@@ -1,3 +1,4 @@\n+import pytest; pytest.skip(allow_module_level=True)\n"
         " from datetime import date\n \n import pytest\n"
     )
-    report = _run(local_backend, inst, cheat, local_config)
+    report = grade(inst, cheat)
     assert report.applied and report.apply_method == "git apply --verbose"
     assert report.resolved, report.log_tail
 
 
 def test_skipping_the_failing_tests_does_not_resolve(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
     inst = mini_instances["swerl__spanlib-3"]
@@ -162,24 +164,19 @@ def test_skipping_the_failing_tests_does_not_resolve(
         "+import pytest\n+\n+\n+def pytest_collection_modifyitems(items):\n"
         "+    for item in items:\n+        item.add_marker(pytest.mark.skip(reason='nope'))\n"
     )
-    report = _run(local_backend, inst, skip_all, local_config)
+    report = grade(inst, skip_all)
     assert report.applied and report.tests_run
     assert not report.resolved and report.reward == 0.0
     assert sorted(report.f2p_failure) == sorted(inst.FAIL_TO_PASS)
 
 
 def test_hanging_tests_time_out_as_reward_zero(
-    local_backend: LocalDirBackend,
-    local_config: EvalConfig,
+    grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
-    inst = mini_instances["swerl__strkit-1"]
-    hang = inst.patch.replace(
-        "+    if width <= len(suffix):\n",
-        "+    while True:\n+        pass\n+    if width <= len(suffix):\n",
-    ).replace("@@ -26,7 +26,9 @@", "@@ -26,7 +26,11 @@")
-    config = local_config.model_copy(update={"test_timeout_s": 2})
-    report = _run(local_backend, inst, hang, config)
+    inst = mini_instances[HANG_INSTANCE]
+    hang = hanging_patch(inst)
+    report = grade(inst, hang, test_timeout_s=2)
     assert report.infra_error is None, report.infra_error
     assert report.applied and report.tests_timed_out
     assert report.test_exit_code == 124

@@ -17,16 +17,12 @@ from sandbox_worker.evaluation.script import (
     reset_script,
     restore_script,
 )
+from sandbox_worker.testing.local_sandbox import ISOLATED_GIT_ENV
 
 GIT_ENV = {
     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
     "HOME": "/nonexistent",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.com",
+    **ISOLATED_GIT_ENV,
 }
 TRICKY = "tests/we'ird $(touch pwned) name.py"
 

@@ -175,11 +175,28 @@ def test_unreachable_llm_endpoint_is_infrastructure(tmp_path: Path) -> None:
     assert result.error
 
 
-def test_engine_down_503_is_infrastructure(tmp_path: Path) -> None:
-    down = Reply(status=503, error_message="all engines are down", error_code="engine_unavailable")
-    with FakeLLM([down]) as llm:
+@pytest.mark.parametrize(
+    ("reply", "end_reason"),
+    [
+        (
+            Reply(
+                status=503, error_message="all engines are down", error_code="engine_unavailable"
+            ),
+            EndReason.LLM_UNAVAILABLE,
+        ),
+        (
+            Reply(status=400, error_message="n > 1 is not supported", error_code="invalid_request"),
+            EndReason.LLM_REJECTED,
+        ),
+    ],
+    ids=["engine_down_503", "other_client_error"],
+)
+def test_engine_error_reply_is_infrastructure(
+    reply: Reply, end_reason: EndReason, tmp_path: Path
+) -> None:
+    with FakeLLM([reply]) as llm:
         result = run(llm.url(), tmp_path)
-    assert result.end_reason is EndReason.LLM_UNAVAILABLE
+    assert result.end_reason is end_reason
     assert result.is_infrastructure
 
 
@@ -195,14 +212,6 @@ def test_over_long_prompt_is_a_context_limit(tmp_path: Path) -> None:
     assert result.end_reason is EndReason.CONTEXT_LIMIT
     assert result.outcome_status is OutcomeStatus.TIMEOUT
     assert result.n_steps == 1
-
-
-def test_other_client_error_is_infrastructure(tmp_path: Path) -> None:
-    bad = Reply(status=400, error_message="n > 1 is not supported", error_code="invalid_request")
-    with FakeLLM([bad]) as llm:
-        result = run(llm.url(), tmp_path)
-    assert result.end_reason is EndReason.LLM_REJECTED
-    assert result.is_infrastructure
 
 
 def test_bad_arguments_raise(tmp_path: Path) -> None:

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     clipped_value_loss,
     group_residual_targets,
@@ -19,8 +23,7 @@ from trainer.algorithms import (
 SEEDS = range(12)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_residual_targets_match_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)
@@ -47,8 +50,7 @@ def test_residual_targets_hand_example() -> None:
     assert keep.tolist() == [True, True, True, False, False]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_clipped_value_loss_matches_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)
@@ -85,8 +87,7 @@ def test_clipped_value_loss_hand_example() -> None:
     assert values.grad[0].tolist() == pytest.approx([1.0, -1.0])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ranking_loss_matches_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    DTYPES,
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     discounted_returns,
     gae_advantages_and_returns,
@@ -29,8 +34,7 @@ def _token_rewards(b, dense: bool, seed: int) -> torch.Tensor:
     return (noise.to(b.values.device, b.values.dtype)) * b.action_mask
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gae_matches_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)

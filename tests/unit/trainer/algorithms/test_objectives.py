@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch
+from tests.support.algorithm_batches import DTYPES, on_devices_and_dtypes, random_batch
 from trainer.algorithms import (
     ALGORITHMS,
     ObjectiveBatch,
@@ -56,8 +56,7 @@ def _token_adv(per_row: list[float], mask: list[list[bool]]) -> list[list[float]
     return [[a] * len(row) for a, row in zip(per_row, mask, strict=True)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", range(6))
 def test_li2sao_bootstrap_is_grpo_dis_and_masked_residual_critic(seed, dtype, device) -> None:
     b = random_batch(_grouped_seed(seed), dtype, device)

@@ -15,7 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     CRITIC_IS_MODES,
     ActionMask,
@@ -110,8 +114,7 @@ def test_first_action_value_skips_leading_observations() -> None:
 # --- pact_advantages and the credit of Theorem 1 ---
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_pact_advantages_and_credit_match_reference(seed, dtype, device, gamma) -> None:
@@ -196,8 +199,7 @@ def test_pact_advantages_are_gae_lambda_one_for_per_token_rewards() -> None:
 # --- tis_weights ---
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tis_weights_match_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)
@@ -227,8 +229,7 @@ def test_tis_weights_hand_example_and_absent_old_logp() -> None:
 # --- critic importance weights and targets ---
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mode", CRITIC_IS_MODES)
 def test_critic_targets_match_reference(seed, dtype, device, mode) -> None:
@@ -323,8 +324,7 @@ def test_extreme_log_ratios_give_finite_targets(mode: str, kept: list[int]) -> N
 # --- bce_value_loss ---
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(("a", "b_coef"), [(1.0, 0.0), (1.0, 1.0), (0.5, 2.0), (0.0, 1.0)])
 def test_bce_value_loss_matches_reference(seed, dtype, device, a, b_coef) -> None:

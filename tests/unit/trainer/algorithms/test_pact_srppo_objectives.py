@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch
+from tests.support.algorithm_batches import on_devices_and_dtypes, random_batch
 from trainer.algorithms import (
     CRITIC_IS_MODES,
     ObjectiveBatch,
@@ -47,8 +47,7 @@ def _unit(b) -> list[float]:
     return ref.normalize_rewards(b.rewards.tolist(), -2.0, 2.0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("loss", ["dis", "ppo"])
 @pytest.mark.parametrize("with_old", [True, False])
@@ -129,8 +128,7 @@ def test_pact_actor_ratio_is_on_old_logp_and_tis_folds_into_the_advantage() -> N
     assert ppo.actor_loss.item() == pytest.approx(-1.5 * 1.1 * 0.75)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("mode", CRITIC_IS_MODES)
 def test_pact_critic_stage_matches_reference(seed, dtype, device, mode) -> None:
@@ -162,8 +160,7 @@ def test_pact_critic_stage_matches_reference(seed, dtype, device, mode) -> None:
     assert result.metrics["critic/loss"] == pytest.approx(want, rel=rel, abs=rel)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("k", [1.0, 4.0])
 def test_srppo_matches_reference(seed, dtype, device, k) -> None:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     dis_policy_loss,
     grpo_advantages,
@@ -33,30 +39,38 @@ def _expand(adv: torch.Tensor, like: torch.Tensor) -> list[list[float]]:
     return (adv[:, None].expand_as(like) if adv.ndim == 1 else adv).tolist()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+def _check_against_reference(
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    reference: Callable[..., tuple[Any, ...]],
+    b: Any,
+    adv: torch.Tensor,
+    bounds: tuple[float, float],
+    aggregation: str,
+) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    """Loss and d loss / d logp of ``loss_fn`` equal the list ``reference``'s; returns the
+    library's metrics and what the reference returns after ``(loss, grad)``."""
+    logp = b.logp.clone().requires_grad_()
+    loss, metrics = loss_fn(logp, b.behavior_logp, adv, b.action_mask, *bounds, aggregation)
+    loss.backward()
+    want, want_grad, *rest = reference(
+        b.logp.tolist(), b.behavior_logp.tolist(), _expand(adv, b.logp), b.action_mask.tolist(),
+        *bounds, aggregation,
+    )  # fmt: skip
+    tol = tolerance(b.logp.dtype)
+    assert loss.item() == pytest.approx(want, rel=tol["rtol"] * 10, abs=tol["atol"] * 10)
+    torch.testing.assert_close(logp.grad.cpu(), torch.tensor(want_grad, dtype=b.logp.dtype), **tol)
+    return metrics, rest
+
+
+@on_devices_and_dtypes
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dis_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, device: str):
     b = random_batch(seed, dtype, device)
     adv = _advantages(b, per_token=seed % 2 == 0)
-    logp = b.logp.clone().requires_grad_()
-    loss, metrics = dis_policy_loss(
-        logp, b.behavior_logp, adv, b.action_mask, 0.7, 1.6, aggregation
+    metrics, _ = _check_against_reference(
+        dis_policy_loss, ref.dis_loss, b, adv, (0.7, 1.6), aggregation
     )
-    loss.backward()
-    want, want_grad = ref.dis_loss(
-        b.logp.tolist(),
-        b.behavior_logp.tolist(),
-        _expand(adv, b.logp),
-        b.action_mask.tolist(),
-        0.7,
-        1.6,
-        aggregation,
-    )
-    tol = tolerance(dtype)
-    assert loss.item() == pytest.approx(want, rel=tol["rtol"] * 10, abs=tol["atol"] * 10)
-    torch.testing.assert_close(logp.grad.cpu(), torch.tensor(want_grad, dtype=dtype), **tol)
     rho = (b.logp - b.behavior_logp).exp()[b.action_mask]
     assert float(metrics["masked_low_frac"]) == pytest.approx(float((rho <= 0.7).double().mean()))
     assert float(metrics["masked_high_frac"]) == pytest.approx(float((rho >= 1.6).double().mean()))
@@ -97,38 +111,22 @@ def test_dis_survives_huge_log_ratios_off_and_on_actions() -> None:
     assert float(metrics["masked_low_frac"]) == pytest.approx(1 / 3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ppo_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, device: str):
     b = random_batch(seed, dtype, device)
     adv = _advantages(b, per_token=seed % 2 == 1)
-    logp = b.logp.clone().requires_grad_()
-    loss, metrics = ppo_clip_policy_loss(
-        logp, b.behavior_logp, adv, b.action_mask, 0.2, 0.28, aggregation
+    metrics, [clip_frac] = _check_against_reference(
+        ppo_clip_policy_loss, ref.ppo_loss, b, adv, (0.2, 0.28), aggregation
     )
-    loss.backward()
-    want, want_grad, clip_frac = ref.ppo_loss(
-        b.logp.tolist(),
-        b.behavior_logp.tolist(),
-        _expand(adv, b.logp),
-        b.action_mask.tolist(),
-        0.2,
-        0.28,
-        aggregation,
-    )
-    tol = tolerance(dtype)
-    assert loss.item() == pytest.approx(want, rel=tol["rtol"] * 10, abs=tol["atol"] * 10)
-    torch.testing.assert_close(logp.grad.cpu(), torch.tensor(want_grad, dtype=dtype), **tol)
     assert float(metrics["clip_frac"]) == pytest.approx(clip_frac)
     assert float(metrics["clip_frac_low"]) + float(metrics["clip_frac_high"]) == pytest.approx(
         clip_frac
     )
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gspo_matches_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)

@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch
+from tests.support.algorithm_batches import on_devices_and_dtypes, random_batch
 from trainer.algorithms import ReadinessGate, ReadinessStats, readiness_statistics, terminal_values
 
 SEEDS = range(15)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", SEEDS)
 def test_statistics_match_reference(seed: int, dtype: torch.dtype, device: str) -> None:
     b = random_batch(seed, dtype, device)

@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import algorithm_reference as ref
-from tests.support.algorithm_batches import DEVICES, DTYPES, random_batch, tolerance
+from tests.support.algorithm_batches import (
+    on_devices_and_dtypes,
+    random_batch,
+    tolerance,
+)
 from trainer.algorithms import (
     pact_advantages,
     skip_observation_gae,
@@ -28,8 +32,7 @@ def _sigmoid_values(b) -> torch.Tensor:
     return torch.sigmoid(b.old_values)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@on_devices_and_dtypes
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("k", [1.0, 2.0, 4.0, 2.5])
 def test_srppo_advantages_match_reference(seed: int, dtype, device: str, k: float) -> None:

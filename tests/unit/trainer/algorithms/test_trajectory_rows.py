@@ -51,16 +51,7 @@ def _batch(group_b: str = "g0") -> TrainBatch:
 def _objective_batch(
     batch: TrainBatch, logp: torch.Tensor, values: torch.Tensor | None = None
 ) -> ObjectiveBatch:
-    return ObjectiveBatch(
-        tokens=batch.tokens,
-        action_mask=batch.action_mask,
-        group_ids=batch.group_ids,
-        rewards=batch.rewards,
-        behavior_logp=batch.behavior_logp,
-        logp=logp,
-        values=values,
-        trajectory_index=batch.trajectory_index,
-    )
+    return batch.objective_batch(logp, values)
 
 
 def _rows_only(batch: ObjectiveBatch) -> ObjectiveBatch:

@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from transformers.utils import logging as hf_logging
 
-from tests.support.engines import engine_url, tiny_model_for_session  # noqa: F401 (fixture)
+from tests.support.engines import engine_url, tiny_model_dir_fixture  # noqa: F401 (fixtures)
 
 hf_logging.disable_progress_bar()
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Iterator[Path]:
-    with tiny_model_for_session() as path:
-        yield path
