@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -96,15 +95,13 @@ def test_rootfs_of_built_image_is_the_same_tree(sandbox_env: SessionEnv) -> None
 # -- build ------------------------------------------------------------------------------------
 
 
-def test_build_is_idempotent_and_fast_when_warm(sandbox_env: SessionEnv) -> None:
+def test_build_is_idempotent_when_warm(sandbox_env: SessionEnv) -> None:
+    # Warm means nothing is rebuilt (counted by the builder), not a wall-clock bound.
     instances = sandbox_env.root / "images" / "instances.jsonl"
     env = {**os.environ, "DOCKER_HOST": images.docker_host()}
-    started = time.monotonic()
     res = _run_build_instances(instances, env)
-    elapsed = time.monotonic() - started
     assert res.returncode == 0, res.stderr
     assert "0 images built, 0 bwrap trees written" in res.stdout
-    assert elapsed < 15
     base = subprocess.run(
         ["bash", str(REPO / "deploy" / "images" / "build_base.sh")],
         env=env,
