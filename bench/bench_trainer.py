@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -232,12 +233,18 @@ def trainer_config(
 def open_backend(
     name: str, model: Path, device: str, micro_batch_tokens: int
 ) -> TrainerBackend | str:
-    """The backend, or why it cannot run here (``not built: ...``): never a stand-in."""
+    """The backend, or why it cannot run here: never a stand-in. A name the trainer config does
+    not accept is ``not built``; a backend that exists but fails to start says so."""
     try:
-        return create_backend(trainer_config(name, model, device, micro_batch_tokens))
-    except (ValueError, BackendError, ImportError) as exc:
-        first = str(exc).strip().splitlines()
-        return f"not built: {' '.join(first[:3])[:200]}"
+        config = trainer_config(name, model, device, micro_batch_tokens)
+    except ValidationError as exc:
+        return f"not built: trainer.backend={name!r} is refused ({exc.errors()[0]['msg']})"
+    if name == "torch":
+        return create_backend(config)  # the reference column: its failure stops the bench
+    try:
+        return create_backend(config)
+    except (BackendError, ImportError, RuntimeError) as exc:
+        return f"cannot run here: {str(exc).strip()[:300]}"
 
 
 def sync(device: str) -> None:
