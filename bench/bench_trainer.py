@@ -127,8 +127,8 @@ class Lengths:
 
 
 # Small rows so a CPU step takes seconds; the shape (multi-turn, groups of 8) is the real one.
-STEP_LENGTHS = Lengths(prompt=96, turns=(2, 4), action=24, observation=40, cap=96)
-QUICK_LENGTHS = Lengths(prompt=48, turns=(1, 3), action=16, observation=24, cap=64)
+STEP_LENGTHS = Lengths(prompt=64, turns=(2, 4), action=24, observation=32, cap=96)
+QUICK_LENGTHS = Lengths(prompt=32, turns=(1, 2), action=12, observation=16, cap=48)
 MINI_TASK_LENGTHS = Lengths(
     prompt=7000, turns=(4, 20), action=150, observation=300, cap=4000, second_segment=0.1
 )
