@@ -216,7 +216,6 @@ def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> No
     cfg = {"actor": {"lr": 1e-3, "warmup_steps": 3}, "critic": {"optimizer": {"lr": 1e-3}}}
     a = backend(tiny_model_dir, **cfg)
     first, second = constructed_batch(a), constructed_batch(a, rewards=(0.0, 1.0))
-    a.save(tmp_path / "fresh")  # before any step: the optimisers have no state yet
     m_first = a.train_step(first, StepObjective())
     after_first = whole_state(a)
     a.save(tmp_path / "ckpt", extra={"gate": {"counter": 3}, "cursor": "batch-7"})
@@ -231,10 +230,12 @@ def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> No
     assert abs(m_a["actor/loss"] - m_b["actor/loss"]) <= 1e-7
     assert m_a == m_b
     assert_same_state(whole_state(a), whole_state(b))
-    # a checkpoint saved before the first step resumes as a fresh trainer (Adam's step count
-    # included: its bias correction would differ if the save had initialised the states)
-    c = backend(tiny_model_dir, **cfg, seed=7)
-    c.train_step(second, StepObjective())  # state to be replaced by the load
+    # a checkpoint saved before the first step resumes as a fresh trainer: as ``a`` took its
+    # first step (Adam's step count included: DCP's zero-lr initialisation step would change
+    # the bias correction if the save initialised the optimiser states)
+    c = backend(tiny_model_dir, **cfg)
+    c.save(tmp_path / "fresh")
+    c.train_step(second, StepObjective())  # state the load must undo
     assert c.load(tmp_path / "fresh") == {} and (c.version, c.steps) == (0, 0)
     assert c.train_step(first, StepObjective()) == m_first
     assert_same_state(whole_state(c), after_first)
