@@ -63,6 +63,13 @@ class BatchConfig(StrictModel):
     )
 
 
+class CheckpointConfig(StrictModel):
+    """Where checkpoints go and how many stay (``trainer.checkpoint.save_and_prune``)."""
+
+    dir: str = Field(default="", description="root of the step-N checkpoint directories")
+    keep_last: int = Field(default=3, ge=1, description="complete checkpoints kept (newest)")
+
+
 class TrainerConfig(StrictModel):
     """Everything the trainer engine needs."""
 
@@ -75,6 +82,7 @@ class TrainerConfig(StrictModel):
     actor: OptimizerConfig = OptimizerConfig(lr=1e-6)
     critic: CriticConfig = CriticConfig()
     batch: BatchConfig = BatchConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="bf16: autocast compute with fp32 master weights (GPU)"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import random
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,15 +37,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.algorithms import compute_objective
+from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
 from trainer.backends.parallel import DataParallel, full_tensor, shard
-from trainer.checkpoint import (
-    CheckpointError,
-    atomic_directory,
-    read_checkpoint,
-    write_checkpoint,
-)
+from trainer.checkpoint import atomic_directory
 from trainer.config import OptimizerConfig, TrainerConfig
 from trainer.data import TrainBatch, plan_micro_batches
 
@@ -445,66 +440,15 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _single_process(self, what: str) -> None:
-        if self.dp.enabled:
-            raise BackendError(
-                f"{what} under data parallel needs sharded checkpoints (not implemented yet)"
-            )
-
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-        """Full checkpoint: actor, critic, both optimisers and schedulers, version, RNG, and the
-        caller's JSON-serialisable ``extra`` state (returned by :meth:`load`)."""
-        self._single_process("save")
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        parts = {
-            "actor.pt": self.actor.state_dict(),
-            "critic.pt": self.critic.state_dict(),
-            "actor_optimizer.pt": self.actor_optimizer.state_dict(),
-            "critic_optimizer.pt": self.critic_optimizer.state_dict(),
-            "schedulers.pt": {
-                "actor": self.actor_scheduler.state_dict(),
-                "critic": self.critic_scheduler.state_dict(),
-            },
-            "rng.pt": rng,
-        }
-        meta = {
-            "backend": "torch",
-            "policy_version": self.version,
-            "steps": self.steps,
-            "fingerprint": self.fingerprint,
-            "source_model": str(self.model_dir),
-            "extra": dict(extra or {}),
-        }
-        try:
-            json.dumps(meta["extra"])
-        except (TypeError, ValueError) as exc:
-            raise BackendError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
-        return write_checkpoint(directory, parts, meta)
+        """Full checkpoint: actor, critic, both optimisers and schedulers, version, steps, RNG
+        states, and the caller's JSON-serialisable ``extra`` state (returned by :meth:`load`).
+
+        Sharded with torch.distributed.checkpoint; under data parallel every rank calls it and
+        writes its own shards (:mod:`trainer.backends.torch_checkpoint`).
+        """
+        return torch_checkpoint.save(self, directory, extra)
 
     def load(self, directory: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
-        self._single_process("load")
-        manifest, parts = read_checkpoint(directory)
-        if manifest.get("backend") != "torch":
-            raise CheckpointError(f"{directory}: a {manifest.get('backend')!r} checkpoint")
-        if manifest.get("fingerprint") != self.fingerprint:
-            raise CheckpointError(
-                f"{directory}: checkpoint of another model (saved from "
-                f"{manifest.get('source_model')!r}; its parameter names/shapes differ)"
-            )
-        self.actor.load_state_dict(parts["actor.pt"])
-        self.critic.load_state_dict(parts["critic.pt"])
-        self.actor_optimizer.load_state_dict(parts["actor_optimizer.pt"])
-        self.critic_optimizer.load_state_dict(parts["critic_optimizer.pt"])
-        self.actor_scheduler.load_state_dict(parts["schedulers.pt"]["actor"])
-        self.critic_scheduler.load_state_dict(parts["schedulers.pt"]["critic"])
-        rng = parts["rng.pt"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.version = int(manifest["policy_version"])
-        self.steps = int(manifest["steps"])
-        return dict(manifest.get("extra") or {})
+        return torch_checkpoint.load(self, directory)
