@@ -202,3 +202,26 @@ def test_a_stage_without_actor_loss_never_steps_the_actor(tiny_model_dir: Path, 
     assert events.count(("critic_step",)) == 2  # K = 2 critic passes still ran
     assert not torch.equal(head, b.critic.value_head.weight)
     assert not any(key.startswith("time/") for key in metrics)  # phase_timings is off
+
+
+@pytest.mark.parametrize("minibatches", [2, 3])
+def test_actor_minibatches_are_whole_groups_one_step_each(
+    tiny_model_dir: Path, minibatches
+) -> None:
+    b = backend(tiny_model_dir, actor={"lr": 1e-3}, actor_minibatches=minibatches)
+    batch = off_policy_batch(b, rewards=(1.0, 0.0, 0.0, 1.0))  # groups g0 = rows 0-1, g1 = 2-3
+    stepped: list[list[int]] = []
+    backprop = b._backprop
+
+    def recorded(batch, plan, grad, forward):
+        stepped.append(sorted(r for m in plan if m.real for r in m.rows.tolist()))
+        return backprop(batch, plan, grad, forward)
+
+    b._backprop = recorded  # type: ignore[method-assign]
+    metrics = b.train_step(batch, StepObjective(algorithm="li2sao"))
+    # two actor steps (a third minibatch would be empty: skipped), then K = 2 critic passes
+    # over the whole batch; every group in exactly one actor minibatch
+    assert metrics["actor/optimizer_steps"] == 2.0 and b.version == 1
+    assert sorted(stepped[:2]) == [[0, 1], [2, 3]]
+    assert stepped[2:] == [[0, 1, 2, 3]] * 2
+    assert {"actor/grad_norm_mb0", "actor/grad_norm_mb1", "actor/loss_mb1"} <= set(metrics)
