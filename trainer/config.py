@@ -90,6 +90,12 @@ class TrainerConfig(StrictModel):
     rollout_temperature: float = Field(
         default=1.0, gt=0, description="temperature the engines scaled logits by"
     )
+    actor_minibatches: int = Field(
+        default=1, ge=1, description="actor optimizer steps per batch (its minibatches)"
+    )
+    phase_timings: bool = Field(
+        default=False, description="add time/* seconds per step phase to the step metrics"
+    )
     activation_checkpointing: bool = False
     seed: int = Field(default=0, ge=0)
 
@@ -108,6 +114,18 @@ class TrainerConfig(StrictModel):
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
         return device
+
+    @model_validator(mode="after")
+    def _head_fits_the_algorithm(self) -> TrainerConfig:
+        from trainer.algorithms.objectives import ALGORITHM_REGISTRY
+
+        head = ALGORITHM_REGISTRY.get(self.algorithm).plan.value_head
+        if head is not None and head != self.critic.head:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs critic.head: {head} "
+                f"(got {self.critic.head}; a run does not switch head type)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bf16_needs_gpu(self) -> TrainerConfig:
