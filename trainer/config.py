@@ -63,6 +63,13 @@ class BatchConfig(StrictModel):
     )
 
 
+class CheckpointConfig(StrictModel):
+    """Where checkpoints go and how many stay (``trainer.checkpoint.save_and_prune``)."""
+
+    dir: str = Field(default="", description="root of the step-N checkpoint directories")
+    keep_last: int = Field(default=3, ge=1, description="complete checkpoints kept (newest)")
+
+
 class TrainerConfig(StrictModel):
     """Everything the trainer engine needs."""
 
@@ -75,12 +82,19 @@ class TrainerConfig(StrictModel):
     actor: OptimizerConfig = OptimizerConfig(lr=1e-6)
     critic: CriticConfig = CriticConfig()
     batch: BatchConfig = BatchConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="bf16: autocast compute with fp32 master weights (GPU)"
     )
     rollout_temperature: float = Field(
         default=1.0, gt=0, description="temperature the engines scaled logits by"
+    )
+    actor_minibatches: int = Field(
+        default=1, ge=1, description="actor optimizer steps per batch (its minibatches)"
+    )
+    phase_timings: bool = Field(
+        default=False, description="add time/* seconds per step phase to the step metrics"
     )
     activation_checkpointing: bool = False
     seed: int = Field(default=0, ge=0)
@@ -100,6 +114,18 @@ class TrainerConfig(StrictModel):
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
         return device
+
+    @model_validator(mode="after")
+    def _head_fits_the_algorithm(self) -> TrainerConfig:
+        from trainer.algorithms.objectives import ALGORITHM_REGISTRY
+
+        head = ALGORITHM_REGISTRY.get(self.algorithm).plan.value_head
+        if head is not None and head != self.critic.head:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs critic.head: {head} "
+                f"(got {self.critic.head}; a run does not switch head type)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bf16_needs_gpu(self) -> TrainerConfig:

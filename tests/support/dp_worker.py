@@ -13,6 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.support.ranks import join_group
 from trainer.backends import StepObjective
 from trainer.backends.parallel import full_tensor
 from trainer.backends.torch_backend import TorchBackend
@@ -42,10 +43,7 @@ def run(model_dir: str, batch_file: str, export_dir: str | None = None) -> dict:
 
 def main() -> int:
     rank, world, port, model_dir, batch_file, out_file, export_dir = sys.argv[1:8]
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank), world_size=int(world)
-    )
+    join_group(rank, world, port)
     try:
         result = run(model_dir, batch_file, export_dir)
         if int(rank) == 0:

@@ -99,6 +99,19 @@ from trainer.algorithms.staleness import (
     off_policy_token_ratio,
     policy_lag,
 )
+from trainer.algorithms.step_plans import (
+    ACTOR_CRITIC,
+    ACTOR_ONLY,
+    FORWARD_ACTOR,
+    OLD_LOGP,
+    PACT_PLAN,
+    PHASE_KINDS,
+    SRPPO_PLAN,
+    PlanPhase,
+    StepPlan,
+    actor_steps,
+    critic_steps,
+)
 from trainer.algorithms.trajectories import Trajectories, trajectory_rows
 
 from trainer.algorithms.baselines import import_baselines  # isort: skip (registers last)
@@ -106,14 +119,21 @@ from trainer.algorithms.baselines import import_baselines  # isort: skip (regist
 import_baselines()
 
 __all__ = [
+    "ACTOR_CRITIC",
+    "ACTOR_ONLY",
     "AGGREGATIONS",
     "ALGORITHMS",
     "ALGORITHM_REGISTRY",
     "CRITIC_IS_MODES",
     "ESTIMATORS",
+    "FORWARD_ACTOR",
+    "OLD_LOGP",
+    "PACT_PLAN",
     "PACT_POLICY_LOSSES",
     "PHASES",
+    "PHASE_KINDS",
     "POLICY_LOSSES",
+    "SRPPO_PLAN",
     "STAGES",
     "ActionMask",
     "Aggregation",
@@ -133,16 +153,20 @@ __all__ = [
     "ObjectiveResult",
     "PactPolicyLoss",
     "Phase",
+    "PlanPhase",
     "ReadinessGate",
     "ReadinessStats",
     "Registry",
     "Stage",
+    "StepPlan",
     "Trajectories",
+    "actor_steps",
     "adaptive_lambda",
     "bce_value_loss",
     "clipped_value_loss",
     "composed_objective",
     "compute_objective",
+    "critic_steps",
     "dapo_objective",
     "dis_policy_loss",
     "discounted_returns",

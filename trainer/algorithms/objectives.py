@@ -21,7 +21,8 @@ srppo      w^ (R - V), w^ = Pass   PPO clip               BCE + MSE on y = R, si
            @k weight k(1-q^)^(k-1)
 =========  ======================  =====================  ====================================
 
-Each algorithm is registered by name in :data:`ALGORITHM_REGISTRY`; the critic-free baselines
+Each algorithm is registered by name in :data:`ALGORITHM_REGISTRY`, with the step plan the
+trainer runs for it (:mod:`trainer.algorithms.step_plans`); the critic-free baselines
 are compositions of a registered estimator and policy loss (:mod:`trainer.algorithms.components`,
 :func:`register_composed`), so a new baseline is a module that registers itself (modules in
 :mod:`trainer.algorithms.baselines` are imported with the package). Rows are segments: group
@@ -88,6 +89,13 @@ from trainer.algorithms.readiness import ReadinessStats, readiness_statistics
 from trainer.algorithms.registry import Registry
 from trainer.algorithms.srppo import srppo_passk_weights
 from trainer.algorithms.staleness import off_policy_token_ratio, policy_lag
+from trainer.algorithms.step_plans import (
+    ACTOR_CRITIC,
+    ACTOR_ONLY,
+    PACT_PLAN,
+    SRPPO_PLAN,
+    StepPlan,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -136,11 +144,18 @@ class ObjectiveRequest:
 
 @dataclass(frozen=True)
 class AlgorithmEntry:
-    """A registered algorithm: its objective and the stages it has (``"actor"``, and
-    ``"critic"`` for an algorithm with a separate critic stage such as PACT)."""
+    """A registered algorithm: its objective, the stages it has (``"actor"``, and
+    ``"critic"`` for an algorithm with a separate critic stage such as PACT) and the step plan
+    the trainer runs for it (:mod:`trainer.algorithms.step_plans`)."""
 
     objective: Callable[[ObjectiveBatch, ObjectiveRequest], ObjectiveResult]
     stages: tuple[str, ...] = ("actor",)
+    plan: StepPlan = ACTOR_ONLY
+
+    def __post_init__(self) -> None:
+        for phase in self.plan.phases:
+            if phase.stage not in self.stages:
+                raise ValueError(f"the step plan uses stage {phase.stage!r}, not in {self.stages}")
 
 
 ALGORITHM_REGISTRY: Registry[AlgorithmEntry] = Registry("algorithm")
@@ -641,10 +656,10 @@ def _srppo(batch: ObjectiveBatch, request: ObjectiveRequest) -> ObjectiveResult:
     return srppo_objective(batch, request.config)
 
 
-ALGORITHM_REGISTRY.register("lisao")(AlgorithmEntry(_lisao))
-ALGORITHM_REGISTRY.register("li2sao")(AlgorithmEntry(_li2sao))
-ALGORITHM_REGISTRY.register("pact")(AlgorithmEntry(_pact, STAGES))
-ALGORITHM_REGISTRY.register("srppo")(AlgorithmEntry(_srppo))
+ALGORITHM_REGISTRY.register("lisao")(AlgorithmEntry(_lisao, plan=ACTOR_CRITIC))
+ALGORITHM_REGISTRY.register("li2sao")(AlgorithmEntry(_li2sao, plan=ACTOR_CRITIC))
+ALGORITHM_REGISTRY.register("pact")(AlgorithmEntry(_pact, STAGES, PACT_PLAN))
+ALGORITHM_REGISTRY.register("srppo")(AlgorithmEntry(_srppo, plan=SRPPO_PLAN))
 
 
 def compute_objective(

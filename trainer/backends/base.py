@@ -6,6 +6,7 @@ backend only through :class:`TrainerBackend`:
 * ``logprobs_and_values(batch)`` -- no-grad forward: per-token log-probabilities of the
   post-prompt tokens under the actor and critic values ``V(s_t)``, both ``[N, T]``;
 * ``train_step(batch, objective)`` -- one optimisation step of actor and critic on a batch,
+  in the order of the algorithm's step plan (:mod:`trainer.algorithms.step_plans`),
   returning float metrics;
 * ``export_hf(dir)`` -- the actor as a Hugging Face directory (safetensors, config, tokenizer)
   that transformers and the engines' ``/update_weights_from_disk`` load;
@@ -48,7 +49,8 @@ class StepObjective:
         algorithm: the objective of :func:`trainer.algorithms.compute_objective`.
         phase: Li2SAO's phase (``bootstrap`` until the readiness gate switches).
         config: its hyper-parameters (value clip, DIS bounds, ...).
-        update_actor: False for critic-only warm-up steps (LiSAO).
+        update_actor: False for critic-only warm-up steps (LiSAO): the plan's actor phases
+            are skipped.
         critic_updates: ``K`` critic passes on this batch; None means the backend's config.
     """
 

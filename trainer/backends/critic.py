@@ -39,12 +39,14 @@ class ValueModel(nn.Module):
             self.value_head.weight.normal_(0.0, init_std, generator=generator)
             self.value_head.bias.zero_()
 
-    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
-        """``[n, t]`` float32 values of the hidden states at ``positions`` (``[n, t]``)."""
+    def forward(self, input_ids: Tensor, positions: Tensor, raw: bool = False) -> Tensor:
+        """``[n, t]`` float32 values of the hidden states at ``positions`` (``[n, t]``);
+        ``raw``: the head's output before the sigmoid (the logits ``z`` of a sigmoid head, the
+        values themselves of a linear one)."""
         hidden = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
         picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
         out = self.value_head(picked).squeeze(-1).float()
-        return torch.sigmoid(out) if self.head_kind == "sigmoid" else out
+        return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
 
 
 def freeze_attention(model: nn.Module) -> list[str]:

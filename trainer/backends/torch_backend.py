@@ -1,18 +1,21 @@
 """The ``torch`` backend: a transformers causal LM as actor, :class:`ValueModel` as critic.
 
-One step (docs/trainer.md "One train step"):
+One step (docs/trainer.md "One train step") runs the algorithm's step plan
+(:mod:`trainer.algorithms.step_plans`, registered with the algorithm):
 
 1. no-grad forward of actor and critic over every micro-batch: the recomputed logprobs (the
-   train / rollout mismatch is measured on them), the entropy, and ``V_old``;
-2. the objective (:func:`trainer.algorithms.compute_objective`) on the **whole batch**, with
-   the logprobs and values as detached leaves: every normaliser (per-trajectory ``1/sum(m)``,
-   group statistics, whitening, the ranking pairs) is global, and autograd gives the exact
-   per-token gradients ``dL/dlogp`` and ``dL/dV``;
-3. per micro-batch, forward with grad and backpropagate ``sum(logp * dL/dlogp)`` (the chain
-   rule: the accumulated parameter gradient equals that of the whole-batch loss), clip, AdamW
-   step; the policy version advances by one;
-4. ``K`` critic passes the same way; passes after the first recompute ``V`` (no grad) and the
-   critic loss against the frozen ``V_old``.
+   train / rollout mismatch is measured on them; an ``old_logp`` phase hands them to the
+   objective as the pre-update policy), the entropy, and ``V_old`` (a sigmoid head's logits);
+2. per update, the objective (:func:`trainer.algorithms.compute_objective`) on the **whole
+   batch**, with the logprobs and critic outputs as detached leaves: every normaliser
+   (per-trajectory ``1/sum(m)``, group statistics, whitening, the ranking pairs) is global,
+   and autograd gives the exact per-token gradients ``dL/dlogp`` and ``dL/dV``;
+3. per micro-batch of the update's rows, forward with grad and backpropagate
+   ``sum(logp * dL/dlogp)`` (the chain rule: the accumulated parameter gradient equals that of
+   the whole-batch loss on those rows), clip, AdamW step. An ``actor`` phase takes one step per
+   minibatch (the policy version advances by one per train step), a ``forward_actor`` phase
+   scores the batch under the updated actor, a ``critic`` phase takes ``passes`` x minibatches
+   critic steps; outputs of a moved model are recomputed (no grad) before its next step.
 
 With ``torch.distributed`` initialised, FSDP2 shards both models over the ranks and each rank
 trains its share of the groups (:mod:`trainer.backends.parallel`).
@@ -26,10 +29,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import random
 import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +40,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from trainer.algorithms import compute_objective
+from trainer.algorithms import (
+    ALGORITHM_REGISTRY,
+    ObjectiveBatch,
+    ObjectiveResult,
+    PlanPhase,
+    Stage,
+    compute_objective,
+)
+from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
 from trainer.backends.parallel import DataParallel, full_tensor, shard
-from trainer.checkpoint import (
-    CheckpointError,
-    atomic_directory,
-    read_checkpoint,
-    write_checkpoint,
-)
+from trainer.checkpoint import atomic_directory
 from trainer.config import OptimizerConfig, TrainerConfig
 from trainer.data import TrainBatch, plan_micro_batches
 
-CRITIC_ALGORITHMS = frozenset({"lisao", "li2sao"})
 # Files of a HF model directory that describe the tokenizer and chat template (copied verbatim).
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens",
                    "chat_template")  # fmt: skip
@@ -124,6 +129,63 @@ class _Micro:
 
     rows: Tensor
     real: bool = True
+
+
+def _grad(loss: Tensor | None, leaf: Tensor | None) -> Tensor | None:
+    """``dloss/dleaf`` (zeros when the loss does not depend on it, e.g. an empty critic mask);
+    None when there is no loss."""
+    if loss is None or leaf is None:
+        return None
+    if not loss.requires_grad:
+        return torch.zeros_like(leaf)
+    grad = torch.autograd.grad(loss, leaf, allow_unused=True)[0]
+    return torch.zeros_like(leaf) if grad is None else grad
+
+
+@dataclass
+class _StepState:
+    """What the phases of one train step share (all ``[N, T]`` tensors cover the batch)."""
+
+    batch: TrainBatch
+    objective: StepObjective
+    micro: list[_Micro]
+    first: ForwardResult  # the pre-update actor's logprobs, the critic's raw outputs (V_old)
+    metrics: dict[str, float]
+    logp: Tensor = field(init=False)  # latest actor logprobs (refreshed per minibatch)
+    critic_out: Tensor | None = field(init=False)  # latest raw critic outputs
+    old_logp: Tensor | None = None  # set by an old_logp phase
+    new_logp: Tensor | None = None  # set by a forward_actor phase
+    critic_grad: Tensor | None = None  # the first actor-stage evaluation's dL/d(critic out)
+    critic_stepped: bool = False
+    evaluated: set[str] = field(default_factory=set)  # stages whose metrics are in
+
+    def __post_init__(self) -> None:
+        self.logp = self.first.logprobs
+        self.critic_out = self.first.values
+
+
+class _PhaseTimer:
+    """Wall seconds per phase kind (``time/<kind>_s``) and for the whole step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{name}_s": seconds for name, seconds in self.seconds.items()}
+        out["time/step_s"] = time.perf_counter() - self.start
+        return out
 
 
 def _layers(module: nn.Module) -> nn.ModuleList:
@@ -216,29 +278,40 @@ class TorchBackend:
             ent = torch.where(mb.action_mask, ent, torch.zeros_like(ent))
         return logp, ent
 
-    def _critic_values(self, mb: TrainBatch) -> Tensor:
+    def _critic_values(self, mb: TrainBatch, raw: bool = False) -> Tensor:
+        """``[n, t]`` critic values (0 off actions); ``raw``: a sigmoid head's logits."""
         with self._autocast():
-            values = self.critic(mb.input_ids, _positions(mb))
+            values = self.critic(mb.input_ids, _positions(mb), raw=raw)
         return torch.where(mb.action_mask, values, torch.zeros_like(values))
+
+    def _critic_raw(self, mb: TrainBatch) -> Tensor:
+        return self._critic_values(mb, raw=True)
 
     def _plan(self, batch: TrainBatch) -> list[_Micro]:
         """This rank's micro-batches (global row indices), as many on every rank."""
-        mine = self.dp.rows(batch)
+        micro, self._padding_fraction = self._plan_rows(batch, self.dp.rows(batch))
+        return micro
+
+    def _plan_rows(self, batch: TrainBatch, rows: list[int]) -> tuple[list[_Micro], float]:
+        """Micro-batches of ``rows`` (this rank's), padded with unused passes to as many as
+        the rank with the most; and their padding fraction."""
         micro: list[_Micro] = []
-        self._padding_fraction = 0.0
-        if mine:
-            plan = plan_micro_batches(batch.select(mine), self.config.batch.micro_batch_tokens)
-            self._padding_fraction = plan.padding_fraction
-            index = torch.tensor(mine, dtype=torch.long)
-            micro = [_Micro(index[list(rows)]) for rows in plan.micro_batches]
+        padding = 0.0
+        if rows:
+            plan = plan_micro_batches(batch.select(rows), self.config.batch.micro_batch_tokens)
+            padding = plan.padding_fraction
+            index = torch.tensor(rows, dtype=torch.long)
+            micro = [_Micro(index[list(part)]) for part in plan.micro_batches]
         for _ in range(self.dp.max_int(len(micro)) - len(micro)):
             micro.append(_Micro(torch.zeros(1, dtype=torch.long), real=False))
-        return micro
+        return micro, padding
 
     @torch.no_grad()
     def _forward(
-        self, batch: TrainBatch, plan: list[_Micro], actor: bool, critic: bool
+        self, batch: TrainBatch, plan: list[_Micro], actor: bool, critic: bool, raw: bool = False
     ) -> ForwardResult:
+        """Outputs of the rows in ``plan`` (every rank's rows after the sum; 0 elsewhere);
+        ``raw``: the critic's raw outputs (a sigmoid head's logits) as ``values``."""
         shape = tuple(batch.tokens.shape)
 
         def zeros() -> Tensor:
@@ -256,7 +329,7 @@ class TorchBackend:
                     logps[rows, :width] = logp
                     ents[rows, :width] = ent
             if values is not None:
-                value = self._critic_values(mb)
+                value = self._critic_values(mb, raw=raw)
                 if m.real:
                     values[rows, :width] = value
         for tensor in (logps, ents, values):
@@ -270,19 +343,6 @@ class TorchBackend:
         return self._forward(batch, self._plan(batch), actor=True, critic=True)
 
     # ------------------------------------------------------------------ training
-
-    def _objective(
-        self,
-        batch: TrainBatch,
-        objective: StepObjective,
-        logp: Tensor,
-        values: Tensor | None,
-        old_values: Tensor | None,
-    ) -> Any:
-        ob = batch.objective_batch(logp, values, old_values, trainer_version=self.version)
-        return compute_objective(
-            objective.algorithm, ob, phase=objective.phase, config=objective.config
-        )
 
     def _backprop(
         self,
@@ -326,87 +386,222 @@ class TorchBackend:
             "mismatch/mean_abs_logprob_diff": float(diff.mean()),
         }
 
+    # ------------------------------------------------------------------ step plans
+
     def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
-        """One actor update and ``K`` critic updates on ``batch``; returns float metrics."""
+        """One step on ``batch``: the phases of the algorithm's step plan, in order
+        (:mod:`trainer.algorithms.step_plans`; Li2SAO: one actor update, ``K`` critic passes;
+        PACT: actor minibatch steps, a forward of the updated actor, the critic stage).
+        Returns float metrics."""
         if not isinstance(objective, StepObjective):
             raise BackendError(f"objective must be a StepObjective, got {type(objective).__name__}")
-        batch = batch.to(self.device)
-        plan = self._plan(batch)
-        use_critic = objective.algorithm in CRITIC_ALGORITHMS
-        first = self._forward(batch, plan, actor=True, critic=use_critic)
-        mask = batch.action_mask
-        metrics: dict[str, float] = {
-            "data/micro_batches": float(len(plan)),
-            "data/padding_fraction": self._padding_fraction,
-            "actor/entropy": float(first.entropy[mask].mean()),
-            **self._mismatch(batch, first.logprobs),
-        }
-        logp_leaf = first.logprobs.clone().requires_grad_(True)
-        values_leaf = None if first.values is None else first.values.clone().requires_grad_(True)
-        try:
-            result = self._objective(batch, objective, logp_leaf, values_leaf, first.values)
-        except ValueError as exc:
-            raise BackendError(f"objective rejected the batch: {exc}") from exc
-        metrics.update(result.metrics)
-        leaves = [logp_leaf] + ([values_leaf] if result.critic_loss is not None else [])
-        losses = [result.actor_loss] + (
-            [result.critic_loss] if result.critic_loss is not None else []
-        )
-        grads = [
-            torch.autograd.grad(loss, leaf, allow_unused=True)[0]
-            for loss, leaf in zip(losses, leaves, strict=True)
-        ]
-        if objective.update_actor:
-            self._backprop(batch, plan, grads[0], lambda mb: self._actor_logprobs(mb)[0])
-            metrics["actor/grad_norm"] = self._clip_and_step(
-                list(self.actor.parameters()),
-                self.actor_optimizer,
-                self.actor_scheduler,
-                self.config.actor.grad_clip,
+        plan = ALGORITHM_REGISTRY.get(objective.algorithm).plan
+        if plan.value_head is not None and plan.value_head != self.config.critic.head:
+            raise BackendError(
+                f"algorithm {objective.algorithm!r} needs critic.head={plan.value_head!r}; this "
+                f"backend's critic has a {self.config.critic.head!r} head (a run does not "
+                "switch head type)"
             )
-            metrics["actor/lr"] = self.actor_optimizer.param_groups[0]["lr"]
-            self.version += 1
-        passes = objective.critic_updates
-        passes = self.config.critic.updates_per_step if passes is None else passes
-        if result.critic_loss is not None and passes > 0:
-            assert first.values is not None
-            metrics.update(self._critic_passes(batch, objective, plan, first, grads[1], passes))
+        batch = batch.to(self.device)
+        timer = _PhaseTimer(self.device)
+        with timer("forward"):  # the pre-update actor's logprobs, V_old
+            micro = self._plan(batch)
+            first = self._forward(batch, micro, actor=True, critic=plan.uses_critic, raw=True)
+        state = _StepState(batch, objective, micro, first, self._first_metrics(batch, micro, first))
+        for phase in plan.phases:
+            with timer(phase.kind):
+                self._run_phase(state, phase)
         self.steps += 1
+        metrics = state.metrics
         metrics["trainer/version"] = float(self.version)
         metrics["trainer/steps"] = float(self.steps)
+        if self.config.phase_timings:
+            metrics.update(timer.metrics())
         return metrics
 
-    def _critic_passes(
-        self,
-        batch: TrainBatch,
-        objective: StepObjective,
-        plan: list[_Micro],
-        first: ForwardResult,
-        grad: Tensor | None,
-        passes: int,
+    def _first_metrics(
+        self, batch: TrainBatch, micro: list[_Micro], first: ForwardResult
     ) -> dict[str, float]:
-        params = [p for p in self.critic.parameters() if p.requires_grad]
-        metrics: dict[str, float] = {}
-        for k in range(passes):
-            if k > 0:
-                now = self._forward(batch, plan, actor=False, critic=True).values
-                assert now is not None
-                leaf = now.clone().requires_grad_(True)
-                result = self._objective(batch, objective, first.logprobs, leaf, first.values)
-                assert result.critic_loss is not None
-                metrics[f"critic/loss_pass{k}"] = float(result.critic_loss.detach())
-                grad = torch.autograd.grad(result.critic_loss, leaf, allow_unused=True)[0]
-            if grad is None:  # the loss does not depend on the values (e.g. empty critic mask)
-                grad = torch.zeros_like(first.logprobs)
-            self._backprop(batch, plan, grad, self._critic_values)
-            metrics[f"critic/grad_norm_pass{k}"] = self._clip_and_step(
-                params,
-                self.critic_optimizer,
-                self.critic_scheduler,
-                self.config.critic.optimizer.grad_clip,
+        return {
+            "data/micro_batches": float(len(micro)),
+            "data/padding_fraction": self._padding_fraction,
+            "actor/entropy": float(first.entropy[batch.action_mask].mean()),
+            **self._mismatch(batch, first.logprobs),
+        }
+
+    def _run_phase(self, state: _StepState, phase: PlanPhase) -> None:
+        if phase.kind == "old_logp":
+            # the step's first forward scored the batch under the pre-update actor
+            state.old_logp = state.first.logprobs
+        elif phase.kind == "actor":
+            if state.objective.update_actor:  # False: LiSAO's critic-only warm-up
+                self._actor_phase(state, phase)
+        elif phase.kind == "forward_actor":
+            fwd = self._forward(state.batch, state.micro, actor=True, critic=False)
+            state.new_logp = fwd.logprobs
+        else:
+            self._critic_phase(state, phase)
+
+    def _minibatches(self, state: _StepState, count: int | None) -> list[list[_Micro]]:
+        """This rank's rows in ``count`` minibatches (None: ``actor_minibatches``) of whole
+        groups, in plan order; minibatch ``j`` of every rank together is global minibatch j."""
+        n = count if count is not None else self.config.actor_minibatches
+        if n == 1:
+            return [state.micro]
+        groups: dict[int, list[int]] = {}
+        group_ids = state.batch.group_ids.tolist()
+        for m in state.micro:
+            for row in m.rows.tolist() if m.real else []:
+                groups.setdefault(group_ids[row], []).append(row)
+        members = list(groups.values())
+        size, extra = divmod(len(members), n)
+        minis, start = [], 0
+        for j in range(n):
+            stop = start + size + (1 if j < extra else 0)
+            rows = sorted(r for group in members[start:stop] for r in group)
+            minis.append(self._plan_rows(state.batch, rows)[0])
+            start = stop
+        return minis
+
+    def _refresh(
+        self, batch: TrainBatch, mini: list[_Micro], current: Tensor, actor: bool
+    ) -> Tensor:
+        """``current`` with the rows of ``mini`` (every rank's) replaced by the model's outputs
+        now: the actor's logprobs, or the critic's raw outputs."""
+        fwd = self._forward(batch, mini, actor=actor, critic=not actor, raw=True)
+        fresh = fwd.logprobs if actor else fwd.values
+        assert fresh is not None
+        hit = torch.zeros(batch.num_rows, dtype=torch.float32, device=current.device)
+        for m in mini:
+            if m.real:
+                hit[m.rows.to(current.device)] = 1.0
+        self.dp.sum(hit)
+        return torch.where(hit[:, None] > 0, fresh, current)
+
+    def _objective_batch(
+        self, state: _StepState, logp: Tensor, critic_out: Tensor | None
+    ) -> ObjectiveBatch:
+        """The objective's view: ``critic_out`` are values (linear head) or logits (sigmoid
+        head), ``old_values`` the step's first critic forward (``V_old``)."""
+        old = state.first.values
+        critic: dict[str, Tensor] = {}
+        if critic_out is not None and old is not None:
+            if self.config.critic.head == "sigmoid":
+                critic = {"value_logits": critic_out, "old_values": torch.sigmoid(old)}
+            else:
+                critic = {"values": critic_out, "old_values": old}
+        return state.batch.objective_batch(
+            logp, trainer_version=self.version, old_logp=state.old_logp, **critic
+        )
+
+    def _evaluate(
+        self, state: _StepState, stage: Stage, logp: Tensor, want_actor: bool, want_critic: bool
+    ) -> tuple[ObjectiveResult, Tensor | None, Tensor | None]:
+        """The objective's ``stage`` on the whole batch (global normalisers) with detached
+        leaves; returns it and the per-token gradients ``dL/dlogp`` and ``dL/d(critic out)``.
+        The first evaluation of each stage contributes the objective's metrics."""
+        logp_leaf = logp.clone().requires_grad_(want_actor)
+        out = state.critic_out
+        out_leaf = None if out is None else out.clone().requires_grad_(want_critic)
+        objective = state.objective
+        try:
+            result = compute_objective(
+                objective.algorithm,
+                self._objective_batch(state, logp_leaf, out_leaf),
+                phase=objective.phase,
+                stage=stage,
+                config=objective.config,
             )
-        metrics["critic/lr"] = self.critic_optimizer.param_groups[0]["lr"]
-        return metrics
+        except ValueError as exc:
+            raise BackendError(f"objective rejected the batch: {exc}") from exc
+        if stage not in state.evaluated:
+            state.evaluated.add(stage)
+            state.metrics.update(result.metrics)
+        actor_grad = _grad(result.actor_loss, logp_leaf) if want_actor else None
+        critic_grad = _grad(result.critic_loss, out_leaf) if want_critic else None
+        return result, actor_grad, critic_grad
+
+    def _actor_phase(self, state: _StepState, phase: PlanPhase) -> None:
+        """One actor optimizer step per minibatch. Each backpropagates the whole-batch loss's
+        gradient on its own rows (their logprobs refreshed after the first step), so the
+        minibatch gradients of an unchanged actor would sum to the whole-batch gradient."""
+        params = list(self.actor.parameters())
+        norms: list[float] = []
+        for j, mini in enumerate(self._minibatches(state, phase.minibatches)):
+            if not mini:
+                continue  # no rows on any rank
+            if norms:  # the actor moved: this minibatch's rows under the current actor
+                state.logp = self._refresh(state.batch, mini, state.logp, actor=True)
+            first = "actor" not in state.evaluated
+            result, grad, critic_grad = self._evaluate(
+                state, "actor", state.logp, want_actor=True, want_critic=first
+            )
+            if first:
+                state.critic_grad = critic_grad  # the standard-order critic's first pass
+            if result.actor_loss is None or grad is None:
+                return  # a stage without an actor loss never steps the actor optimizer
+            if norms:
+                state.metrics[f"actor/loss_mb{j}"] = float(result.actor_loss.detach())
+            self._backprop(state.batch, mini, grad, lambda mb: self._actor_logprobs(mb)[0])
+            norms.append(
+                self._clip_and_step(
+                    params, self.actor_optimizer, self.actor_scheduler, self.config.actor.grad_clip
+                )
+            )
+        if norms:
+            state.metrics["actor/grad_norm"] = max(norms)
+            if len(norms) > 1:
+                state.metrics.update({f"actor/grad_norm_mb{j}": v for j, v in enumerate(norms)})
+            state.metrics["actor/optimizer_steps"] = float(len(norms))
+            state.metrics["actor/lr"] = self.actor_optimizer.param_groups[0]["lr"]
+            self.version += 1
+
+    def _critic_phase(self, state: _StepState, phase: PlanPhase) -> None:
+        """``passes`` x minibatches critic optimizer steps on the loss of ``phase.stage``:
+        ``"actor"`` at the pre-update logprobs (standard order), ``"critic"`` at the updated
+        actor's (PACT; the plan guarantees a ``forward_actor`` ran)."""
+        passes = phase.passes
+        if passes is None:
+            passes = state.objective.critic_updates
+            passes = self.config.critic.updates_per_step if passes is None else passes
+        logp = state.first.logprobs if phase.stage == "actor" else state.new_logp
+        if passes == 0 or logp is None or state.critic_out is None:
+            return
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        minis = [m for m in self._minibatches(state, phase.minibatches) if m]
+        for k in range(passes):
+            for j, mini in enumerate(minis):
+                label = f"pass{k}" if len(minis) == 1 else f"pass{k}_mb{j}"
+                grad = self._critic_grad(state, phase.stage, logp, mini, label)
+                if grad is None:
+                    return  # this stage has no critic loss
+                self._backprop(state.batch, mini, grad, self._critic_raw)
+                state.metrics[f"critic/grad_norm_{label}"] = self._clip_and_step(
+                    params,
+                    self.critic_optimizer,
+                    self.critic_scheduler,
+                    self.config.critic.optimizer.grad_clip,
+                )
+                state.critic_stepped = True
+        state.metrics["critic/lr"] = self.critic_optimizer.param_groups[0]["lr"]
+
+    def _critic_grad(
+        self, state: _StepState, stage: Stage, logp: Tensor, mini: list[_Micro], label: str
+    ) -> Tensor | None:
+        """``dL/d(critic out)`` for the next critic step (None: the stage has no critic loss);
+        the critic's outputs on ``mini`` are recomputed once the critic has moved."""
+        if state.critic_stepped:
+            assert state.critic_out is not None
+            state.critic_out = self._refresh(state.batch, mini, state.critic_out, actor=False)
+        elif stage == "actor" and "actor" in state.evaluated:
+            return state.critic_grad  # from the actor step's evaluation (same inputs)
+        repeat = stage in state.evaluated
+        result, _, grad = self._evaluate(state, stage, logp, want_actor=False, want_critic=True)
+        if result.critic_loss is None:
+            return None
+        if repeat:
+            state.metrics[f"critic/loss_{label}"] = float(result.critic_loss.detach())
+        return grad
 
     # ------------------------------------------------------------------ weights out
 
@@ -445,66 +640,15 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _single_process(self, what: str) -> None:
-        if self.dp.enabled:
-            raise BackendError(
-                f"{what} under data parallel needs sharded checkpoints (not implemented yet)"
-            )
-
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-        """Full checkpoint: actor, critic, both optimisers and schedulers, version, RNG, and the
-        caller's JSON-serialisable ``extra`` state (returned by :meth:`load`)."""
-        self._single_process("save")
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        parts = {
-            "actor.pt": self.actor.state_dict(),
-            "critic.pt": self.critic.state_dict(),
-            "actor_optimizer.pt": self.actor_optimizer.state_dict(),
-            "critic_optimizer.pt": self.critic_optimizer.state_dict(),
-            "schedulers.pt": {
-                "actor": self.actor_scheduler.state_dict(),
-                "critic": self.critic_scheduler.state_dict(),
-            },
-            "rng.pt": rng,
-        }
-        meta = {
-            "backend": "torch",
-            "policy_version": self.version,
-            "steps": self.steps,
-            "fingerprint": self.fingerprint,
-            "source_model": str(self.model_dir),
-            "extra": dict(extra or {}),
-        }
-        try:
-            json.dumps(meta["extra"])
-        except (TypeError, ValueError) as exc:
-            raise BackendError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
-        return write_checkpoint(directory, parts, meta)
+        """Full checkpoint: actor, critic, both optimisers and schedulers, version, steps, RNG
+        states, and the caller's JSON-serialisable ``extra`` state (returned by :meth:`load`).
+
+        Sharded with torch.distributed.checkpoint; under data parallel every rank calls it and
+        writes its own shards (:mod:`trainer.backends.torch_checkpoint`).
+        """
+        return torch_checkpoint.save(self, directory, extra)
 
     def load(self, directory: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
-        self._single_process("load")
-        manifest, parts = read_checkpoint(directory)
-        if manifest.get("backend") != "torch":
-            raise CheckpointError(f"{directory}: a {manifest.get('backend')!r} checkpoint")
-        if manifest.get("fingerprint") != self.fingerprint:
-            raise CheckpointError(
-                f"{directory}: checkpoint of another model (saved from "
-                f"{manifest.get('source_model')!r}; its parameter names/shapes differ)"
-            )
-        self.actor.load_state_dict(parts["actor.pt"])
-        self.critic.load_state_dict(parts["critic.pt"])
-        self.actor_optimizer.load_state_dict(parts["actor_optimizer.pt"])
-        self.critic_optimizer.load_state_dict(parts["critic_optimizer.pt"])
-        self.actor_scheduler.load_state_dict(parts["schedulers.pt"]["actor"])
-        self.critic_scheduler.load_state_dict(parts["schedulers.pt"]["critic"])
-        rng = parts["rng.pt"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.version = int(manifest["policy_version"])
-        self.steps = int(manifest["steps"])
-        return dict(manifest.get("extra") or {})
+        return torch_checkpoint.load(self, directory)

@@ -93,10 +93,14 @@ class TrainBatch:
         values: Tensor | None = None,
         old_values: Tensor | None = None,
         trainer_version: int | None = None,
+        *,
+        old_logp: Tensor | None = None,
+        value_logits: Tensor | None = None,
     ) -> ObjectiveBatch:
         """These rows as the objective reads them, with the model's ``logp`` (and the critic's
-        ``values`` / ``old_values``); the token versions come along when ``trainer_version`` is
-        given. Group statistics count trajectories (the batch's ``trajectory_index``)."""
+        ``values`` or sigmoid-head ``value_logits``, ``old_values``, the recomputed pre-update
+        ``old_logp``); the token versions come along when ``trainer_version`` is given. Group
+        statistics count trajectories (the batch's ``trajectory_index``)."""
         return ObjectiveBatch(
             tokens=self.tokens,
             action_mask=self.action_mask,
@@ -108,6 +112,8 @@ class TrainBatch:
             old_values=old_values,
             token_versions=None if trainer_version is None else self.token_versions,
             trainer_version=trainer_version,
+            old_logp=old_logp,
+            value_logits=value_logits,
             trajectory_index=self.trajectory_index,
         )
 

@@ -19,6 +19,12 @@ def test_defaults_are_the_spec_values() -> None:
     assert (cfg.device, cfg.precision) == ("cpu", "fp32")
 
 
+def test_pact_and_srppo_configure_with_the_sigmoid_head() -> None:
+    for algorithm in ("pact", "srppo"):
+        env = {"SWERL_TRAINER__ALGORITHM": algorithm, "SWERL_TRAINER__CRITIC__HEAD": "sigmoid"}
+        assert load_trainer_config(environ=env).critic.head == "sigmoid"
+
+
 def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
     f = tmp_path / "swerl.yaml"
     f.write_text(
@@ -42,6 +48,8 @@ def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
         ({"SWERL_TRAINER__DEVICE": "tpu"}, "device must be cpu, cuda"),
         ({"SWERL_TRAINER__CRITIC__HEAD": "tanh"}, "trainer.critic.head"),
         ({"SWERL_TRAINER__BATCH__OVERLONG": "cut"}, "trainer.batch.overlong"),
+        ({"SWERL_TRAINER__ALGORITHM": "pact"}, "algorithm 'pact' needs critic.head: sigmoid"),
+        ({"SWERL_TRAINER__ACTOR_MINIBATCHES": "0"}, "trainer.actor_minibatches"),
     ],
 )
 def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:

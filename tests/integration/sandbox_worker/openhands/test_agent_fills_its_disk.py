@@ -87,9 +87,9 @@ def test_an_agent_that_fills_its_disk_and_inodes_ends_graded_not_aborted(
                 bundle,
                 "traj-fill.a1",
                 "Fill the disk.",
-                AgentLimits(max_steps=10, wall_time_s=45),
+                AgentLimits(max_steps=10, wall_time_s=30),
                 SamplingConfig(max_tokens=64),
-                config=OpenHandsConfig(num_retries=0),
+                config=OpenHandsConfig(num_retries=0, stop_grace_s=5),
             )
             df = sb.exec("df -i /tmp | tail -1; df /tmp | tail -1").output
             alive = sb.exec("true").exit_code == 0  # what the runner checks before aborting

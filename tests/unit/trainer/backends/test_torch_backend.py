@@ -3,12 +3,15 @@ HF export round trip through transformers and the reference engine, exact resume
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import Tensor
 
 from tests.support.recorded_conversations import record_conversations, update_engine_weights
 from tests.support.trajectory_records import record, turn
@@ -191,24 +194,51 @@ def test_export_loads_in_transformers_and_the_engine_with_equal_logprobs(
         update_engine_weights(engine_url, tiny_model_dir, version=2)
 
 
-@pytest.mark.slow  # saves and reloads a checkpoint
+def rng_draws() -> list[float]:
+    """One draw from each RNG a step could use (torch, Python, numpy)."""
+    return [float(torch.rand(())), random.random(), float(np.random.rand())]
+
+
+def whole_state(b: TorchBackend) -> dict[str, Tensor]:
+    models = {"actor": b.actor, "critic": b.critic}
+    return {f"{m}.{k}": v.detach().clone() for m, mod in models.items()
+            for k, v in mod.state_dict().items()}  # fmt: skip
+
+
+def assert_same_state(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    assert set(a) == set(b)
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
+
+
+@pytest.mark.slow  # saves and reloads checkpoints, three backends
 def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = {"actor": {"lr": 1e-3, "warmup_steps": 3}, "critic": {"optimizer": {"lr": 1e-3}}}
     a = backend(tiny_model_dir, **cfg)
     first, second = constructed_batch(a), constructed_batch(a, rewards=(0.0, 1.0))
-    a.train_step(first, StepObjective())
+    m_first = a.train_step(first, StepObjective())
+    after_first = whole_state(a)
     a.save(tmp_path / "ckpt", extra={"gate": {"counter": 3}, "cursor": "batch-7"})
+    draws_a = rng_draws()
     m_a = a.train_step(second, StepObjective())
     b = backend(tiny_model_dir, **cfg, seed=7)  # another value-head init: load must replace it
     extra = b.load(tmp_path / "ckpt")
     assert (b.version, b.steps) == (1, 1)
     assert extra == {"gate": {"counter": 3}, "cursor": "batch-7"}
+    assert rng_draws() == draws_a  # torch, Python and numpy RNG states restored
     m_b = b.train_step(second, StepObjective())
+    assert abs(m_a["actor/loss"] - m_b["actor/loss"]) <= 1e-7
     assert m_a == m_b
-    for model_a, model_b in ((a.actor, b.actor), (a.critic, b.critic)):
-        for (name, p), q in zip(model_a.state_dict().items(), model_b.state_dict().values(),
-                                strict=True):  # fmt: skip
-            assert torch.equal(p, q), name
+    assert_same_state(whole_state(a), whole_state(b))
+    # a checkpoint saved before the first step resumes as a fresh trainer: as ``a`` took its
+    # first step (Adam's step count included: DCP's zero-lr initialisation step would change
+    # the bias correction if the save initialised the optimiser states)
+    c = backend(tiny_model_dir, **cfg)
+    c.save(tmp_path / "fresh")
+    c.train_step(second, StepObjective())  # state the load must undo
+    assert c.load(tmp_path / "fresh") == {} and (c.version, c.steps) == (0, 0)
+    assert c.train_step(first, StepObjective()) == m_first
+    assert_same_state(whole_state(c), after_first)
 
 
 def test_bad_checkpoints_and_models_give_clear_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -222,10 +252,23 @@ def test_bad_checkpoints_and_models_give_clear_errors(tiny_model_dir: Path, tmp_
     with pytest.raises(BackendError, match="not JSON-serialisable"):
         b.save(tmp_path / "ckpt", extra={"tensor": torch.zeros(1)})
     ckpt = b.save(tmp_path / "ckpt")
-    (ckpt / "critic.pt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=r"checksum mismatch in critic\.pt"):
+    (ckpt / "dcp" / "__0_0.distcp").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"checksum mismatch in dcp/__0_0\.distcp"):
         b.load(ckpt)
     ckpt = b.save(tmp_path / "ckpt")
+    (ckpt / "rng-0.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"part rng-0\.pt is missing"):
+        b.load(ckpt)
+    ckpt = b.save(tmp_path / "ckpt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "manifest.json").write_text(json.dumps({**manifest, "layout": "torch-files-0"}))
+    with pytest.raises(CheckpointError, match="checkpoint layout 'torch-files-0'"):
+        b.load(ckpt)
+    entry = manifest["files"]["trainer.pt"]
+    manifest["files"]["trainer.pt"] = {**entry, "sha256": "0" * 64}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"checksum mismatch in trainer\.pt"):
+        b.load(ckpt)
     (ckpt / "manifest.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt manifest"):
         b.load(ckpt)
