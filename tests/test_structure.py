@@ -58,6 +58,9 @@ EXCEPTIONS: dict[str, str] = {
     "unit/trainer/algorithms/test_bench_script.py": (
         "the smoke test of bench/bench_algorithms.py (benchmarks are no package)"
     ),
+    "unit/trainer/test_bench_trainer.py": (
+        "the smoke test of bench/bench_trainer.py (benchmarks are no package)"
+    ),
     "unit/trainer/algorithms/test_proposition1.py": (
         "a Monte-Carlo check of the paper's Proposition 1 through the critic-target pipeline "
         "(gae.py, critic.py)"

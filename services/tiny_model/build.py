@@ -17,7 +17,8 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from services.tiny_model.chat_templates import (
@@ -169,11 +170,34 @@ def _write_model(out: Path, spec: TinyModelSpec, vocab_size: int, eos_id: int, p
     model.save_pretrained(str(out))
 
 
-def build_tiny_model(directory: str | os.PathLike[str], coder: bool = False, seed: int = 0) -> Path:
+def model_spec(
+    coder: bool = False, seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> TinyModelSpec:
+    """The spec of a build: the tiny model's shape, or that shape with ``sizes`` changed
+    (``{"hidden_size": 512, "num_hidden_layers": 6, ...}``: a larger model of the same family,
+    e.g. for ``bench/bench_trainer.py``). An unknown or non-positive size is a ValueError."""
+    sizes = dict(sizes or {})
+    known = {f.name for f in fields(TinyModelSpec)} - {"coder", "seed", "format_version"}
+    unknown = sorted(set(sizes) - known)
+    if unknown:
+        raise ValueError(f"unknown model sizes {unknown}; known: {sorted(known)}")
+    bad = {k: v for k, v in sizes.items() if not (isinstance(v, int | float) and v > 0)}
+    if bad:
+        raise ValueError(f"model sizes must be positive numbers, got {bad}")
+    return replace(TinyModelSpec(coder=coder, seed=seed), **sizes)
+
+
+def build_tiny_model(
+    directory: str | os.PathLike[str],
+    coder: bool = False,
+    seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
+) -> Path:
     """Build the tiny model into ``directory`` (created or overwritten); return its path.
 
-    The build happens in a sibling temporary directory that is renamed into place, so a reader
-    never sees a half-written model.
+    ``sizes`` changes fields of :class:`TinyModelSpec` (see :func:`model_spec`). The build
+    happens in a sibling temporary directory that is renamed into place, so a reader never sees
+    a half-written model.
     """
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -183,7 +207,7 @@ def build_tiny_model(directory: str | os.PathLike[str], coder: bool = False, see
         raise ValueError(f"seed must be >= 0, got {seed}")
     target = Path(directory).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    spec = TinyModelSpec(coder=coder, seed=seed)
+    spec = model_spec(coder, seed, sizes)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         vocab_size = _write_tokenizer(staging, spec)
@@ -219,9 +243,13 @@ def read_stamp(directory: str | os.PathLike[str]) -> dict[str, object] | None:
 
 
 def ensure_tiny_model(
-    directory: str | os.PathLike[str], coder: bool = False, seed: int = 0
+    directory: str | os.PathLike[str],
+    coder: bool = False,
+    seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
 ) -> Path:
-    """Return ``directory`` holding the tiny model, building it only if it is missing.
+    """Return ``directory`` holding the tiny model (with ``sizes`` changed, see
+    :func:`model_spec`), building it only if it is missing.
 
     A directory holding a different variant (other seed, template or format) is an error rather
     than being silently overwritten: callers should use one cache directory per variant.
@@ -231,8 +259,8 @@ def ensure_tiny_model(
     if stamp is None:
         if target.exists() and any(target.iterdir()):
             raise FileExistsError(f"{target} exists and is not a complete tiny model build")
-        return build_tiny_model(target, coder=coder, seed=seed)
-    wanted = asdict(TinyModelSpec(coder=coder, seed=seed))
+        return build_tiny_model(target, coder=coder, seed=seed, sizes=sizes)
+    wanted = asdict(model_spec(coder, seed, sizes))
     mismatched = {k: (stamp.get(k), v) for k, v in wanted.items() if stamp.get(k) != v}
     if mismatched:
         raise ValueError(

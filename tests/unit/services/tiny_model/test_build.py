@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from services.tiny_model.build import build_tiny_model, ensure_tiny_model, main, read_stamp
+from services.tiny_model.build import (
+    build_tiny_model,
+    ensure_tiny_model,
+    main,
+    model_spec,
+    read_stamp,
+)
 
 EXPECTED_FILES = {
     "config.json",
@@ -121,6 +127,30 @@ def test_ensure_refuses_another_variant(tiny_model_dir: Path) -> None:
         ensure_tiny_model(tiny_model_dir, coder=True)
     with pytest.raises(ValueError, match="different tiny model variant"):
         ensure_tiny_model(tiny_model_dir, seed=1)
+
+
+def test_sizes_build_a_larger_model_of_the_same_family(scratch: Path, tiny_model_dir: Path) -> None:
+    sizes = {"hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": 3}
+    target = build_tiny_model(scratch / "wider", sizes=sizes)
+    config = json.loads((target / "config.json").read_text())
+    assert {k: config[k] for k in sizes} == sizes
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert _files(target)["tokenizer.json"] == _files(tiny_model_dir)["tokenizer.json"]
+    assert read_stamp(target)["hidden_size"] == 96  # type: ignore[index]
+    assert ensure_tiny_model(target, sizes=sizes) == target  # the cached build is reused
+    with pytest.raises(ValueError, match="different tiny model variant"):
+        ensure_tiny_model(target)  # the default shape is another variant
+    with pytest.raises(ValueError, match="different tiny model variant"):
+        ensure_tiny_model(tiny_model_dir, sizes=sizes)
+
+
+def test_unknown_or_bad_sizes_are_rejected() -> None:
+    with pytest.raises(ValueError, match=r"unknown model sizes \['hiden_size'\]"):
+        model_spec(sizes={"hiden_size": 96})
+    with pytest.raises(ValueError, match="unknown model sizes"):
+        model_spec(sizes={"seed": 3})  # not a size
+    with pytest.raises(ValueError, match="positive"):
+        model_spec(sizes={"num_hidden_layers": 0})
 
 
 def test_ensure_refuses_a_foreign_directory(scratch: Path) -> None:
