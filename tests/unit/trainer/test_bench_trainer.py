@@ -32,7 +32,7 @@ def finite_positive(x: object) -> bool:
 def test_quick_benchmark_reports_every_phase(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--reps", "2", "--json", str(out),
+        [sys.executable, str(SCRIPT), "--quick", "--reps", "1", "--json", str(out),
          "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
@@ -45,7 +45,7 @@ def test_quick_benchmark_reports_every_phase(tmp_path: Path) -> None:
     assert {"step", "memory", "checkpoint", "padding"} <= set(summary)
 
     step = summary["step"]
-    assert step["reps"] == 2
+    assert step["reps"] == 1
     for model in MODELS:
         entry = step[model]
         for key in ("rows", "trajectories", "tokens", "action_tokens", "padded_tokens"):
