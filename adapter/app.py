@@ -19,6 +19,7 @@
                                                 broadcast (:mod:`adapter.weight_sync`); admin
 ``GET  /admin/versions``                        versions of the adapter and each engine, admin
 ``GET  /health``, ``GET /metrics``              liveness, Prometheus text
+``GET  /readyz``                                 readiness: Redis reachable and an engine serving
 ==============================================  ================================================
 
 The routes live in :mod:`adapter.routes`, one router per concern, with the service and the

@@ -584,6 +584,26 @@ class AdapterService:
             "gate_open": self.gate.is_open,
         }
 
+    async def readiness(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """``/readyz``: ready to take new trajectories -- Redis answers and an engine serves.
+
+        Liveness (``/health``) does not depend on Redis: turns are buffered through an outage.
+        """
+        try:
+            redis_ok = await asyncio.wait_for(self.store.ping(), timeout=timeout_s)
+            redis_error = None
+        except (*_STORE_ERRORS, TimeoutError) as exc:
+            redis_ok, redis_error = False, f"{type(exc).__name__}: {exc}"
+        engines = len(self.router.healthy())
+        ready = redis_ok and engines > 0
+        return {
+            "status": "ready" if ready else "not_ready",
+            "redis": "ok" if redis_ok else "unavailable",
+            "redis_error": redis_error,
+            "engines_in_rotation": engines,
+            "engines_total": len(self.router.engines),
+        }
+
     async def versions(self) -> dict[str, Any]:
         engines = []
         for engine in self.router.engines:

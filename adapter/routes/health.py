@@ -1,4 +1,5 @@
-"""Liveness (``/health``: 503 when no engine is in rotation) and Prometheus ``/metrics``."""
+"""Liveness (``/health``: 503 when no engine is in rotation), readiness (``/readyz``: 503 while
+Redis is unreachable or no engine serves) and Prometheus ``/metrics``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ router = APIRouter()
 async def health(service: Service) -> JSONResponse:
     view = service.health()
     return JSONResponse(view, status_code=200 if view["status"] == "ok" else 503)
+
+
+@router.get("/readyz")
+async def readyz(service: Service) -> JSONResponse:
+    view = await service.readiness()
+    return JSONResponse(view, status_code=200 if view["status"] == "ready" else 503)
 
 
 @router.get("/metrics")

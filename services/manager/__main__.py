@@ -10,6 +10,8 @@ import sys
 import threading
 from dataclasses import asdict
 
+import redis.exceptions
+
 from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
 from services.config import dump_config
 from services.manager.config import ManagerConfig
@@ -69,8 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.log_level)
     client = connect(cfg.redis_url, cfg.queue)
     if args.status:
-        print(json.dumps(cluster_status(SubmitterQueue(client, cfg.queue)), indent=2))
-        client.close()
+        try:
+            print(json.dumps(cluster_status(SubmitterQueue(client, cfg.queue)), indent=2))
+        except redis.exceptions.RedisError as exc:
+            print(
+                f"python -m services.manager: cannot read the status from Redis at "
+                f"{cfg.redis_url}: {exc} (is Redis running? set --redis or "
+                "SWERL_MANAGER__REDIS_URL)",
+                file=sys.stderr,
+            )
+            return 1
+        finally:
+            client.close()
         return 0
     logging.getLogger("swerl.manager").info("effective config:\n%s", dump_config(cfg))
     stop = threading.Event()

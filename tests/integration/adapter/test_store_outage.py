@@ -28,6 +28,8 @@ def test_turns_survive_a_redis_outage(
             return r
 
         assert step().status_code == 200
+        ready = a.http.get(f"{a.url}/readyz")
+        assert ready.status_code == 200 and ready.json()["redis"] == "ok"
         fresh_redis.stop()
         assert step().status_code == 200  # answered; the turn waits in memory
         fetch = a.http.get(f"{a.url}/trajectories/outage")
@@ -38,9 +40,14 @@ def test_turns_survive_a_redis_outage(
         metrics = a.http.get(f"{a.url}/metrics").text.splitlines()
         failed = [line for line in metrics if line.startswith("swerl_adapter_store_errors_total ")]
         assert float(failed[0].split()[1]) >= 3  # the turn, the fetch and the close attempts
+        unready = a.http.get(f"{a.url}/readyz")  # not ready for new work, but alive
+        assert unready.status_code == 503
+        assert unready.json()["redis"] == "unavailable"
+        assert a.http.get(f"{a.url}/health").status_code == 200
         fresh_redis.start()  # same data directory (AOF): the first turn is still there
         assert step().status_code == 200
         record = a.record("outage")
         assert [len(s["turns"]) for s in record["segments"]] == [3]
         assert record["counters"]["turns"] == 3
         assert a.http.post(f"{a.url}/trajectories/outage/close").status_code == 200
+        assert a.http.get(f"{a.url}/readyz").json()["status"] == "ready"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -21,3 +22,15 @@ def test_status_prints_nodes_pending_and_batches(
     assert status["pending"] == 2
     [batch] = status["batches"]
     assert (batch["batch_id"], batch["total"], batch["queued"]) == ("b1", 2, 2)
+
+
+def test_status_with_redis_down_is_a_message_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["--redis", f"redis://127.0.0.1:{port}/0", "--status"]) == 1
+    err = capsys.readouterr().err
+    assert f"redis://127.0.0.1:{port}/0" in err and "SWERL_MANAGER__REDIS_URL" in err
+    assert "Traceback" not in err
