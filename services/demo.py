@@ -33,23 +33,50 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from sandbox_worker.images import DEFAULT_INSTANCES
 from sandbox_worker.tasks.scripted import write_script
-from services.datasets import load_instances
+from services.datasets import DatasetError, load_instances
+from services.demo_report import (
+    TrajectoryRow,
+    instance_scores,
+    instance_table,
+    progress_line,
+    summary,
+    trajectory_row,
+    trajectory_table,
+)
 from services.local_stack import LocalStack, StackError
-from services.manager.client import RolloutManager
+from services.manager.client import RolloutManager, tasks_for_request
 from services.processes import free_port, http_ok
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
+from services.protocol.trajectory import TrajectoryRecord
 from services.store.trajectories import load_trajectory
 from services.tiny_model.build import ensure_tiny_model
 
 # The adapter runs in training mode as in production: the worker token is shared by the adapter
 # and the worker through their environments (never a command line), fresh for every demo.
 WORKER_TOKEN = secrets.token_urlsafe(32)
+PROGRESS_EVERY_S = 15.0
+
+
+def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
+        return value
+
+    return parse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,18 +84,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m services.demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
     )
-    p.add_argument("--instances", default=str(DEFAULT_INSTANCES), help="SWE-bench-format JSONL")
-    p.add_argument("--limit", type=int, default=2, help="how many instances (prompts) to use")
-    p.add_argument("--samples", type=int, default=2, help="trajectories per instance (group)")
-    p.add_argument("--backend", choices=["docker", "bwrap"], default="docker")
-    p.add_argument("--slots", type=int, default=2, help="sandbox slots of the local worker")
-    p.add_argument("--max-steps", type=int, default=6, help="agent steps per trajectory")
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for the batch")
-    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/demo-<time>")
+    p.add_argument("--instances", default=str(DEFAULT_INSTANCES),
+                   help="SWE-bench-format dataset file (JSONL, JSON or parquet); default: the "
+                        "mini set shipped in tests/data")  # fmt: skip
+    p.add_argument(
+        "--limit",
+        type=_positive(int, 0),
+        default=2,
+        help="use the first N instances of the file (default 2; 0 = all of them)",
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive(int, 1),
+        default=2,
+        help="trajectories per instance, one group (default 2: scripted + sampling)",
+    )
+    p.add_argument("--backend", choices=["docker", "bwrap"], default="docker",
+                   help="sandbox backend of the local worker (docker needs $DOCKER_HOST's "
+                        "engine: `make setup` starts a private one)")  # fmt: skip
+    p.add_argument(
+        "--slots",
+        type=_positive(int, 1),
+        default=2,
+        help="sandbox slots of the local worker (default 2)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=_positive(int, 1),
+        default=6,
+        help="agent steps (LLM calls) per trajectory (default 6)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive(float, 1),
+        default=1200.0,
+        help="seconds to wait for the batch before cancelling it (default 1200)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where logs and metrics go (default: runs/demo-<time>)",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="also write a machine-readable summary of the run to FILE")  # fmt: skip
     return p.parse_args(argv)
+
+
+EPILOG = """\
+environment: SWERL_CACHE_DIR (tiny model and venv cache, default ~/.cache/swerl), DOCKER_HOST
+(the Docker engine for --backend docker; `make` sets the private one's socket).
+exit status: 0 done; 1 a service failed to start, the batch timed out, or every trajectory
+aborted (infrastructure); 2 bad arguments or an unreadable --instances file.
+"""
 
 
 def say(msg: str) -> None:
@@ -109,7 +179,7 @@ def start_services(
 
 
 def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, adapter_url: str,
-                 manager: RolloutManager) -> None:  # fmt: skip
+                 manager: RolloutManager, node: str) -> None:  # fmt: skip
     env = {
         "SWERL_WORKER__ROLLOUT__ADAPTER_URL": adapter_url,
         "SWERL_WORKER__ROLLOUT__ADAPTER_TOKEN": WORKER_TOKEN,
@@ -117,98 +187,90 @@ def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, ad
     }
 
     def alive() -> bool:
-        return any(n.name == "demo-node" and n.alive for n in manager.nodes())
+        return any(n.name == node and n.alive for n in manager.nodes())
 
     stack.python("worker", "sandbox_worker",
-                 ["--redis", redis_url, "--node", "demo-node", "--slots", str(args.slots),
+                 ["--redis", redis_url, "--node", node, "--slots", str(args.slots),
                   "--backend", args.backend],
                  alive, env=env, timeout_s=120)  # fmt: skip
-    say(f"sandbox worker: node demo-node, {args.slots} slots, backend {args.backend}")
+    say(f"sandbox worker: node {node}, {args.slots} slots, backend {args.backend}")
 
 
 def wait_for_batch(manager: RolloutManager, batch_id: str, timeout_s: float) -> list[TaskResult]:
-    deadline = time.monotonic() + timeout_s
-    last = ""
+    """Wait for every trajectory, printing progress with an ETA on each change and at least
+    every ``PROGRESS_EVERY_S`` (the first trajectories include the agent servers' start)."""
+    start = time.monotonic()
+    last, last_at = "", 0.0
     while True:
         p = manager.progress(batch_id)
-        line = (
-            f"{p.done}/{p.total} done (completed {p.completed}, timeout {p.timeout}, "
-            f"error {p.error}, aborted {p.aborted}); running {p.running}, queued {p.queued}"
-        )
-        if line != last:
-            say(line)
-            last = line
+        detail = (f"completed {p.completed}, timeout {p.timeout}, error {p.error}, aborted "
+                  f"{p.aborted}; running {p.running}, queued {p.queued}")  # fmt: skip
+        now = time.monotonic()
+        if detail != last or now - last_at >= PROGRESS_EVERY_S:
+            say(progress_line(p.done, p.total, now - start, detail))
+            last, last_at = detail, now
         if p.done >= p.total:
             return manager.collect(batch_id, timeout_s=30)
-        if time.monotonic() > deadline:
+        if now - start > timeout_s:
             manager.cancel(batch_id)
             raise StackError(f"batch {batch_id} not finished after {timeout_s:.0f}s (cancelled)")
         time.sleep(2.0)
 
 
 def report(
-    results: list[TaskResult], redis_url: str, out: Path, roles: dict[str, str]
-) -> tuple[list, list[dict]]:
-    """Print and append one metrics line per trajectory; returns the trainable (result, record)
-    pairs and the lines."""
+    results: list[TaskResult], request: RolloutRequest, redis_url: str, out: Path,
+    roles: dict[str, str],
+) -> tuple[list[tuple[TaskResult, TrajectoryRecord]], list[TrajectoryRow]]:  # fmt: skip
+    """Print the trajectory and instance tables, append one metrics line per trajectory;
+    returns the trainable (result, record) pairs and the rows."""
+    tasks = {t.task_id: (t.instance_id, t.sample_index) for t in tasks_for_request(request)}
     client = redis.Redis.from_url(redis_url)
-    records = []
-    rows = []
-    say(f"{'trajectory':<34} {'status':<10} {'reward':>6} {'turns':>5} {'gen tok':>7}  engine")
+    records, rows = [], []
     with out.open("a") as f:
-        for res in sorted(results, key=lambda r: r.task_id):
-            o = res.outcome
+        for res in results:
             try:
-                rec = load_trajectory(client, res.trajectory_id)
+                rec: TrajectoryRecord | None = load_trajectory(client, res.trajectory_id)
             except KeyError:
                 rec = None
-            engines = sorted({t.engine for s in rec.segments for t in s.turns}) if rec else []
-            reward = "-" if o.reward is None else f"{o.reward:.0f}"
-            say(f"{res.trajectory_id:<34} {o.status!s:<10} {reward:>6} "
-                f"{rec.n_turns if rec else 0:>5} {rec.n_generated_tokens if rec else 0:>7}  "
-                f"{','.join(e.rsplit(':', 1)[-1] for e in engines)}"
-                + (f"  ({o.abort_reason})" if o.abort_reason else ""))  # fmt: skip
-            rows.append({"kind": "trajectory", "trajectory_id": res.trajectory_id,
-                         "group_id": rec.meta.group_id if rec else None,
-                         "sample_index": rec.meta.extra.get("sample_index") if rec else None,
-                         "engines": [roles.get(e, e) for e in engines],
-                         "status": str(o.status), "reward": o.reward,
-                         "turns": rec.n_turns if rec else 0,
-                         "durations": o.durations})  # fmt: skip
-            f.write(json.dumps(rows[-1]) + "\n")
-            if rec is not None and o.trainable and rec.segments:
+            rows.append(trajectory_row(res, rec, tasks[res.task_id], roles))
+            f.write(json.dumps({"kind": "trajectory", **asdict(rows[-1])}) + "\n")
+            if rec is not None and res.outcome.trainable and rec.segments:
                 records.append((res, rec))
     client.close()
+    for line in trajectory_table(rows):
+        say(line)
+    say("per instance (pass@k: resolved by any of its k samples):")
+    for line in instance_table(instance_scores(rows)):
+        say(line)
     return records, rows
-
-
-def summary(rows: list[dict], objective: dict | None) -> dict:
-    """``--json``: the trajectories, the rewards of each group, and the objective's figures."""
-    groups: dict[str, list] = {}
-    for row in rows:
-        groups.setdefault(str(row["group_id"]), []).append(row["reward"])
-    mixed = [g for g, rewards in groups.items() if len(set(rewards) - {None}) > 1]
-    return {"trajectories": rows, "groups": groups, "mixed_groups": sorted(mixed),
-            "objective": objective}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # bad input fails here, before anything starts
+        available = load_instances(args.instances)
+    except (DatasetError, OSError) as exc:
+        print(f"python -m services.demo: error: --instances: {exc}", file=sys.stderr)
+        return 2
+    instances = available[: args.limit] if args.limit else available
     run_dir = args.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     cache = Path(os.environ.get("SWERL_CACHE_DIR", Path.home() / ".cache" / "swerl"))
     model = ensure_tiny_model(cache / "tiny-model")
-    instances = load_instances(args.instances)[: args.limit]
     script = write_script(instances, run_dir / "scripted-policy.jsonl")
-    say(f"run dir {run_dir}; tiny model {model}; {len(instances)} instances x {args.samples}")
+    say(f"using {len(instances)} of {len(available)} instances of {args.instances} "
+        f"(--limit {args.limit}; 0 = all) x {args.samples} samples")  # fmt: skip
+    say(f"run dir {run_dir}; tiny model {model}")
+    # A unique node name: two demos on one machine never reclaim each other's sandboxes.
+    node = f"demo-{secrets.token_hex(3)}"
     stack = LocalStack(run_dir)
     manager: RolloutManager | None = None
     try:
         redis_url, adapter_url, roles = start_services(stack, args, model, script)
         manager = RolloutManager(redis_url)
         manager.start()
-        start_worker(stack, args, redis_url, adapter_url, manager)
+        start_worker(stack, args, redis_url, adapter_url, manager, node)
         request = RolloutRequest(
             instance_ids=[i.instance_id for i in instances],
             n_samples=args.samples,
@@ -218,19 +280,14 @@ def main(argv: list[str] | None = None) -> int:
         batch_id = manager.submit(request)
         say(f"submitted batch {batch_id}: {len(instances) * args.samples} trajectories")
         results = wait_for_batch(manager, batch_id, args.timeout)
-        records, rows = report(results, redis_url, run_dir / "metrics.jsonl", roles)
-        metrics = None
-        if records:
-            from services.demo_objective import evaluate_objective
-
-            metrics = evaluate_objective(model, records)
-            with (run_dir / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps({"kind": "objective", **metrics}) + "\n")
-            for key in ("max_abs_logprob_diff", "actor_loss", "critic_loss", "estimator",
-                        "n_trajectories", "n_action_tokens", "mixed_groups"):  # fmt: skip
-                say(f"objective {key}: {metrics.get(key)}")
+        records, rows = report(results, request, redis_url, run_dir / "metrics.jsonl", roles)
+        metrics = objective_metrics(model, records, run_dir)
         if args.json is not None:
             args.json.write_text(json.dumps(summary(rows, metrics), indent=2) + "\n")
+        if rows and all(r.status == "aborted" for r in rows):
+            raise StackError(
+                f"every trajectory aborted (infrastructure); see the logs in {run_dir}"
+            )
         say(f"done; logs and metrics.jsonl in {run_dir}")
         return 0
     except StackError as exc:
@@ -240,6 +297,23 @@ def main(argv: list[str] | None = None) -> int:
         if manager is not None:
             manager.close()
         stack.stop_all()
+
+
+def objective_metrics(
+    model: Path, records: list[tuple[TaskResult, TrajectoryRecord]], run_dir: Path
+) -> dict[str, Any] | None:
+    """Evaluate the Li2SAO bootstrap objective on the trainable trajectories (None if none)."""
+    if not records:
+        return None
+    from services.demo_objective import evaluate_objective
+
+    metrics = evaluate_objective(model, records)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "objective", **metrics}) + "\n")
+    for key in ("max_abs_logprob_diff", "actor_loss", "critic_loss", "estimator",
+                "n_trajectories", "n_action_tokens", "mixed_groups"):  # fmt: skip
+        say(f"objective {key}: {metrics.get(key)}")
+    return metrics
 
 
 if __name__ == "__main__":

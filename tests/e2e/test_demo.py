@@ -55,6 +55,13 @@ def test_demo_shows_a_reward_signal_and_a_mixed_group(tmp_path: Path) -> None:
     assert summary["mixed_groups"] == mixed
     assert summary["groups"] == {g: [rewards[0], rewards[1]] for g in mixed}
 
+    # The per-instance table: the one instance, resolved by 1 of its 2 samples, so pass@2 = 1.
+    [instance] = summary["instances"]
+    assert instance["instance_id"] == trajectories[0]["instance_id"]
+    assert (instance["samples"], instance["resolved"], instance["pass_at_k"]) == (2, 1, 1.0)
+    assert instance["instance_id"] in proc.stdout and "pass@k" in proc.stdout
+    assert "using 1 of " in proc.stdout  # the --limit is said, not silent
+
     objective = summary["objective"]
     assert objective["n_trajectories"] == 2
     assert objective["mixed_groups"] == 1  # the trainer's batch sees the same mixed group
