@@ -149,6 +149,7 @@ def build_image(
     chash = content_hash(inst, base_id)
     if not force and _existing_hash(client, image) == chash:
         return image, False
+    previous = _image_id(client, image)
     build_root.mkdir(parents=True, exist_ok=True)
     ctx = Path(tempfile.mkdtemp(prefix=f"{images.rootfs_key(image)[:60]}-", dir=build_root))
     try:
@@ -179,7 +180,28 @@ def build_image(
             ) from None
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
+    _remove_replaced(client, image, previous)
     return image, True
+
+
+def _image_id(client: docker.DockerClient, image: str) -> str | None:
+    try:
+        return client.images.get(image).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_replaced(client: docker.DockerClient, image: str, previous: str | None) -> None:
+    """A rebuild moves the tag to a new image: remove the old one so no dangling image stays
+    behind (kept, with a warning, while a container still uses it)."""
+    if previous is None or previous == _image_id(client, image):
+        return
+    try:
+        client.images.remove(previous, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        print(f"warning: the replaced image of {image} stays: {exc}", file=sys.stderr)
 
 
 def _stamp_current(image: str, image_id: str) -> bool:

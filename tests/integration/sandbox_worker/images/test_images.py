@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -134,6 +135,34 @@ def test_build_refuses_a_repo_at_the_wrong_commit(tmp_path: Path) -> None:
     res = _run_build_instances(instances, env, "--no-bwrap")
     assert res.returncode == 1
     assert "but the instance's base_commit is 0000" in res.stderr
+
+
+def test_a_rebuild_leaves_no_dangling_image(tmp_path: Path) -> None:
+    import docker
+
+    namespace = "swerltestrebuild"
+    env = {**os.environ, "DOCKER_HOST": images.docker_host(), "SWERL_IMAGE_NAMESPACE": namespace}
+    instances = sandboxes.write_instances(
+        tmp_path / "i.jsonl", sandboxes.tiny_base_commit(tmp_path)
+    )
+    client = docker.DockerClient(base_url=images.docker_host())
+    image = images.instance_image(sandboxes.TINY_INSTANCE_ID, namespace=namespace)
+    try:
+        assert _run_build_instances(instances, env, "--no-bwrap").returncode == 0
+        first = client.images.get(image).id
+        record = json.loads(instances.read_text())  # new content: the tag moves to a new image
+        instances.write_text(json.dumps({**record, "setup_commands": ["touch /marker"]}) + "\n")
+        res = _run_build_instances(instances, env, "--no-bwrap")
+        assert res.returncode == 0, res.stderr
+        assert client.images.get(image).id != first
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(first)
+        dangling = client.images.list(filters={"dangling": True, "label": "swerl.kind=instance"})
+        assert not [i for i in dangling if i.id == first]
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(image)
+        client.close()
 
 
 # -- prepull ops script -----------------------------------------------------------------------
