@@ -53,8 +53,10 @@ def aborted(
     durations: Mapping[str, float] | None = None,
     n_turns: int = 0,
     n_tokens: int = 0,
+    retryable: bool = True,
 ) -> Outcome:
-    """An infrastructure failure or a cancel: excluded from training, no reward."""
+    """An infrastructure failure or a cancel: excluded from training, no reward.
+    ``retryable=False``: a configuration error no other attempt can fix (final at once)."""
     return Outcome(
         status=OutcomeStatus.ABORTED,
         reward=None,
@@ -64,6 +66,7 @@ def aborted(
         n_turns=n_turns,
         n_tokens=n_tokens,
         durations=dict(durations or {}),
+        retryable=retryable,
     )
 
 

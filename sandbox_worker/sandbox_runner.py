@@ -45,6 +45,7 @@ from sandbox_worker.adapter_client import (
     TrajectoryRecords,
 )
 from sandbox_worker.backends.base import (
+    ImageNotFoundError,
     LlmRelay,
     NetworkPolicy,
     Sandbox,
@@ -102,9 +103,10 @@ EvalFn = Callable[..., EvalReport]
 class _Abort(Exception):
     """Internal: stop the run here; the trajectory is aborted with this reason."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, retryable: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retryable = retryable  # False: configuration error, no retry can fix it
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,9 @@ class SandboxTrajectoryRunner:
         try:
             outcome = self._pipeline(run)
         except _Abort as exc:
-            outcome = aborted(exc.reason, patch=run.patch, test_report=run.report)
+            outcome = aborted(
+                exc.reason, patch=run.patch, test_report=run.report, retryable=exc.retryable
+            )
         except Exception as exc:  # a bug must still close the record and free the slot
             ctx.log.exception("trajectory runner failed")
             reason = f"runner failed: {type(exc).__name__}: {exc}"
@@ -228,11 +232,19 @@ class SandboxTrajectoryRunner:
         run.check_cancel()
         instance = self.instances.get(task.instance_id)
         if instance is None:
-            raise _Abort(f"unknown instance {task.instance_id!r}: not in the worker's task files")
+            raise _Abort(
+                f"unknown instance {task.instance_id!r}: not in the worker's task files (set "
+                "worker.rollout.instances / SWERL_WORKER__ROLLOUT__INSTANCES to the dataset "
+                "files that hold it)",
+                retryable=False,
+            )
         try:
             image = task.image or self.image_for(task.instance_id)
         except ValueError as exc:
-            raise _Abort(f"no image for {task.instance_id!r}: {exc}") from exc
+            raise _Abort(
+                f"no image for {task.instance_id!r}: {exc} (check worker.rollout.image_namespace)",
+                retryable=False,
+            ) from exc
         run.report["image"] = image
         self._open(run)
         result = self._agent_phase(run, instance, image)
@@ -328,6 +340,12 @@ class SandboxTrajectoryRunner:
         t0 = time.monotonic()
         try:
             sandbox = self.backend.create(spec)
+        except ImageNotFoundError as exc:
+            raise _Abort(
+                f"sandbox creation failed: {exc} (images are never pulled at run time: build or "
+                "pull it on this node, or fix worker.rollout.image_namespace / image_tag)",
+                retryable=False,
+            ) from exc
         except (SandboxInfraError, OSError) as exc:
             raise _Abort(f"sandbox creation failed: {exc}") from exc
         run.timed("sandbox_create", t0)

@@ -234,6 +234,9 @@ class Outcome(BaseModel):
     n_turns: int = 0
     n_tokens: int = 0
     durations: dict[str, float] = Field(default_factory=dict)
+    # False for an aborted outcome another attempt cannot change (unknown instance, missing
+    # image: a configuration error): the queue finalises it at once instead of retrying.
+    retryable: bool = True
 
     @model_validator(mode="after")
     def _reward_matches_status(self) -> Outcome:
@@ -242,6 +245,8 @@ class Outcome(BaseModel):
                 raise ValueError("an aborted trajectory carries no reward (it is never a 0)")
             if not self.abort_reason:
                 raise ValueError("an aborted trajectory needs an abort_reason")
+        elif not self.retryable:
+            raise ValueError("only an aborted trajectory can be marked not retryable")
         elif self.reward is None:
             raise ValueError(f"a {self.status} trajectory needs a reward")
         return self

@@ -152,7 +152,9 @@ return 'running'
 """
 )
 
-# ARGV: prefix, task_id, entry, node, result_json, status, reason, now, results_maxlen.
+# ARGV: prefix, task_id, entry, node, result_json, status, reason, now, results_maxlen,
+#       retryable ('1': an aborted attempt is retried up to max_attempts; '0': a deterministic
+#       failure such as an unknown instance or a missing image, final at once).
 # Returns 'final' | 'retry' | 'duplicate' | 'stale' | 'unknown'.
 COMPLETE = (
     _COMMON
@@ -172,7 +174,7 @@ if state == 'done' or state == 'cancelled' or state == 'dead' then return 'dupli
 if not current and status == 'aborted' then return 'stale' end
 local batch = h[3]
 if state == 'running' then redis.call('HINCRBY', P .. 'batch:' .. batch, 'n_running', -1) end
-if status == 'aborted' and current then
+if status == 'aborted' and current and ARGV[10] ~= '0' then
   local failures = redis.call('HINCRBY', tk, 'failures', 1)
   if failures < tonumber(h[6]) then
     redis.call('HSET', tk, 'state', 'pending', 'attempt', tonumber(h[4]) + 1, 'node', '',

@@ -143,6 +143,7 @@ class WorkerQueue(QueueSide):
                     result.outcome.abort_reason or "",
                     time.time(),
                     self.cfg.results_maxlen,
+                    "1" if result.outcome.retryable else "0",
                 ]
             )
         )

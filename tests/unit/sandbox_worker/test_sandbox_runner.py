@@ -229,6 +229,8 @@ def test_task_image_overrides_the_naming_rule(harness: Harness) -> None:
     outcome = runner.run(make_task(image="other/image:1"), make_ctx())
     assert outcome.status is OutcomeStatus.ABORTED
     assert "other/image:1" in (outcome.abort_reason or "")
+    assert outcome.retryable is False  # a missing image is not retried (never pulled)
+    assert "image_namespace" in (outcome.abort_reason or "")
 
 
 def test_unknown_instance_is_aborted_before_opening(harness: Harness) -> None:
@@ -237,6 +239,8 @@ def test_unknown_instance_is_aborted_before_opening(harness: Harness) -> None:
     )
     assert outcome.status is OutcomeStatus.ABORTED
     assert "unknown instance 'nobody__nothing-1'" in (outcome.abort_reason or "")
+    assert "SWERL_WORKER__ROLLOUT__INSTANCES" in (outcome.abort_reason or "")  # the key to fix
+    assert outcome.retryable is False  # a configuration error: final at once, not retried
     assert harness.adapter.opened == [] and harness.adapter.closes == []
 
 
@@ -245,6 +249,7 @@ def test_unreachable_adapter_is_aborted_before_any_sandbox(harness: Harness) -> 
     outcome = harness.runner(agent(EndReason.FINISHED)).run(make_task(), make_ctx())
     assert outcome.status is OutcomeStatus.ABORTED
     assert outcome.abort_reason == "LLM endpoint: cannot open the trajectory: connection refused"
+    assert outcome.retryable is True  # a transient infrastructure failure: another attempt
     assert harness.backend.created == [] and harness.adapter.closes == []
 
 

@@ -94,6 +94,21 @@ def test_infrastructure_failure_is_retried_then_final(q: QueueSides) -> None:
     assert (prog.aborted, prog.retries, prog.done) == (1, 1, 1)
 
 
+def test_a_deterministic_failure_is_final_at_once(q: QueueSides) -> None:
+    # An unknown instance or a missing image: no other attempt can fix it, so no retry.
+    [tid] = submit(q, max_attempts=3)
+    beat(q)
+    eid = dispatch_one(q, tid)
+    q.worker.start(tid, eid, NODE)
+    res = result(tid, 1, "aborted")
+    res = res.model_copy(update={"outcome": res.outcome.model_copy(update={"retryable": False})})
+    assert q.worker.complete(res, eid) == "final"
+    prog = q.submitter.progress("b1")
+    assert (prog.aborted, prog.retries, prog.done) == (1, 0, 1)
+    [got] = RolloutManager(queue=q.submitter).results("b1", wait=False)
+    assert got.outcome.retryable is False
+
+
 def test_heartbeat_keeps_running_entries_fresh_and_reports_cancels(q: QueueSides) -> None:
     [tid] = submit(q)
     beat(q)
