@@ -34,11 +34,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", help="comma-separated engine base URLs")
     p.add_argument("--model", help="model directory (tokenizer and chat template)")
     p.add_argument("--redis", dest="redis_url", help="Redis URL of the trajectory store")
-    p.add_argument("--port", type=int)
-    p.add_argument("--host")
+    p.add_argument("--port", type=int, help="port to listen on (adapter.port, default 8100)")
+    p.add_argument("--host", help="address to bind (adapter.host, default 127.0.0.1)")
     p.add_argument("--admin-token", dest="admin_token", help="bearer token for /admin routes")
     p.add_argument("--key-prefix", dest="key_prefix", help="Redis key prefix (default swerl:)")
-    p.add_argument("--served-model-name", dest="served_model_name")
+    p.add_argument(
+        "--served-model-name",
+        dest="served_model_name",
+        help="model id in /v1/models and responses (default: the model dir's name)",
+    )
     add_common_arguments(p, "adapter", log_levels=None)
     return p
 

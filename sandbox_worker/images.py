@@ -158,15 +158,37 @@ def build(instances: Path, *, bwrap: bool = True, force: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox_worker.images")
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox_worker.images",
+        description="Task images: build the base image, one image per instance and their bwrap "
+        "trees on this node's Docker engine ($DOCKER_HOST), or print image names. Images are "
+        "never pulled at run time.",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_build = sub.add_parser("build", help="build base + instance images + bwrap trees")
-    p_build.add_argument("--instances", type=Path, default=DEFAULT_INSTANCES)
+    p_build = sub.add_parser(
+        "build",
+        help="build base + instance images + bwrap trees",
+        description="Build what is missing or out of date (content-hashed; reruns are fast).",
+    )
+    p_build.add_argument(
+        "--instances",
+        type=Path,
+        default=DEFAULT_INSTANCES,
+        help="SWE-bench-format JSONL of the instances (default: the mini set)",
+    )
     p_build.add_argument("--no-bwrap", action="store_true", help="skip the bwrap trees")
     p_build.add_argument("--force", action="store_true", help="rebuild everything")
-    p_name = sub.add_parser("name", help="print the image name of instance ids")
-    p_name.add_argument("instance_ids", nargs="+")
-    p_name.add_argument("--namespace", default=None)
+    p_name = sub.add_parser(
+        "name",
+        help="print the image name of instance ids",
+        description="Print the image each instance id runs in (one per line).",
+    )
+    p_name.add_argument("instance_ids", nargs="+", help="instance ids, e.g. owner__repo-123")
+    p_name.add_argument(
+        "--namespace",
+        default=None,
+        help="image namespace (default: $SWERL_IMAGE_NAMESPACE or swerl)",
+    )
     args = parser.parse_args(argv)
     if args.cmd == "name":
         try:

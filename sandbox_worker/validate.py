@@ -203,10 +203,26 @@ def main(argv: list[str] | None = None) -> int:
         description="Check every instance: gold resolves, empty does not, a tampered test "
         "file is restored, a broken patch does not apply.",
     )
-    parser.add_argument("--backend", choices=("docker", "bwrap"), default="docker")
-    parser.add_argument("--instances", type=Path, default=DEFAULT_INSTANCES)
+    parser.add_argument(
+        "--backend",
+        choices=("docker", "bwrap"),
+        default="docker",
+        help="sandbox backend (docker uses $DOCKER_HOST; `make setup` starts a private engine)",
+    )
+    parser.add_argument(
+        "--instances",
+        type=Path,
+        default=DEFAULT_INSTANCES,
+        help="SWE-bench-format dataset file (default: the mini set)",
+    )
     parser.add_argument("--only", action="append", metavar="ID", help="validate only this id")
-    parser.add_argument("--test-timeout", type=int, default=300, metavar="S")
+    parser.add_argument(
+        "--test-timeout",
+        type=int,
+        default=300,
+        metavar="S",
+        help="seconds each test run may take (300)",
+    )
     parser.add_argument("--node", default="validate", help="node name owning the sandboxes")
     args = parser.parse_args(argv)
     try:

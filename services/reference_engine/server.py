@@ -151,8 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
     )
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument(
         "--script",
         default=None,
@@ -169,7 +169,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--seed", type=int, default=None, help="seed for requests without sampling_seed"
     )
-    parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=64,
+        help="requests admitted at once; more wait in a queue (64)",
+    )
     parser.add_argument(
         "--max-batch", type=int, default=32, help="requests per batched decode step"
     )
@@ -181,7 +186,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="report log_softmax(logits) without temperature (SGLANG_RETURN_ORIGINAL_LOGPROB)",
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        help="uvicorn log level: critical, error, warning, info, debug",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, got {args.port}")
