@@ -76,12 +76,20 @@ def _specs() -> dict[str, object]:
 
 
 def _eval_scripts(rows_path: Path, out_dir: Path) -> None:
-    test_spec = importlib.import_module("swebench.harness.test_spec.test_spec")
+    """The harness's ``TestSpec.eval_script`` of each row, built as ``make_test_spec`` builds it
+    (``make_eval_script_list`` with env ``testbed`` in ``/testbed``, under the script header)
+    without its environment-script step, which would fetch requirements over the network."""
+    constants = importlib.import_module("swebench.harness.constants")
+    scripts = importlib.import_module("swebench.harness.test_spec.create_scripts")
     out_dir.mkdir(parents=True, exist_ok=True)
     for line in rows_path.read_text().splitlines():
         row = json.loads(line)
-        spec = test_spec.make_test_spec(row)
-        (out_dir / f"{row['instance_id']}.sh").write_text(spec.eval_script)
+        specs = constants.MAP_REPO_VERSION_TO_SPECS[row["repo"]][row["version"]]
+        commands = scripts.make_eval_script_list(
+            row, specs, "testbed", "/testbed", row["base_commit"], row["test_patch"]
+        )
+        script = "\n".join(["#!/bin/bash", "set -uxo pipefail", *commands]) + "\n"
+        (out_dir / f"{row['instance_id']}.sh").write_text(script)
 
 
 def main(argv: list[str]) -> int:
