@@ -22,6 +22,7 @@ from sandbox_worker.evaluation.specs import (
     spec_for,
     specs_source,
 )
+from services.datasets import load_instances
 from services.protocol.instance import SWEInstance
 from tests.support import swebench_ref
 from tests.support.paths import TEST_DATA
@@ -32,6 +33,8 @@ ROWS = {
     json.loads(line)["instance_id"]: json.loads(line)
     for line in (FIXTURES / "rows.jsonl").read_text().splitlines()
 }
+# The same rows through the dataset loader, as a run would read the published file.
+LOADED = {inst.instance_id: inst for inst in load_instances(FIXTURES / "rows.jsonl")}
 INDEX = [json.loads(line) for line in (FIXTURES / "index.jsonl").read_text().splitlines()]
 VERIFIED_REPOS = {entry["repo"] for entry in INDEX}
 
@@ -58,7 +61,7 @@ def test_one_fixture_row_per_verified_repository() -> None:
 def test_published_row_gets_the_harness_script(instance_id: str) -> None:
     row = ROWS[instance_id]
     recorded = (FIXTURES / "eval_scripts" / f"{instance_id}.sh").read_text()
-    ours = harness_eval_script(SWEInstance.model_validate(row))
+    ours = harness_eval_script(LOADED[instance_id])
     assert ours == _swebench_502_script(row, recorded)
     assert "SWEBENCH_TEST_EXIT_CODE=$?" in ours  # 5.0.2 records the test command's status
 
