@@ -326,9 +326,10 @@ def _run_and_grade(
     structured = config.grading == "structured"
     # The canary's name stays on the host: the test process can read and rewrite the files.
     canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
+    parser = _log_parser(instance, config)  # an unknown parser aborts before the run
     output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
     # An invalid log comes back as an empty status map: every listed test then fails.
-    status_map, log_valid = get_logs_eval(output, _log_parser(instance, config))
+    status_map, log_valid = get_logs_eval(output, parser)
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
     applied = bool(fields.get("applied"))
     resolved = applied and log_valid and resolution_status(report) is ResolvedStatus.FULL

@@ -100,3 +100,15 @@ def test_config_rejects_inconsistent_choices() -> None:
     with pytest.raises(ValidationError, match="unknown log_parser 'parse_log_nothing'"):
         EvalConfig(log_parser="parse_log_nothing")
     assert EvalConfig(log_parser="parse_log_django").log_parser == "parse_log_django"
+
+
+def test_unknown_row_parser_aborts_before_the_tests_run(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    inst = _with_eval_script(mini_instances[INSTANCE], local_config.workdir)
+    inst = SWEInstance.model_validate({**inst.model_dump(), "log_parser": "parse_log_cargo"})
+    report = _grade(local_backend, local_config, inst, inst.patch)
+    assert report.infra_error is not None and "parse_log_cargo" in report.infra_error
+    assert not report.tests_run
