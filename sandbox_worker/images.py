@@ -6,6 +6,12 @@ with a namespace): ``<namespace>/sweb.eval.<arch>.<instance id, lower-cased, "__
 namespace (``deploy/images/prepull_swebench.sh``); images built locally for the mini task set use
 the ``swerl`` namespace. ``SWERL_IMAGE_NAMESPACE`` switches the default.
 
+Per dataset (tests/unit/sandbox_worker/test_images.py, one test per rule): SWE-bench
+:func:`swebench_image` is exactly the harness's name; SWE-Gym :func:`swegym_image` (``__`` ->
+``_s_``); SWE-smith :func:`swesmith_image`, one image per repository snapshot (so its label
+check, :func:`label_mismatch`, compares repository + commit); images swerl builds for a dataset
+:func:`local_image`, under ``swerl/<dataset>/`` so two datasets that reuse an id never collide.
+
 bwrap root filesystems: the bwrap backend runs over the *same tree* as the docker image. Each
 image the build registers has a JSON stamp ``<cache>/rootfs/<key>.json`` saying where its root
 filesystem is and, when the image is the base image plus ``/testbed`` only, where its
@@ -79,6 +85,118 @@ def instance_image(
         raise ValueError(f"invalid image tag {tag!r}")
     name = instance_id.lower().replace("__", "_1776_")
     return f"{ns}/sweb.eval.{arch}.{name}:{tag}"
+
+
+# Published images per dataset (the names their own harnesses pull):
+# SWE-bench: the harness's TestSpec.instance_image_key under the ``swebench`` namespace.
+SWEBENCH_NAMESPACE = "swebench"
+# SWE-Gym (OpenHands' SWE-Gym images): ``__`` -> ``_s_`` instead of the harness's ``_1776_``.
+SWEGYM_NAMESPACE = "xingyaoww"
+# SWE-smith: one image per repository snapshot, ``swesmith.x86_64.<owner>_1776_<repo>.<commit8>``
+# (rows carry it as ``image_name``); the instance id is ``<owner>__<repo>.<commit8>.<mutation>``.
+SWESMITH_NAMESPACE = "jyangballin"
+LOCAL_PREFIX = "swerl"  # images swerl builds: swerl/<dataset>/..., so datasets never collide
+_DATASET_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+_SWESMITH_ID_RE = re.compile(
+    r"^(?P<owner>[^_]+(?:_[^_]+)*)__(?P<repo>[^.]+)\.(?P<commit>[0-9a-f]{8})\."
+)
+
+
+def _harness_key(instance_id: str, separator: str) -> str:
+    if not isinstance(instance_id, str) or not _INSTANCE_ID_RE.match(instance_id):
+        raise ValueError(f"invalid instance id {instance_id!r}")
+    return instance_id.lower().replace("__", separator)
+
+
+def swebench_image(instance_id: str, *, arch: str = DEFAULT_ARCH, tag: str = "latest") -> str:
+    """Exactly the name the SWE-bench harness pulls for an instance.
+
+    >>> swebench_image("django__django-11099")
+    'swebench/sweb.eval.x86_64.django_1776_django-11099:latest'
+    """
+    return instance_image(instance_id, namespace=SWEBENCH_NAMESPACE, arch=arch, tag=tag)
+
+
+def swegym_image(instance_id: str, *, tag: str = "latest") -> str:
+    """SWE-Gym's published image of an instance.
+
+    >>> swegym_image("Project-MONAI__MONAI-1121")
+    'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-1121:latest'
+    """
+    if not _TAG_RE.match(tag):
+        raise ValueError(f"invalid image tag {tag!r}")
+    return f"{SWEGYM_NAMESPACE}/sweb.eval.x86_64.{_harness_key(instance_id, '_s_')}:{tag}"
+
+
+@dataclass(frozen=True)
+class SwesmithSnapshot:
+    """The repository snapshot a SWE-smith image holds (what its labels must say)."""
+
+    repo: str  # owner/name
+    commit8: str
+
+
+def swesmith_snapshot(instance_id: str) -> SwesmithSnapshot:
+    """``owner__repo.commit8.mutation`` -> (owner/repo, commit8)."""
+    match = _SWESMITH_ID_RE.match(instance_id) if isinstance(instance_id, str) else None
+    if match is None:
+        raise ValueError(
+            f"not a SWE-smith instance id (owner__repo.<8 hex>.<mutation>): {instance_id!r}"
+        )
+    return SwesmithSnapshot(f"{match['owner']}/{match['repo']}", match["commit"])
+
+
+def swesmith_image(instance_id: str, *, image_name: str | None = None, tag: str = "latest") -> str:
+    """SWE-smith's image of an instance: the row's ``image_name`` (namespaced if it is bare),
+    else the one its id names.
+
+    >>> swesmith_image("oauthlib__oauthlib.1fd52536.lm_rewrite__q9ve64pd")
+    'jyangballin/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536:latest'
+    """
+    if not _TAG_RE.match(tag):
+        raise ValueError(f"invalid image tag {tag!r}")
+    if image_name:
+        name = image_name if "/" in image_name else f"{SWESMITH_NAMESPACE}/{image_name}"
+        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:{tag}"
+    snap = swesmith_snapshot(instance_id)
+    owner, repo = snap.repo.split("/", 1)
+    key = f"{owner}_1776_{repo}.{snap.commit8}".lower()
+    return f"{SWESMITH_NAMESPACE}/swesmith.x86_64.{key}:{tag}"
+
+
+def local_image(dataset: str, instance_id: str, *, tag: str = "latest") -> str:
+    """An image swerl builds for an instance of ``dataset``: ``swerl/<dataset>/...``.
+
+    >>> local_image("my-tasks", "acme__tool-7")
+    'swerl/my-tasks/sweb.eval.x86_64.acme_1776_tool-7:latest'
+    """
+    if not isinstance(dataset, str) or not _DATASET_RE.match(dataset):
+        raise ValueError(f"invalid dataset name {dataset!r} (lower-case letters, digits, ._-)")
+    return instance_image(instance_id, namespace=f"{LOCAL_PREFIX}/{dataset}", tag=tag)
+
+
+def label_mismatch(
+    image: str, labels: dict[str, str], *, repo: str, commit: str, swesmith: bool = False
+) -> str | None:
+    """Why ``image``'s labels do not describe the instance, or None when they do.
+
+    SWE-bench / local images hold one instance: the base commit must match. SWE-smith images
+    hold a repository snapshot shared by many instances: repository and commit (its 8-hex
+    prefix) must match. Labels: ``swerl.repo`` and ``swerl.base_commit``.
+    """
+    have_repo, have_commit = labels.get("swerl.repo"), labels.get("swerl.base_commit")
+    if not have_commit:
+        return f"image {image} has no swerl.base_commit label (the instance wants {repo}@{commit})"
+    if swesmith:
+        matches = have_repo == repo and have_commit[:8] == commit[:8]
+    else:
+        matches = have_commit == commit and have_repo in (None, repo)
+    if matches:
+        return None
+    return (
+        f"image {image} holds {have_repo or '?'}@{have_commit} but the instance wants "
+        f"{repo}@{commit}"
+    )
 
 
 def rootfs_key(image: str) -> str:

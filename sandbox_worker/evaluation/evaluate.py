@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_worker.backends.base import (
     ExecResult,
@@ -75,7 +75,7 @@ from sandbox_worker.evaluation.infra import (
     protected_at_base,
     rule_for,
 )
-from sandbox_worker.evaluation.log_parser import LOG_PARSERS
+from sandbox_worker.evaluation.log_parser import LOG_PARSERS, PARSERS, LogParser
 from sandbox_worker.evaluation.patches import (
     PatchParseError,
     directives_of_test_patch,
@@ -86,12 +86,18 @@ from sandbox_worker.evaluation.patches import (
     unsafe_patch_reason,
 )
 from sandbox_worker.evaluation.script import (
+    TIMEOUT_EXIT_CODE,
     EvalScriptSpec,
     capture_tree_script,
     eval_script,
     inspect_patched_tree_script,
     reset_script,
     restore_script,
+)
+from sandbox_worker.evaluation.specs import (
+    UnknownSpecError,
+    harness_eval_script,
+    harness_parser_name,
 )
 from sandbox_worker.evaluation.structured_report import (
     MAX_REPORT_BYTES,
@@ -115,7 +121,14 @@ class EvalConfig(BaseModel):
     workdir: str = "/testbed"  # the repository inside the sandbox
     scratch_dir: str = "/tmp"  # in-sandbox directory for the patch files, outside the repo
     test_cmd: str = Field(DEFAULT_TEST_CMD, min_length=1)  # used when the instance has none
-    log_parser: str = Field("pytest", pattern=r"^pytest$")
+    # "pytest" (swerl's), a harness parser name ("parse_log_django" ...), or "auto": the
+    # harness's parser for each row (its log_parser field, else its repository's; specs.py).
+    log_parser: str = Field("pytest", pattern=r"^(?:pytest|auto|parse_log_[a-z0-9_]+)$")
+    # "swerl": swerl's eval script (script.py); "harness": exactly the official harness's
+    # script for the row (the row's eval_script, else the harness's spec for its repository and
+    # version; specs.py), for benchmark parity on the harness's images. Needs
+    # grading="swebench" (the harness's script loads no structured-report plugin).
+    eval_script: Literal["swerl", "harness"] = "swerl"
     test_timeout_s: int = Field(1800, ge=1)  # harness default
     step_timeout_s: float = Field(120.0, gt=0)  # reset and each patch-apply attempt
     harness_grace_s: float = Field(60.0, gt=0)  # eval exec timeout = test timeout + grace
@@ -135,6 +148,15 @@ class EvalConfig(BaseModel):
     # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
     # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvalConfig:
+        if self.log_parser != "auto" and self.log_parser not in LOG_PARSERS:
+            known = ", ".join(["auto", *sorted(LOG_PARSERS)])
+            raise ValueError(f"unknown log_parser {self.log_parser!r} (known: {known})")
+        if self.eval_script == "harness" and self.grading != "swebench":
+            raise ValueError('eval_script="harness" needs grading="swebench"')
+        return self
 
 
 class EvalReport(BaseModel):
@@ -304,9 +326,10 @@ def _run_and_grade(
     structured = config.grading == "structured"
     # The canary's name stays on the host: the test process can read and rewrite the files.
     canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
+    parser = _log_parser(instance, config)  # an unknown parser aborts before the run
     output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
     # An invalid log comes back as an empty status map: every listed test then fails.
-    status_map, log_valid = get_logs_eval(output, LOG_PARSERS[config.log_parser])
+    status_map, log_valid = get_logs_eval(output, parser)
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
     applied = bool(fields.get("applied"))
     resolved = applied and log_valid and resolution_status(report) is ResolvedStatus.FULL
@@ -491,6 +514,42 @@ def _step(sandbox: Sandbox, command: str, config: EvalConfig, transcript: list[s
     return result
 
 
+def _log_parser(instance: SWEInstance, config: EvalConfig) -> LogParser:
+    if config.log_parser != "auto":
+        return LOG_PARSERS[config.log_parser]
+    try:
+        return PARSERS[harness_parser_name(instance)]
+    except ValueError as exc:
+        raise _InfraFailure(str(exc)) from None
+
+
+def _run_harness_script(
+    sandbox: Sandbox, instance: SWEInstance, config: EvalConfig, transcript: list[str]
+) -> str:
+    """Run the official harness's eval script for the row; a run past ``test_timeout_s`` is
+    the harness's "Tests Timed Out" (graded, not an infrastructure failure)."""
+    try:
+        script = harness_eval_script(instance)
+    except (UnknownSpecError, ValueError) as exc:
+        raise _InfraFailure(str(exc)) from None
+    script_path = f"{config.scratch_dir}/eval.sh"
+    sandbox.write_file(script_path, script.encode(), mode=0o755)
+    result = sandbox.exec(
+        f"timeout -k 10 {config.test_timeout_s} /bin/bash {shlex.quote(script_path)} 2>&1",
+        workdir=config.workdir,
+        timeout_s=config.test_timeout_s + config.harness_grace_s,
+    )
+    transcript.append(f"$ harness eval script\n{result.output}")
+    if result.timed_out:
+        raise _InfraFailure(
+            f"the evaluation run exceeded its exec timeout "
+            f"({config.test_timeout_s + config.harness_grace_s:.0f}s)"
+        )
+    if result.exit_code == TIMEOUT_EXIT_CODE:
+        return f"{result.output}\n{TESTS_TIMEOUT}\n"
+    return result.output
+
+
 def _run_tests(
     sandbox: Sandbox,
     instance: SWEInstance,
@@ -499,6 +558,8 @@ def _run_tests(
     report_dir: str | None,
     canary: str | None,
 ) -> str:
+    if config.eval_script == "harness":
+        return _run_harness_script(sandbox, instance, config, transcript)
     test_patch_path = None
     if instance.test_patch:
         test_patch_path = f"{config.scratch_dir}/swerl-test.diff"

@@ -1,52 +1,31 @@
 """Our re-implementation against ``swebench``'s own functions, on the same logs and patches.
 
 Requires ``swebench==5.0.2`` installed with ``--no-deps`` (its full dependency tree — modal,
-datasets, docker... — is not needed by the modules compared here) plus ``unidiff``.
-``swebench.harness``'s package ``__init__`` eagerly imports those heavy dependencies, so the
-package is registered bare and only ``grading``, the log parsers and ``swebench.utils`` (all
-stdlib + unidiff) are loaded from the installed distribution.
+datasets, docker... — is not needed by the modules compared here) plus ``unidiff``; loaded by
+``tests/support/swebench_ref.py``.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from sandbox_worker.evaluation import grading
-from sandbox_worker.evaluation.constants import SWEBENCH_VERSION
 from sandbox_worker.evaluation.log_parser import parse_log_pytest
 from sandbox_worker.evaluation.patches import modified_files
 from services.protocol.instance import SWEInstance
 from tests.support import eval_logs as logs
+from tests.support import swebench_ref
 from tests.support.paths import TEST_DATA
 
 A = "tests/test_a.py::"
 
 
-def _swebench() -> dict[str, ModuleType]:
-    import swebench
-
-    assert swebench.__version__ == SWEBENCH_VERSION, "compare against the version we follow"
-    if "swebench.harness" not in sys.modules:
-        package = types.ModuleType("swebench.harness")
-        package.__path__ = [str(Path(swebench.__file__).parent / "harness")]
-        sys.modules["swebench.harness"] = package
-    return {
-        "grading": importlib.import_module("swebench.harness.grading"),
-        "parsers": importlib.import_module("swebench.harness.log_parsers.python"),
-        "types": importlib.import_module("swebench.types"),
-        "utils": importlib.import_module("swebench.utils"),
-    }
-
-
-SWE = _swebench()
+SWE = swebench_ref.load()
 
 # (F2P, P2P) pairs graded on every log.
 CASES = [
