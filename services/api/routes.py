@@ -1,0 +1,169 @@
+"""The job API's routes (``/v1`` jobs, health, metrics). Handlers are plain ``def``: FastAPI runs
+them in its thread pool, so their (synchronous, short) Redis calls never block the event loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from services.api.config import Scope
+from services.api.schemas import (
+    ErrorBody,
+    EvalSpec,
+    Health,
+    Job,
+    JobKind,
+    JobPage,
+    JobState,
+    LogPage,
+    ResultPage,
+    RolloutSpec,
+    Spec,
+    TrainSpec,
+)
+from services.api.service import ApiService
+from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
+
+JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
+AuthHeader = Annotated[str | None, Header(alias="Authorization", max_length=1024)]
+IdemKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$"),
+]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
+}
+NDJSON = "application/x-ndjson"
+
+router = APIRouter()
+
+
+def service(request: Request) -> ApiService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def _submit(
+    request: Request, kind: JobKind, spec: Spec, auth: str | None, key: str | None
+) -> JSONResponse:
+    svc = service(request)
+    who = svc.auth(auth, Scope.SUBMIT)
+    job, created = svc.submit(kind, spec, who, key)
+    return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+@router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=ERRORS)
+def submit_train(
+    request: Request, spec: TrainSpec, authorization: AuthHeader = None, key: IdemKey = None
+) -> JSONResponse:
+    """Queue a training run for a trainer of ``spec.trainer_group``."""
+    return _submit(request, JobKind.TRAIN, spec, authorization, key)
+
+
+@router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=ERRORS)
+def submit_rollout(
+    request: Request, spec: RolloutSpec, authorization: AuthHeader = None, key: IdemKey = None
+) -> JSONResponse:
+    """Queue a rollout: instances x samples trajectories; results carry rewards."""
+    return _submit(request, JobKind.ROLLOUT, spec, authorization, key)
+
+
+@router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=ERRORS)
+def submit_eval(
+    request: Request, spec: EvalSpec, authorization: AuthHeader = None, key: IdemKey = None
+) -> JSONResponse:
+    """Queue an evaluation (queued only: no evaluator service exists yet)."""
+    return _submit(request, JobKind.EVAL, spec, authorization, key)
+
+
+@router.get("/v1/jobs", response_model=JobPage, responses=ERRORS)
+def list_jobs(
+    request: Request,
+    kind: JobKind | None = None,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
+    cursor: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+    authorization: AuthHeader = None,
+) -> JobPage:
+    """Jobs, newest first, filtered by kind and/or state; follow ``next_cursor`` for more."""
+    svc = service(request)
+    svc.auth(authorization, Scope.READ)
+    return svc.list(kind, state, limit, cursor)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=Job, responses=ERRORS)
+def get_job(request: Request, job_id: JobId, authorization: AuthHeader = None) -> Job:
+    svc = service(request)
+    svc.auth(authorization, Scope.READ)
+    return svc.job(job_id)
+
+
+@router.get(
+    "/v1/jobs/{job_id}/results",
+    response_model=ResultPage,
+    responses={**ERRORS, 200: {"content": {NDJSON: {}}}},
+)
+def job_results(
+    request: Request,
+    job_id: JobId,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    format: Literal["json", "ndjson"] = "json",
+    follow: bool = False,
+    authorization: AuthHeader = None,
+) -> Response:
+    """One result per trajectory (reward, status, patch...). ``format=ndjson`` streams them one
+    JSON object per line from ``offset`` (``follow=true``: until the job ends)."""
+    svc = service(request)
+    svc.auth(authorization, Scope.READ)
+    svc.job(job_id)  # 404 for an unknown job
+    if format == "ndjson":
+        return StreamingResponse(svc.stream_results(job_id, offset, follow), media_type=NDJSON)
+    page = svc.results(job_id, offset, limit)
+    return JSONResponse(page.model_dump(mode="json"))
+
+
+@router.get("/v1/jobs/{job_id}/logs", response_model=LogPage, responses=ERRORS)
+def job_logs(
+    request: Request,
+    job_id: JobId,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    authorization: AuthHeader = None,
+) -> LogPage:
+    """The job's log lines from ``offset``; poll with ``next_offset`` to follow."""
+    svc = service(request)
+    svc.auth(authorization, Scope.READ)
+    svc.job(job_id)
+    return svc.logs(job_id, offset, limit)
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=Job, responses=ERRORS)
+def cancel_job(request: Request, job_id: JobId, authorization: AuthHeader = None) -> Job:
+    """Cancel: a queued job at once; a running one goes ``cancelling`` until its runner stops.
+    Submitters may cancel their own jobs, admins any. A finished job is a 409."""
+    svc = service(request)
+    who = svc.auth(authorization, Scope.SUBMIT)
+    return svc.cancel(job_id, who)
+
+
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    """Liveness: the process answers."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+def readyz(request: Request) -> JSONResponse:
+    """Readiness: Redis answers."""
+    problem = service(request).redis_problem()
+    if problem:
+        return JSONResponse(Health(status="unavailable", detail=problem).model_dump(), 503)
+    return JSONResponse(Health(status="ok").model_dump())
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    svc = service(request)
+    return Response(svc.render_metrics(), media_type=svc.metrics_content_type)
