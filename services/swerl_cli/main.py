@@ -60,6 +60,15 @@ def _csv(text: str) -> list[str]:
     return items
 
 
+def _submit_options(p: argparse.ArgumentParser, default: Any = None) -> None:
+    """Options of every submit form (before or after the kind); a kind's parser leaves unset
+    ones alone (``SUPPRESS``) so that ``submit --wait rollout ...`` keeps its ``--wait``."""
+    p.add_argument("--idempotency-key", default=default,
+                   help="retry-safe: the same key returns the same job")  # fmt: skip
+    p.add_argument("--wait", action="store_true", default=default or False,
+                   help="show progress until the job ends")  # fmt: skip
+
+
 def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "submit", help="queue a job", description="Queue a job (or -f FILE; see docs/api.md).",
@@ -67,10 +76,10 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("-f", "--file", help="a YAML job file (kind: and spec:)")
-    p.add_argument("--idempotency-key", help="retry-safe: the same key returns the same job")
-    p.add_argument("--wait", action="store_true", help="show progress until the job ends")
+    _submit_options(p)
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     t = kinds.add_parser("train", help="a training run (run by a trainer service)")
+    _submit_options(t, argparse.SUPPRESS)
     t.add_argument("--model", required=True, help="model name or path")
     t.add_argument("--dataset", required=True, help="training dataset name or path")
     t.add_argument("--steps", type=int, required=True, help="optimizer steps")
@@ -81,6 +90,7 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--resume", action="store_true", help="resume from the checkpoint dir")
     t.add_argument("--group", default="default", help="trainer group that runs it")
     r = kinds.add_parser("rollout", help="trajectories with rewards (instances x samples)")
+    _submit_options(r, argparse.SUPPRESS)
     r.add_argument("--instances", type=_csv, required=True, help="comma-separated ids")
     r.add_argument("--samples", type=int, default=1, help="trajectories per instance (1)")
     r.add_argument("--model", help="model name (informational)")
@@ -88,6 +98,7 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     r.add_argument("--max-steps", type=int, help="agent steps per trajectory (300)")
     r.add_argument("--temperature", type=float, help="sampling temperature (1.0)")
     e = kinds.add_parser("eval", help="score a checkpoint (queued only for now)")
+    _submit_options(e, argparse.SUPPRESS)
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--dataset", required=True)
     e.add_argument("--max-instances", type=int)

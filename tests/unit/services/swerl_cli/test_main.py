@@ -85,3 +85,22 @@ def test_the_console_script_points_at_main() -> None:
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, name = scripts["swerl"].partition(":")
     assert getattr(import_module(module), name) is main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "--wait", "--idempotency-key", "k", "eval", "--checkpoint", "c",
+         "--dataset", "d"],
+        ["submit", "eval", "--checkpoint", "c", "--dataset", "d", "--wait",
+         "--idempotency-key", "k"],
+    ],
+)  # fmt: skip
+def test_submit_options_go_before_or_after_the_kind(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.wait, args.idempotency_key) == (True, "k")
+
+
+def test_submit_options_default_off() -> None:
+    args = build_parser().parse_args(["submit", "eval", "--checkpoint", "c", "--dataset", "d"])
+    assert (args.wait, args.idempotency_key) == (False, None)
