@@ -51,7 +51,7 @@ class Authenticator:
         given = token.strip().encode("utf-8", "surrogatepass")
         found = None
         for entry in self.tokens:  # compare with every token: time does not tell which matched
-            if hmac.compare_digest(given, entry.token.encode()):
+            if hmac.compare_digest(given, entry.token.get_secret_value().encode()):
                 found = entry
         if found is None:
             raise AuthError(401, "invalid bearer token")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from services.config import StrictModel, register_section
 from services.queue.config import QueueConfig
@@ -23,7 +23,8 @@ class Scope(StrEnum):
 
 class ApiToken(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@\-]+$")
-    token: str = Field(min_length=8, max_length=512)
+    # SecretStr: never printed (--print-config, the start-up log show "**********").
+    token: SecretStr = Field(min_length=8, max_length=512)
     scopes: list[Scope] = Field(min_length=1)
 
 
@@ -59,7 +60,7 @@ class ApiConfig(StrictModel):
         names = [t.name for t in tokens]
         if len(set(names)) != len(names):
             raise ValueError("token names must be unique")
-        if len({t.token for t in tokens}) != len(tokens):
+        if len({t.token.get_secret_value() for t in tokens}) != len(tokens):
             raise ValueError("two tokens have the same secret")
         return tokens
 

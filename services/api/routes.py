@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.api.config import Scope
 from services.api.schemas import (
@@ -27,7 +28,18 @@ from services.api.service import ApiService
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
-AuthHeader = Annotated[str | None, Header(alias="Authorization", max_length=1024)]
+BEARER = HTTPBearer(auto_error=False, description="an API token (api.tokens)")
+
+
+def _authorization(
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+) -> str | None:
+    """The request's ``Authorization`` value (a bearer token), as the authenticator reads it."""
+    return f"Bearer {creds.credentials}" if creds else None
+
+
+# Declared as a security scheme (not a header parameter) in /openapi.json.
+AuthHeader = Annotated[str | None, Depends(_authorization)]
 IdemKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$"),
@@ -55,7 +67,7 @@ def _submit(
 
 @router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=ERRORS)
 def submit_train(
-    request: Request, spec: TrainSpec, authorization: AuthHeader = None, key: IdemKey = None
+    request: Request, spec: TrainSpec, authorization: AuthHeader, key: IdemKey = None
 ) -> JSONResponse:
     """Queue a training run for a trainer of ``spec.trainer_group``."""
     return _submit(request, JobKind.TRAIN, spec, authorization, key)
@@ -63,7 +75,7 @@ def submit_train(
 
 @router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=ERRORS)
 def submit_rollout(
-    request: Request, spec: RolloutSpec, authorization: AuthHeader = None, key: IdemKey = None
+    request: Request, spec: RolloutSpec, authorization: AuthHeader, key: IdemKey = None
 ) -> JSONResponse:
     """Queue a rollout: instances x samples trajectories; results carry rewards."""
     return _submit(request, JobKind.ROLLOUT, spec, authorization, key)
@@ -71,7 +83,7 @@ def submit_rollout(
 
 @router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=ERRORS)
 def submit_eval(
-    request: Request, spec: EvalSpec, authorization: AuthHeader = None, key: IdemKey = None
+    request: Request, spec: EvalSpec, authorization: AuthHeader, key: IdemKey = None
 ) -> JSONResponse:
     """Queue an evaluation (queued only: no evaluator service exists yet)."""
     return _submit(request, JobKind.EVAL, spec, authorization, key)
@@ -80,11 +92,11 @@ def submit_eval(
 @router.get("/v1/jobs", response_model=JobPage, responses=ERRORS)
 def list_jobs(
     request: Request,
+    authorization: AuthHeader,
     kind: JobKind | None = None,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
     cursor: Annotated[int | None, Query(ge=0, le=2**53)] = None,
-    authorization: AuthHeader = None,
 ) -> JobPage:
     """Jobs, newest first, filtered by kind and/or state; follow ``next_cursor`` for more."""
     svc = service(request)
@@ -93,7 +105,7 @@ def list_jobs(
 
 
 @router.get("/v1/jobs/{job_id}", response_model=Job, responses=ERRORS)
-def get_job(request: Request, job_id: JobId, authorization: AuthHeader = None) -> Job:
+def get_job(request: Request, job_id: JobId, authorization: AuthHeader) -> Job:
     svc = service(request)
     svc.auth(authorization, Scope.READ)
     return svc.job(job_id)
@@ -106,12 +118,12 @@ def get_job(request: Request, job_id: JobId, authorization: AuthHeader = None) -
 )
 def job_results(
     request: Request,
+    authorization: AuthHeader,
     job_id: JobId,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     format: Literal["json", "ndjson"] = "json",
     follow: bool = False,
-    authorization: AuthHeader = None,
 ) -> Response:
     """One result per trajectory (reward, status, patch...). ``format=ndjson`` streams them one
     JSON object per line from ``offset`` (``follow=true``: until the job ends)."""
@@ -127,10 +139,10 @@ def job_results(
 @router.get("/v1/jobs/{job_id}/logs", response_model=LogPage, responses=ERRORS)
 def job_logs(
     request: Request,
+    authorization: AuthHeader,
     job_id: JobId,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-    authorization: AuthHeader = None,
 ) -> LogPage:
     """The job's log lines from ``offset``; poll with ``next_offset`` to follow."""
     svc = service(request)
@@ -140,7 +152,7 @@ def job_logs(
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=Job, responses=ERRORS)
-def cancel_job(request: Request, job_id: JobId, authorization: AuthHeader = None) -> Job:
+def cancel_job(request: Request, job_id: JobId, authorization: AuthHeader) -> Job:
     """Cancel: a queued job at once; a running one goes ``cancelling`` until its runner stops.
     Submitters may cancel their own jobs, admins any. A finished job is a 409."""
     svc = service(request)
