@@ -1,0 +1,56 @@
+"""The rollout job runner with a real manager dispatch loop and a simulated worker process: a
+job whose runner died (its lease expired) is taken over and finished by another runner."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from services.api.claims import JobClaims
+from services.api.config import ApiConfig, RunnerConfig
+from services.api.runner import GROUP, RolloutJobRunner
+from services.api.schemas import JobKind, JobState
+from services.api.store import JobStore
+from tests.support.execution import (  # noqa: F401 (fixtures)
+    QUEUE_CFG,
+    Procs,
+    procs,
+    queue,
+    wait_for,
+    wait_nodes,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_dead_runners_job_is_taken_over(redis_url: str, procs: Procs, queue) -> None:  # noqa: F811
+    procs.worker(redis_url, "node-a", slots=2)
+    wait_nodes(queue, {"node-a"}, procs)
+    client = redis.Redis.from_url(redis_url)
+    store, claims = JobStore(client), JobClaims(client)
+    spec = {"instance_ids": ["x.sleep100.reward1"], "n_samples": 2}
+    job_id = store.submit(JobKind.ROLLOUT, spec, "alice").job_id
+    # A runner claims the job and dies at once (no heartbeat: its lease runs out).
+    assert claims.claim(JobKind.ROLLOUT, GROUP, "dead-runner", ttl_s=0.5, max_active=8)
+    time.sleep(0.6)
+    runner_cfg = RunnerConfig(concurrency=1, poll_interval_s=0.1, lease_ttl_s=5, dispatcher=True)
+    runner = RolloutJobRunner(ApiConfig(redis_url=redis_url, runner=runner_cfg, queue=QUEUE_CFG))
+    runner.start()
+    try:
+
+        def finished() -> bool:
+            job = store.get(job_id)
+            return job is not None and job.state.terminal
+
+        wait_for(finished, 30, "the job to finish", procs.logs)
+    finally:
+        runner.stop()
+    job = store.get(job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED and job.attempt == 2
+    rows, total = store.results(job_id, 0, 10)
+    assert total == 2 and [r["reward"] for r in rows] == [1.0, 1.0]
+    assert job.metrics["resolved_rate"] == 1.0
+    assert not claims.finish(job_id, "dead-runner", JobState.FAILED, "too late")
+    client.close()
