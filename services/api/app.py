@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import routes
 from services.api.config import ApiConfig
@@ -86,21 +87,39 @@ def create_app(cfg: ApiConfig, *, runner: bool = True) -> FastAPI:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(redis.RedisError, _redis_error)
-
-    @app.middleware("http")
-    async def observe(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        try:
-            response = await call_next(request)
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            response = error(500, "internal", "internal error (logged by the server)")
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        svc.metrics.requests.labels(template, request.method, str(response.status_code)).inc()
-        svc.metrics.latency.labels(template).observe(time.perf_counter() - start)
-        return response
-
+    app.add_middleware(_Observed, svc=svc)
     return app
+
+
+class _Observed:
+    """ASGI middleware (cheaper than ``BaseHTTPMiddleware``): counts and times every request by
+    route template, and turns an unexpected exception into a JSON 500 (logged)."""
+
+    def __init__(self, app: ASGIApp, svc: ApiService) -> None:
+        self.app = app
+        self.svc = svc
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500, "started": False}
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if not status["started"]:
+                response = error(500, "internal", "internal error (logged by the server)")
+                await response(scope, receive, send)
+        route = scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        metrics = self.svc.metrics
+        metrics.requests.labels(template, scope["method"], str(status["code"])).inc()
+        metrics.latency.labels(template).observe(time.perf_counter() - start)
