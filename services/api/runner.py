@@ -120,11 +120,25 @@ class RolloutJobRunner:
                 if job is None:
                     self._stop.wait(self.cfg.runner.poll_interval_s)
                     continue
-                self.drive(job, holder)
+                self._drive_or_fail(job, holder)
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 log.warning("%s: Redis unreachable (%s); retrying", holder, exc)
                 backoff_sleep(failures, self._stop)
+
+    def _drive_or_fail(self, job: Claim, holder: str) -> None:
+        """:meth:`drive`; a bug or an unexpected answer fails the job (with the reason) instead
+        of killing the runner thread. Redis outages propagate: the lease then runs out and the
+        job is taken over once Redis is back."""
+        try:
+            self.drive(job, holder)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            log.exception("%s: job %s failed", holder, job.job_id)
+            reason = f"runner error: {type(exc).__name__}: {exc}"
+            if self.claims.finish(job.job_id, holder, JobState.FAILED, reason):
+                self.store.log(job.job_id, reason, "ERROR")
 
     def drive(self, job: Claim, holder: str) -> None:
         """Run one claimed job to its end (or until its lease is lost or the runner stops)."""

@@ -54,3 +54,40 @@ def test_a_dead_runners_job_is_taken_over(redis_url: str, procs: Procs, queue) -
     assert job.metrics["resolved_rate"] == 1.0
     assert not claims.finish(job_id, "dead-runner", JobState.FAILED, "too late")
     client.close()
+
+
+class BrokenManager:
+    """Stands in for the rollout manager's progress call, which fails unexpectedly."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def progress(self, batch_id: str) -> object:
+        raise RuntimeError(f"progress of {batch_id} is broken")
+
+
+def test_an_unexpected_error_fails_the_job_not_the_runner(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    store = JobStore(client)
+    runner_cfg = RunnerConfig(concurrency=1, poll_interval_s=0.05, lease_ttl_s=5)
+    runner = RolloutJobRunner(ApiConfig(redis_url=redis_url, runner=runner_cfg, queue=QUEUE_CFG))
+    runner.manager = BrokenManager(runner.manager)  # type: ignore[assignment]
+    first = store.submit(JobKind.ROLLOUT, {"instance_ids": ["a"]}, "alice").job_id
+    second = store.submit(JobKind.ROLLOUT, {"instance_ids": ["b"]}, "alice").job_id
+    runner.start()
+    try:
+
+        def both_failed() -> bool:
+            jobs = [store.get(first), store.get(second)]
+            return all(j is not None and j.state is JobState.FAILED for j in jobs)
+
+        wait_for(both_failed, 20, "both jobs to fail")  # the thread lived on to the second
+    finally:
+        runner.stop()
+    job = store.get(first)
+    assert job is not None and "RuntimeError: progress of" in job.message
+    assert store.logs(first, 0, 10)[0][-1].level == "ERROR"
+    client.close()
