@@ -9,8 +9,10 @@ Usage (from the repository root)::
 Real processes: a private ``redis-server`` (AOF on, ``appendfsync everysec``, the production
 setting) and ``python -m services.api`` with tokens and no job runner (the figures are the
 API's own: auth, validation, Redis round trips, JSON). Each client is an asyncio task with
-its own keep-alive connection, issuing a mix in a loop: 20% submit a rollout job, 40% read a
-job, 30% list a page of 20 jobs, 10% read a job's logs. The store is seeded with jobs first.
+its own keep-alive connection: it connects (timed apart as ``connect``: the first request of
+a new connection), waits until every client has connected, then issues a mix in a loop: 20%
+submit a rollout job, 40% read a job, 30% list a page of 20 jobs, 10% read a job's logs. The
+store is seeded with jobs first.
 Printed: p50 / p99 / max latency per operation and overall, and requests per second.
 Nothing here asserts; ``tests/unit/services/api/test_bench_api.py`` runs a tiny smoke run.
 """
@@ -22,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import statistics
 import sys
 import time
@@ -47,14 +50,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def client_loop(
-    url: str, n: int, job_ids: list[str], seed: int, out: dict[str, list[float]]
+    url: str,
+    n: int,
+    job_ids: list[str],
+    seed: int,
+    out: dict[str, list[float]],
+    ready: asyncio.Barrier,
+    tls: ssl.SSLContext,
 ) -> None:
     rng = random.Random(seed)
     ops, weights = zip(*MIX, strict=True)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(
-        base_url=url, headers=bearer("alice"), limits=limits, timeout=60
+        base_url=url, headers=bearer("alice"), limits=limits, timeout=60, verify=tls
     ) as http:
+        start = time.perf_counter()
+        await http.get("/healthz")  # connect first: set-up is timed apart from the requests
+        out["connect"].append(time.perf_counter() - start)
+        await ready.wait()  # every client connected: the timed run starts together
         for _ in range(n):
             op = rng.choices(ops, weights)[0]
             job = rng.choice(job_ids)
@@ -73,11 +86,18 @@ async def client_loop(
 
 
 async def run_clients(url: str, clients: int, per_client: int, job_ids: list[str]) -> Any:
-    out: dict[str, list[float]] = {op: [] for op, _ in MIX} | {"errors": []}
+    out: dict[str, list[float]] = {op: [] for op, _ in MIX} | {"errors": [], "connect": []}
+    ready = asyncio.Barrier(clients + 1)
+    # One TLS context for all (unused on http://, but httpx would build one per client, which
+    # costs the bench process tens of ms of CPU each and would show up as connect time).
+    tls = ssl.create_default_context()
+    tasks = [
+        asyncio.create_task(client_loop(url, per_client, job_ids, seed, out, ready, tls))
+        for seed in range(clients)
+    ]
+    await ready.wait()
     start = time.perf_counter()
-    await asyncio.gather(
-        *(client_loop(url, per_client, job_ids, seed, out) for seed in range(clients))
-    )
+    await asyncio.gather(*tasks)
     return out, time.perf_counter() - start
 
 
@@ -97,6 +117,12 @@ def figures(out: dict[str, list[float]], wall_s: float) -> dict[str, Any]:
                 "p99_ms": round(percentile(values, 0.99) * 1000, 2),
                 "max_ms": round(max(values) * 1000, 2),
             }
+    connect = out["connect"]
+    result["connect"] = {
+        "n": len(connect),
+        "p50_ms": round(statistics.median(connect) * 1000, 2),
+        "p99_ms": round(percentile(connect, 0.99) * 1000, 2),
+    }
     result["requests_per_s"] = round(len(every) / wall_s, 1)
     result["errors"] = len(out["errors"])
     return result
