@@ -24,7 +24,10 @@ job and a stale holder can never overwrite its successor.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,9 @@ import redis
 
 from services.api.lua import CLAIM, FINISH, HEARTBEAT
 from services.api.schemas import JobKind, JobState, Progress
+from services.queue.connection import TRANSIENT_ERRORS
+
+log = logging.getLogger("swerl.api.claims")
 
 
 @dataclass(frozen=True)
@@ -91,3 +97,72 @@ class JobClaims:
         if raw is None:
             raise KeyError(job_id)
         return json.loads(raw)
+
+
+class LeaseKeeper:
+    """Heartbeats one claimed job from a background thread, for holders whose work runs
+    elsewhere (a trainer waiting on its torchrun):
+
+        with LeaseKeeper(claims, job.job_id, holder, ttl_s=30, report=read_progress) as lease:
+            while proc.poll() is None and not lease.cancel_requested.is_set():
+                if lease.lost.is_set():
+                    ...  # another trainer holds the job now: stop the work, report nothing
+                time.sleep(1)
+
+    Every ``interval_s`` (default ``ttl_s / 3``) it calls :meth:`JobClaims.heartbeat` with what
+    ``report()`` returns (progress, metrics; either may be None to keep the last). It sets
+    ``cancel_requested`` when the job is being cancelled and ``lost`` (then stops) when the
+    lease is gone. A Redis error is retried at the next beat: the lease outlives short outages.
+    """
+
+    def __init__(
+        self,
+        claims: JobClaims,
+        job_id: str,
+        holder: str,
+        ttl_s: float,
+        *,
+        interval_s: float | None = None,
+        report: Callable[[], tuple[Progress | None, dict[str, float] | None]] | None = None,
+    ) -> None:
+        self.claims, self.job_id, self.holder, self.ttl_s = claims, job_id, holder, ttl_s
+        self.interval_s = interval_s if interval_s is not None else ttl_s / 3
+        if not 0 < self.interval_s < ttl_s:
+            raise ValueError("interval_s must be > 0 and shorter than ttl_s")
+        self.report = report
+        self.cancel_requested = threading.Event()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+
+    def _beat(self) -> None:
+        progress, metrics = self.report() if self.report else (None, None)
+        state = self.claims.heartbeat(self.job_id, self.holder, self.ttl_s, progress, metrics)
+        if state is None:
+            self.lost.set()
+        elif state is JobState.CANCELLING:
+            self.cancel_requested.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self.lost.is_set():
+            try:
+                self._beat()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("heartbeat of job %s failed (%s); retrying", self.job_id, exc)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> LeaseKeeper:
+        self._beat()  # the first beat at once: a lost or cancelled job is known before work
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 10)
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from services.api.claims import JobClaims
+import pytest
+
+from services.api.claims import JobClaims, LeaseKeeper
 from services.api.schemas import JobKind, JobState, Progress
 from services.api.store import JobStore
 
@@ -91,3 +93,35 @@ def test_results_are_written_only_by_the_holder(store: JobStore, claims: JobClai
     assert rows == [{"i": 1}] and total == 2
     assert store.append_results(job_id, "r1", [{"i": 2}], reset=True)
     assert store.results(job_id, 0, 10) == ([{"i": 2}], 1)
+
+
+@pytest.mark.slow
+def test_a_lease_keeper_keeps_a_short_lease_and_reports(store: JobStore, claims: JobClaims) -> None:
+    job_id = submit_train(store)
+    claims.claim(JobKind.TRAIN, "g1", "trainer-a", ttl_s=1.0)
+    step = {"n": 0}
+
+    def report() -> tuple[Progress, dict[str, float]]:
+        step["n"] += 1
+        return Progress(current_step=step["n"], phase="actor"), {"loss": 1.0 / step["n"]}
+
+    with LeaseKeeper(claims, job_id, "trainer-a", ttl_s=1.0, interval_s=0.1, report=report):
+        time.sleep(2.0)  # well past the ttl: only the heartbeats keep the lease
+        assert claims.claim(JobKind.TRAIN, "g1", "trainer-b", ttl_s=5) is None
+        job = store.get(job_id)
+        assert job is not None and job.state is JobState.RUNNING
+        assert job.progress.current_step is not None and job.progress.current_step > 3
+    time.sleep(1.2)  # stopped: the lease runs out and another trainer takes over
+    taken = claims.claim(JobKind.TRAIN, "g1", "trainer-b", ttl_s=5)
+    assert taken is not None and taken.attempt == 2
+
+
+def test_a_lease_keeper_sees_cancel_and_loss(store: JobStore, claims: JobClaims) -> None:
+    job_id = submit_train(store)
+    claims.claim(JobKind.TRAIN, "g1", "t", ttl_s=5)
+    with LeaseKeeper(claims, job_id, "t", ttl_s=5, interval_s=0.05) as lease:
+        assert not lease.cancel_requested.is_set()
+        store.cancel(job_id, "alice")
+        assert lease.cancel_requested.wait(2)
+        claims.finish(job_id, "t", JobState.CANCELLED, "stopped")
+        assert lease.lost.wait(2)  # a finished job has no lease any more
