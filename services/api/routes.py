@@ -3,12 +3,14 @@ them in its thread pool, so their (synchronous, short) Redis calls never block t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from services.api.auth import Principal
 from services.api.config import Scope
 from services.api.schemas import (
     ErrorBody,
@@ -28,18 +30,30 @@ from services.api.service import ApiService
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
+
+
+def service(request: Request) -> ApiService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
 BEARER = HTTPBearer(auto_error=False, description="an API token (api.tokens)")
 
 
-def _authorization(
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
-) -> str | None:
-    """The request's ``Authorization`` value (a bearer token), as the authenticator reads it."""
-    return f"Bearer {creds.credentials}" if creds else None
+def _caller(scope: Scope) -> Callable[..., Principal]:
+    """A dependency: the caller, who must hold ``scope``. Dependencies run before the body is
+    validated, so a request without the right token is a 401/403 whatever its body."""
+
+    def caller(
+        request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+    ) -> Principal:
+        return service(request).auth(f"Bearer {creds.credentials}" if creds else None, scope)
+
+    return caller
 
 
 # Declared as a security scheme (not a header parameter) in /openapi.json.
-AuthHeader = Annotated[str | None, Depends(_authorization)]
+Reader = Annotated[Principal, Depends(_caller(Scope.READ))]
+Submitter = Annotated[Principal, Depends(_caller(Scope.SUBMIT))]
 IdemKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$"),
@@ -52,47 +66,41 @@ NDJSON = "application/x-ndjson"
 router = APIRouter()
 
 
-def service(request: Request) -> ApiService:
-    return request.app.state.service  # type: ignore[no-any-return]
-
-
 def _submit(
-    request: Request, kind: JobKind, spec: Spec, auth: str | None, key: str | None
+    request: Request, kind: JobKind, spec: Spec, who: Principal, key: str | None
 ) -> JSONResponse:
-    svc = service(request)
-    who = svc.auth(auth, Scope.SUBMIT)
-    job, created = svc.submit(kind, spec, who, key)
+    job, created = service(request).submit(kind, spec, who, key)
     return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
 
 
 @router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=ERRORS)
 def submit_train(
-    request: Request, spec: TrainSpec, authorization: AuthHeader, key: IdemKey = None
+    request: Request, spec: TrainSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
     """Queue a training run for a trainer of ``spec.trainer_group``."""
-    return _submit(request, JobKind.TRAIN, spec, authorization, key)
+    return _submit(request, JobKind.TRAIN, spec, who, key)
 
 
 @router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=ERRORS)
 def submit_rollout(
-    request: Request, spec: RolloutSpec, authorization: AuthHeader, key: IdemKey = None
+    request: Request, spec: RolloutSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
     """Queue a rollout: instances x samples trajectories; results carry rewards."""
-    return _submit(request, JobKind.ROLLOUT, spec, authorization, key)
+    return _submit(request, JobKind.ROLLOUT, spec, who, key)
 
 
 @router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=ERRORS)
 def submit_eval(
-    request: Request, spec: EvalSpec, authorization: AuthHeader, key: IdemKey = None
+    request: Request, spec: EvalSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
     """Queue an evaluation (queued only: no evaluator service exists yet)."""
-    return _submit(request, JobKind.EVAL, spec, authorization, key)
+    return _submit(request, JobKind.EVAL, spec, who, key)
 
 
 @router.get("/v1/jobs", response_model=JobPage, responses=ERRORS)
 def list_jobs(
     request: Request,
-    authorization: AuthHeader,
+    _: Reader,
     kind: JobKind | None = None,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
@@ -100,14 +108,12 @@ def list_jobs(
 ) -> JobPage:
     """Jobs, newest first, filtered by kind and/or state; follow ``next_cursor`` for more."""
     svc = service(request)
-    svc.auth(authorization, Scope.READ)
     return svc.list(kind, state, limit, cursor)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=Job, responses=ERRORS)
-def get_job(request: Request, job_id: JobId, authorization: AuthHeader) -> Job:
+def get_job(request: Request, job_id: JobId, _: Reader) -> Job:
     svc = service(request)
-    svc.auth(authorization, Scope.READ)
     return svc.job(job_id)
 
 
@@ -118,7 +124,7 @@ def get_job(request: Request, job_id: JobId, authorization: AuthHeader) -> Job:
 )
 def job_results(
     request: Request,
-    authorization: AuthHeader,
+    _: Reader,
     job_id: JobId,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
@@ -128,7 +134,6 @@ def job_results(
     """One result per trajectory (reward, status, patch...). ``format=ndjson`` streams them one
     JSON object per line from ``offset`` (``follow=true``: until the job ends)."""
     svc = service(request)
-    svc.auth(authorization, Scope.READ)
     svc.job(job_id)  # 404 for an unknown job
     if format == "ndjson":
         return StreamingResponse(svc.stream_results(job_id, offset, follow), media_type=NDJSON)
@@ -139,25 +144,22 @@ def job_results(
 @router.get("/v1/jobs/{job_id}/logs", response_model=LogPage, responses=ERRORS)
 def job_logs(
     request: Request,
-    authorization: AuthHeader,
+    _: Reader,
     job_id: JobId,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> LogPage:
     """The job's log lines from ``offset``; poll with ``next_offset`` to follow."""
     svc = service(request)
-    svc.auth(authorization, Scope.READ)
     svc.job(job_id)
     return svc.logs(job_id, offset, limit)
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=Job, responses=ERRORS)
-def cancel_job(request: Request, job_id: JobId, authorization: AuthHeader) -> Job:
+def cancel_job(request: Request, job_id: JobId, who: Submitter) -> Job:
     """Cancel: a queued job at once; a running one goes ``cancelling`` until its runner stops.
     Submitters may cancel their own jobs, admins any. A finished job is a 409."""
-    svc = service(request)
-    who = svc.auth(authorization, Scope.SUBMIT)
-    return svc.cancel(job_id, who)
+    return service(request).cancel(job_id, who)
 
 
 @router.get("/healthz", response_model=Health)

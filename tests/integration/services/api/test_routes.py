@@ -65,6 +65,15 @@ def test_scopes(api: ApiServer, redis_url: str, who: str | None, method: str, pa
         assert got.json()["error"]["field"] == "header.Authorization"
 
 
+def test_auth_comes_before_validation(api: ApiServer, redis_url: str) -> None:
+    """A caller without the right token learns nothing about the inputs."""
+    with api.client(None) as anonymous:
+        assert anonymous.post("/v1/jobs/train", json={"steps": "x"}).status_code == 401
+        assert anonymous.get("/v1/jobs", params={"limit": 0}).status_code == 401
+    with api.client("viewer") as viewer:
+        assert viewer.post("/v1/jobs/train", json={"steps": "x"}).status_code == 403
+
+
 def test_only_the_submitter_or_an_admin_cancels(api: ApiServer, http: httpx.Client) -> None:
     job_id = http.post("/v1/jobs/rollout", json=ROLLOUT).json()["id"]
     with api.client("bob") as bob:
