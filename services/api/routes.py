@@ -141,6 +141,15 @@ def job_results(
     return JSONResponse(page.model_dump(mode="json"))
 
 
+@router.get("/v1/jobs/{job_id}/trajectories/{trajectory_id}", responses=ERRORS)
+def job_trajectory(
+    request: Request, job_id: JobId, trajectory_id: JobId, _: Reader
+) -> dict[str, Any]:
+    """The record of one trajectory of the job (a result's ``trajectory_id``): its segments
+    with token ids and logprobs, and its outcome."""
+    return service(request).trajectory(job_id, trajectory_id)
+
+
 @router.get("/v1/jobs/{job_id}/logs", response_model=LogPage, responses=ERRORS)
 def job_logs(
     request: Request,

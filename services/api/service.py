@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from itertools import product
+from typing import Any
 
 import redis
 
@@ -23,6 +24,7 @@ from services.api.schemas import (
     TrainSpec,
 )
 from services.api.store import IdempotencyConflict, JobStore
+from services.store.trajectories import TrajectoryNotFoundError, load_trajectory
 
 STREAM_POLL_S = 0.5
 
@@ -124,6 +126,24 @@ class ApiService:
                 yield from (json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in rest)
                 return
             time.sleep(STREAM_POLL_S)
+
+    def trajectory(self, job_id: str, trajectory_id: str) -> dict[str, Any]:
+        """The trajectory record (tokens, turns, outcome) of one of the job's results, from the
+        trajectory store (which shares the rollout queue's key prefix)."""
+        self.job(job_id)
+        if not trajectory_id.startswith(f"{job_id}:"):  # task ids are <job id>:<i>:<sample>
+            raise ApiError(
+                404, "not_found", f"trajectory {trajectory_id!r} is not one of job {job_id}",
+                "path.trajectory_id",
+            )  # fmt: skip
+        try:
+            record = load_trajectory(self.redis, trajectory_id, self.cfg.queue.prefix)
+        except TrajectoryNotFoundError as exc:
+            raise ApiError(
+                404, "not_found", f"no record of trajectory {trajectory_id!r} (the simulated "
+                "runner and some aborted attempts write none)", "path.trajectory_id",
+            ) from exc  # fmt: skip
+        return record.to_json()
 
     def logs(self, job_id: str, offset: int, limit: int) -> LogPage:
         lines, next_offset = self.store.logs(job_id, offset, min(limit, self.cfg.max_page_size))

@@ -17,6 +17,7 @@ from services.api.claims import JobClaims
 from services.api.schemas import JobKind, JobState
 from services.api.store import JobStore
 from tests.support.api_server import ApiServer, bearer, start_api
+from tests.support.execution import open_record
 from tests.support.redis import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -153,6 +154,19 @@ def test_results_json_pages_and_ndjson(http: httpx.Client, redis_url: str) -> No
     followed = http.get(f"/v1/jobs/{job_id}/results", params={"format": "ndjson", "follow": True})
     assert len(followed.text.splitlines()) == 5
     client.close()
+
+
+def test_trajectory_records_of_a_job(http: httpx.Client, redis_url: str) -> None:
+    job_id = http.post("/v1/jobs/rollout", json=ROLLOUT).json()["id"]
+    other = http.post("/v1/jobs/rollout", json=ROLLOUT).json()["id"]
+    open_record(redis_url, f"{job_id}:0:1.a1")
+    got = http.get(f"/v1/jobs/{job_id}/trajectories/{job_id}:0:1.a1")
+    assert got.status_code == 200
+    assert got.json()["meta"]["trajectory_id"] == f"{job_id}:0:1.a1"
+    foreign = http.get(f"/v1/jobs/{other}/trajectories/{job_id}:0:1.a1")
+    assert foreign.status_code == 404 and "is not one of job" in foreign.json()["error"]["message"]
+    missing = http.get(f"/v1/jobs/{job_id}/trajectories/{job_id}:1:0.a1")
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "path.trajectory_id"
 
 
 def test_logs_and_cancel_of_a_running_job(http: httpx.Client, redis_url: str) -> None:
