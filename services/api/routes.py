@@ -62,6 +62,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
 }
 NDJSON = "application/x-ndjson"
+SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    200: {"model": Job, "description": "the job this Idempotency-Key already made"},
+}
 
 router = APIRouter()
 
@@ -73,7 +77,7 @@ def _submit(
     return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
 
 
-@router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=ERRORS)
+@router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
 def submit_train(
     request: Request, spec: TrainSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
@@ -81,7 +85,7 @@ def submit_train(
     return _submit(request, JobKind.TRAIN, spec, who, key)
 
 
-@router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=ERRORS)
+@router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
 def submit_rollout(
     request: Request, spec: RolloutSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
@@ -89,7 +93,7 @@ def submit_rollout(
     return _submit(request, JobKind.ROLLOUT, spec, who, key)
 
 
-@router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=ERRORS)
+@router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
 def submit_eval(
     request: Request, spec: EvalSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:

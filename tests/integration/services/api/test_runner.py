@@ -91,3 +91,29 @@ def test_an_unexpected_error_fails_the_job_not_the_runner(redis_url: str) -> Non
     assert job is not None and "RuntimeError: progress of" in job.message
     assert store.logs(first, 0, 10)[0][-1].level == "ERROR"
     client.close()
+
+
+def test_a_stopping_runner_gives_its_job_back(redis_url: str, procs: Procs, queue) -> None:  # noqa: F811
+    procs.worker(redis_url, "node-a", slots=1)
+    wait_nodes(queue, {"node-a"}, procs)
+    client = redis.Redis.from_url(redis_url)
+    store = JobStore(client)
+    job_id = store.submit(JobKind.ROLLOUT, {"instance_ids": ["long.sleep60000"]}, "alice").job_id
+    runner_cfg = RunnerConfig(concurrency=1, poll_interval_s=0.1, lease_ttl_s=5, dispatcher=True)
+    runner = RolloutJobRunner(ApiConfig(redis_url=redis_url, runner=runner_cfg, queue=QUEUE_CFG))
+    runner.start()
+    try:
+
+        def running() -> bool:
+            job = store.get(job_id)
+            return job is not None and job.state is JobState.RUNNING and job.progress.total == 1
+
+        wait_for(running, 20, "the job to run", procs.logs)
+    finally:
+        runner.stop()
+    job = store.get(job_id)
+    assert job is not None and job.state is JobState.QUEUED
+    assert job.message == "runner stopped: queued"
+    claim = JobClaims(client).claim(JobKind.ROLLOUT, GROUP, "next-runner", ttl_s=5, max_active=8)
+    assert claim is not None and (claim.job_id, claim.attempt) == (job_id, 2)
+    client.close()
