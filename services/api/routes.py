@@ -3,7 +3,7 @@ them in its thread pool, so their (synchronous, short) Redis calls never block t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -39,11 +39,11 @@ def service(request: Request) -> ApiService:
 BEARER = HTTPBearer(auto_error=False, description="an API token (api.tokens)")
 
 
-def _caller(scope: Scope) -> Callable[..., Principal]:
+def _caller(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the caller, who must hold ``scope``. Dependencies run before the body is
     validated, so a request without the right token is a 401/403 whatever its body."""
 
-    def caller(
+    async def caller(  # async: no I/O here, and a sync dependency costs a thread-pool hop
         request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
     ) -> Principal:
         return service(request).auth(f"Bearer {creds.credentials}" if creds else None, scope)
@@ -176,7 +176,7 @@ def cancel_job(request: Request, job_id: JobId, who: Submitter) -> Job:
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """Liveness: the process answers."""
     return Health(status="ok")
 
