@@ -112,7 +112,7 @@ def list_jobs(
 ) -> JobPage:
     """Jobs, newest first, filtered by kind and/or state; follow ``next_cursor`` for more."""
     svc = service(request)
-    return svc.list(kind, state, limit, cursor)
+    return svc.list_jobs(kind, state, limit, cursor)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=Job, responses=ERRORS)

@@ -78,14 +78,14 @@ class ApiService:
             raise ApiError(404, "not_found", f"no job {job_id!r}", "path.job_id")
         return job
 
-    def list(
+    def list_jobs(
         self, kind: JobKind | None, state: JobState | None, limit: int, cursor: int | None
     ) -> JobPage:
         if limit > self.cfg.max_page_size:
             raise ApiError(
                 422, "invalid", f"limit must be <= {self.cfg.max_page_size}", "query.limit"
             )
-        jobs, next_cursor = self.store.list(kind, state, limit, cursor)
+        jobs, next_cursor = self.store.list_jobs(kind, state, limit, cursor)
         return JobPage(jobs=jobs, next_cursor=str(next_cursor) if next_cursor else None)
 
     def cancel(self, job_id: str, who: Principal) -> Job:

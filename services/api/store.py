@@ -114,7 +114,7 @@ class JobStore:
             return None
         return job_from_hash({_text(k): _text(v) for k, v in raw.items()})  # type: ignore[misc]
 
-    def list(
+    def list_jobs(
         self,
         kind: JobKind | None = None,
         state: JobState | None = None,

@@ -66,7 +66,7 @@ def test_cancel_of_a_running_job_goes_through_its_holder(
     assert claims.finish(job_id, "t", JobState.CANCELLED, "stopped")
     job = store.get(job_id)
     assert job is not None and job.state is JobState.CANCELLED
-    assert store.list(state=JobState.CANCELLING)[0] == []
+    assert store.list_jobs(state=JobState.CANCELLING)[0] == []
 
 
 def test_giving_back_requeues_at_the_front(store: JobStore, claims: JobClaims) -> None:
@@ -75,7 +75,7 @@ def test_giving_back_requeues_at_the_front(store: JobStore, claims: JobClaims) -
     assert claims.finish(first, "t", JobState.QUEUED, "trainer shutting down")
     again = claims.claim(JobKind.TRAIN, "g1", "t2", ttl_s=30)
     assert again is not None and again.job_id == first and again.attempt == 2
-    assert [j.id for j in store.list(state=JobState.QUEUED)[0]] == [second]
+    assert [j.id for j in store.list_jobs(state=JobState.QUEUED)[0]] == [second]
 
 
 def test_a_cancelled_queued_job_is_never_claimed(store: JobStore, claims: JobClaims) -> None:

@@ -40,7 +40,7 @@ def test_pages_walk_every_job_newest_first(store: JobStore) -> None:
     ids = [store.submit(JobKind.ROLLOUT, SPEC, "alice").job_id for _ in range(7)]
     seen, cursor = [], None
     while True:
-        jobs, cursor = store.list(limit=3, cursor=cursor)
+        jobs, cursor = store.list_jobs(limit=3, cursor=cursor)
         seen += [j.id for j in jobs]
         assert len(jobs) <= 3
         if cursor is None:
@@ -53,11 +53,11 @@ def test_filters_by_kind_and_state(store: JobStore) -> None:
     r2 = store.submit(JobKind.ROLLOUT, SPEC, "alice").job_id
     e1 = store.submit(JobKind.EVAL, {"checkpoint": "c", "dataset": "d"}, "bob").job_id
     assert store.cancel(r1, "alice") is JobState.CANCELLED
-    assert [j.id for j in store.list(kind=JobKind.ROLLOUT)[0]] == [r2, r1]
-    assert [j.id for j in store.list(state=JobState.QUEUED)[0]] == [e1, r2]
-    cancelled = store.list(kind=JobKind.ROLLOUT, state=JobState.CANCELLED)[0]
+    assert [j.id for j in store.list_jobs(kind=JobKind.ROLLOUT)[0]] == [r2, r1]
+    assert [j.id for j in store.list_jobs(state=JobState.QUEUED)[0]] == [e1, r2]
+    cancelled = store.list_jobs(kind=JobKind.ROLLOUT, state=JobState.CANCELLED)[0]
     assert [j.id for j in cancelled] == [r1]
-    assert store.list(kind=JobKind.TRAIN)[0] == []
+    assert store.list_jobs(kind=JobKind.TRAIN)[0] == []
     eval_job = store.get(e1)
     assert eval_job is not None and "no evaluator" in eval_job.message
 
