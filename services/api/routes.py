@@ -62,6 +62,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
 }
 NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
 SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERRORS,
     200: {"model": Job, "description": "the job this Idempotency-Key already made"},
@@ -124,7 +125,7 @@ def get_job(request: Request, job_id: JobId, _: Reader) -> Job:
 @router.get(
     "/v1/jobs/{job_id}/results",
     response_model=ResultPage,
-    responses={**ERRORS, 200: {"content": {NDJSON: {}}}},
+    responses={**ERRORS, 200: {"content": {NDJSON: {}, SSE: {}}}},
 )
 def job_results(
     request: Request,
@@ -132,15 +133,18 @@ def job_results(
     job_id: JobId,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-    format: Literal["json", "ndjson"] = "json",
+    format: Literal["json", "ndjson", "sse"] = "json",
     follow: bool = False,
 ) -> Response:
     """One result per trajectory (reward, status, patch...). ``format=ndjson`` streams them one
-    JSON object per line from ``offset`` (``follow=true``: until the job ends)."""
+    JSON object per line from ``offset``, ``format=sse`` as server-sent events (``id:`` the
+    row's offset); ``follow=true`` streams until the job ends."""
     svc = service(request)
     svc.job(job_id)  # 404 for an unknown job
-    if format == "ndjson":
-        return StreamingResponse(svc.stream_results(job_id, offset, follow), media_type=NDJSON)
+    if format != "json":
+        sse = format == "sse"
+        stream = svc.stream_results(job_id, offset, follow, sse=sse)
+        return StreamingResponse(stream, media_type=SSE if sse else NDJSON)
     page = svc.results(job_id, offset, limit)
     return JSONResponse(page.model_dump(mode="json"))
 

@@ -109,12 +109,24 @@ class ApiService:
         end = offset + len(rows)
         return ResultPage(results=rows, total=total, next_offset=end if end < total else None)
 
-    def stream_results(self, job_id: str, offset: int, follow: bool) -> Iterator[bytes]:
-        """NDJSON lines from ``offset``; with ``follow`` until the job is finished."""
+    def stream_results(
+        self, job_id: str, offset: int, follow: bool, sse: bool = False
+    ) -> Iterator[bytes]:
+        """Results from ``offset`` as NDJSON lines, or with ``sse`` as server-sent events
+        (``id:`` the row's offset, ``data:`` the row; ``follow`` ends with ``event: end``)."""
+        for index, row in self._rows(job_id, offset, follow):
+            text = json.dumps(row, separators=(",", ":"))
+            yield f"id: {index}\ndata: {text}\n\n".encode() if sse else text.encode() + b"\n"
+        if sse and follow:
+            job = self.store.get(job_id)
+            state = job.state.value if job else "unknown"
+            yield f"event: end\ndata: {json.dumps({'state': state})}\n\n".encode()
+
+    def _rows(self, job_id: str, offset: int, follow: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(offset, row) from ``offset``; with ``follow`` until the job is finished."""
         while True:
             rows, total = self.store.results(job_id, offset, self.cfg.max_page_size)
-            for row in rows:
-                yield json.dumps(row, separators=(",", ":")).encode() + b"\n"
+            yield from enumerate(rows, offset)
             offset += len(rows)
             if rows and offset < total:
                 continue
@@ -123,7 +135,7 @@ class ApiService:
             job = self.store.get(job_id)
             if job is None or job.state.terminal:
                 rest, _ = self.store.results(job_id, offset, 1_000_000)
-                yield from (json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in rest)
+                yield from enumerate(rest, offset)
                 return
             time.sleep(STREAM_POLL_S)
 

@@ -153,6 +153,14 @@ def test_results_json_pages_and_ndjson(http: httpx.Client, redis_url: str) -> No
     claims.finish(job_id, "runner-t", JobState.SUCCEEDED, "done")
     followed = http.get(f"/v1/jobs/{job_id}/results", params={"format": "ndjson", "follow": True})
     assert len(followed.text.splitlines()) == 5
+    sse = http.get(f"/v1/jobs/{job_id}/results", params={"format": "sse", "offset": 3, "follow": 1})
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    events = [e.splitlines() for e in sse.text.strip().split("\n\n")]
+    assert events[:2] == [
+        ["id: 3", f"data: {json.dumps(rows[3], separators=(',', ':'))}"],
+        ["id: 4", f"data: {json.dumps(rows[4], separators=(',', ':'))}"],
+    ]
+    assert events[2] == ["event: end", 'data: {"state": "succeeded"}']
     client.close()
 
 
