@@ -82,7 +82,7 @@ class RolloutJobRunner:
     def __init__(self, cfg: ApiConfig) -> None:
         self.cfg = cfg
         self.client = connect(cfg.redis_url, cfg.queue)
-        self.store = JobStore(self.client, cfg.key_prefix)
+        self.store = JobStore(self.client, cfg.key_prefix, cfg.log_lines_kept)
         self.claims = JobClaims(self.client, cfg.key_prefix)
         manager_cfg = ManagerConfig(redis_url=cfg.redis_url, queue=cfg.queue)
         self.manager = RolloutManager(cfg=manager_cfg, queue=SubmitterQueue(self.client, cfg.queue))

@@ -41,7 +41,7 @@ class ApiService:
     def __init__(self, cfg: ApiConfig, client: redis.Redis) -> None:
         self.cfg = cfg
         self.redis = client
-        self.store = JobStore(client, cfg.key_prefix)
+        self.store = JobStore(client, cfg.key_prefix, cfg.log_lines_kept)
         self.authn = Authenticator(cfg.tokens)
         self.metrics = ApiMetrics()
         self.metrics_content_type = CONTENT_TYPE
@@ -69,7 +69,7 @@ class ApiService:
         except IdempotencyConflict as exc:
             raise ApiError(409, "idempotency_conflict", str(exc), "header.Idempotency-Key") from exc
         if done.created:
-            self.store.log(done.job_id, f"submitted by {who.name}", keep=self.cfg.log_lines_kept)
+            self.store.log(done.job_id, f"submitted by {who.name}")
         return self.job(done.job_id), done.created
 
     def job(self, job_id: str) -> Job:
@@ -100,7 +100,7 @@ class ApiService:
                 409, "finished", f"job {job_id} already {job.state.value}", "path.job_id"
             )
         self.store.cancel(job_id, who.name)
-        self.store.log(job_id, f"cancel requested by {who.name}", keep=self.cfg.log_lines_kept)
+        self.store.log(job_id, f"cancel requested by {who.name}")
         return self.job(job_id)
 
     def results(self, job_id: str, offset: int, limit: int) -> ResultPage:

@@ -65,9 +65,12 @@ def job_from_hash(h: dict[str, str]) -> Job:
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, prefix: str = "swerl:api:") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "swerl:api:", log_lines_kept: int = 10_000
+    ) -> None:
         self.redis = client
         self.prefix = prefix
+        self.log_lines_kept = log_lines_kept
         self._submit = client.register_script(SUBMIT)
         self._cancel = client.register_script(CANCEL)
         self._append = client.register_script(APPEND_RESULTS)
@@ -168,12 +171,14 @@ class JobStore:
         return [json.loads(r) for r in rows], int(total)
 
     # -- logs -------------------------------------------------------------------------------
-    def log(self, job_id: str, message: str, level: str = "INFO", keep: int = 10_000) -> None:
+    def log(self, job_id: str, message: str, level: str = "INFO") -> None:
+        """Append a log line; only the newest ``log_lines_kept`` lines are kept (offsets of
+        a followed log then jump ahead: trimmed lines are gone)."""
         line = LogLine(ts=time.time(), level=level, message=message).model_dump_json()
         key = self.key("job", job_id, "logs")
         pipe = self.redis.pipeline(transaction=False)
         pipe.rpush(key, line)
-        pipe.ltrim(key, -keep, -1)
+        pipe.ltrim(key, -self.log_lines_kept, -1)
         pipe.execute()
 
     def logs(self, job_id: str, offset: int, limit: int) -> tuple[list[LogLine], int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
 from services.api.schemas import JobKind, JobState
 from services.api.store import IdempotencyConflict, JobStore
@@ -79,3 +80,11 @@ def test_logs_are_paged_by_offset(store: JobStore) -> None:
     assert [ln.message for ln in lines] == ["line 0", "line 1", "line 2"] and nxt == 3
     lines, nxt = store.logs(job, nxt, 10)
     assert [ln.message for ln in lines] == ["line 3", "line 4"] and nxt == 5
+
+
+def test_only_the_newest_log_lines_are_kept(rclient: redis.Redis) -> None:
+    store = JobStore(rclient, log_lines_kept=3)
+    job = store.submit(JobKind.ROLLOUT, SPEC, "alice").job_id
+    for i in range(5):
+        store.log(job, f"line {i}")
+    assert [ln.message for ln in store.logs(job, 0, 10)[0]] == ["line 2", "line 3", "line 4"]
