@@ -22,6 +22,7 @@ from services.swerl_cli.jobfile import load_job_file
 from services.swerl_cli.render import detail, progress_bar, table
 
 DEFAULT_API = "http://127.0.0.1:8300"
+RAW = argparse.RawDescriptionHelpFormatter
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 DESCRIPTION = """\
@@ -63,7 +64,7 @@ def _csv(text: str) -> list[str]:
 def _submit_options(p: argparse.ArgumentParser, default: Any = None) -> None:
     """Options of every submit form (before or after the kind); a kind's parser leaves unset
     ones alone (``SUPPRESS``) so that ``submit --wait rollout ...`` keeps its ``--wait``."""
-    p.add_argument("--idempotency-key", default=default,
+    p.add_argument("--idempotency-key", default=default, metavar="KEY",
                    help="retry-safe: the same key returns the same job")  # fmt: skip
     p.add_argument("--wait", action="store_true", default=default or False,
                    help="show progress until the job ends")  # fmt: skip
@@ -78,7 +79,12 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("-f", "--file", help="a YAML job file (kind: and spec:)")
     _submit_options(p)
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
-    t = kinds.add_parser("train", help="a training run (run by a trainer service)")
+    t = kinds.add_parser(
+        "train", help="a training run (run by a trainer service)", formatter_class=RAW,
+        description="Queue a training run; a trainer of --group claims it (one at a time).",
+        epilog="example:\n  swerl submit train --model Qwen/Qwen3-8B --dataset swe-gym "
+        "--steps 200 --checkpoint-dir /ckpt/run1",
+    )  # fmt: skip
     _submit_options(t, argparse.SUPPRESS)
     t.add_argument("--model", required=True, help="model name or path")
     t.add_argument("--dataset", required=True, help="training dataset name or path")
@@ -89,15 +95,28 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--samples-per-prompt", type=int, default=8)
     t.add_argument("--resume", action="store_true", help="resume from the checkpoint dir")
     t.add_argument("--group", default="default", help="trainer group that runs it")
-    r = kinds.add_parser("rollout", help="trajectories with rewards (instances x samples)")
+    r = kinds.add_parser(
+        "rollout", help="trajectories with rewards (instances x samples)", formatter_class=RAW,
+        description="Queue a rollout: every instance x --samples trajectories, each graded;\n"
+        "`swerl results JOB` gives their rewards.",
+        epilog="example:\n"
+        "  swerl submit rollout --instances django__django-11099 --samples 4 --wait",
+    )  # fmt: skip
     _submit_options(r, argparse.SUPPRESS)
-    r.add_argument("--instances", type=_csv, required=True, help="comma-separated ids")
-    r.add_argument("--samples", type=int, default=1, help="trajectories per instance (1)")
+    r.add_argument("--instances", type=_csv, required=True, metavar="ID,ID,...",
+                   help="instance ids of the task set")  # fmt: skip
+    r.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="trajectories per instance (1)")  # fmt: skip
     r.add_argument("--model", help="model name (informational)")
-    r.add_argument("--policy-version", type=int, default=0)
-    r.add_argument("--max-steps", type=int, help="agent steps per trajectory (300)")
-    r.add_argument("--temperature", type=float, help="sampling temperature (1.0)")
-    e = kinds.add_parser("eval", help="score a checkpoint (queued only for now)")
+    r.add_argument("--policy-version", type=int, default=0, metavar="V",
+                   help="weights version the trajectories must be sampled with (0)")  # fmt: skip
+    r.add_argument("--max-steps", type=int, metavar="N", help="agent steps per trajectory (300)")
+    r.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (1.0)")
+    e = kinds.add_parser(
+        "eval", help="score a checkpoint (queued only for now)", formatter_class=RAW,
+        description="Queue an evaluation of a checkpoint on a dataset (pass@1). No evaluator "
+        "service claims eval jobs yet: they stay queued.",
+    )  # fmt: skip
     _submit_options(e, argparse.SUPPRESS)
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--dataset", required=True)
