@@ -45,7 +45,7 @@ _CONFIG_VAR = re.compile(r"^SWERL_(?P<section>.*?)__(?P<path>.*)$", re.DOTALL)
 
 # Every section of the configuration, one per service (the trainer's engine and its weight
 # publishing are two). The names are the contract between a node's file and its services.
-SECTIONS: tuple[str, ...] = ("adapter", "manager", "publish", "trainer", "worker")
+SECTIONS: tuple[str, ...] = ("adapter", "api", "manager", "publish", "trainer", "worker")
 _MODELS: dict[str, type[BaseModel]] = {}
 
 

@@ -58,6 +58,9 @@ EXCEPTIONS: dict[str, str] = {
     "unit/trainer/algorithms/test_bench_script.py": (
         "the smoke test of bench/bench_algorithms.py (benchmarks are no package)"
     ),
+    "unit/services/api/test_bench_api.py": (
+        "the smoke test of bench/bench_api.py (benchmarks are no package)"
+    ),
     "unit/trainer/test_bench_trainer.py": (
         "the smoke test of bench/bench_trainer.py (benchmarks are no package)"
     ),

@@ -12,6 +12,7 @@ import yaml
 # Section -> the values the file sets (and the service must read back).
 WHOLE_NODE: dict[str, dict[str, Any]] = {
     "adapter": {"engines": ["http://127.0.0.1:30001"], "model": "/models/m", "port": 8111},
+    "api": {"port": 8301, "runner": {"concurrency": 2}, "queue": {"prefix": "node1:"}},
     "manager": {"prefetch": 3, "queue": {"prefix": "node1:"}},
     "worker": {"node": "n1", "slots": 5, "backend": "simulated", "queue": {"prefix": "node1:"}},
     "trainer": {"model": "/models/m", "seed": 7},

@@ -19,6 +19,7 @@ from tests.support.node_config import WHOLE_NODE, assert_holds, write_node_confi
 # The config module of each service; importing it registers the service's section.
 SERVICE_CONFIGS = {
     "adapter": "adapter.config",
+    "api": "services.api.config",
     "manager": "services.manager.config",
     "worker": "sandbox_worker.config",
     "trainer": "trainer.config",

@@ -1,0 +1,200 @@
+"""The job API's routes (``/v1`` jobs, health, metrics). Handlers are plain ``def``: FastAPI runs
+them in its thread pool, so their (synchronous, short) Redis calls never block the event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.api.auth import Principal
+from services.api.config import Scope
+from services.api.schemas import (
+    ErrorBody,
+    EvalSpec,
+    Health,
+    Job,
+    JobKind,
+    JobPage,
+    JobState,
+    LogPage,
+    ResultPage,
+    RolloutSpec,
+    Spec,
+    TrainSpec,
+)
+from services.api.service import ApiService
+from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
+
+JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
+
+
+def service(request: Request) -> ApiService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+BEARER = HTTPBearer(auto_error=False, description="an API token (api.tokens)")
+
+
+def _caller(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """A dependency: the caller, who must hold ``scope``. Dependencies run before the body is
+    validated, so a request without the right token is a 401/403 whatever its body."""
+
+    async def caller(  # async: no I/O here, and a sync dependency costs a thread-pool hop
+        request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+    ) -> Principal:
+        return service(request).auth(f"Bearer {creds.credentials}" if creds else None, scope)
+
+    return caller
+
+
+# Declared as a security scheme (not a header parameter) in /openapi.json.
+Reader = Annotated[Principal, Depends(_caller(Scope.READ))]
+Submitter = Annotated[Principal, Depends(_caller(Scope.SUBMIT))]
+IdemKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$"),
+]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
+}
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    200: {"model": Job, "description": "the job this Idempotency-Key already made"},
+}
+
+router = APIRouter()
+
+
+def _submit(
+    request: Request, kind: JobKind, spec: Spec, who: Principal, key: str | None
+) -> JSONResponse:
+    job, created = service(request).submit(kind, spec, who, key)
+    return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+@router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
+def submit_train(
+    request: Request, spec: TrainSpec, who: Submitter, key: IdemKey = None
+) -> JSONResponse:
+    """Queue a training run for a trainer of ``spec.trainer_group``."""
+    return _submit(request, JobKind.TRAIN, spec, who, key)
+
+
+@router.post("/v1/jobs/rollout", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
+def submit_rollout(
+    request: Request, spec: RolloutSpec, who: Submitter, key: IdemKey = None
+) -> JSONResponse:
+    """Queue a rollout: instances x samples trajectories; results carry rewards."""
+    return _submit(request, JobKind.ROLLOUT, spec, who, key)
+
+
+@router.post("/v1/jobs/eval", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
+def submit_eval(
+    request: Request, spec: EvalSpec, who: Submitter, key: IdemKey = None
+) -> JSONResponse:
+    """Queue an evaluation (queued only: no evaluator service exists yet)."""
+    return _submit(request, JobKind.EVAL, spec, who, key)
+
+
+@router.get("/v1/jobs", response_model=JobPage, responses=ERRORS)
+def list_jobs(
+    request: Request,
+    _: Reader,
+    kind: JobKind | None = None,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 50,
+    cursor: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+) -> JobPage:
+    """Jobs, newest first, filtered by kind and/or state; follow ``next_cursor`` for more."""
+    svc = service(request)
+    return svc.list_jobs(kind, state, limit, cursor)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=Job, responses=ERRORS)
+def get_job(request: Request, job_id: JobId, _: Reader) -> Job:
+    svc = service(request)
+    return svc.job(job_id)
+
+
+@router.get(
+    "/v1/jobs/{job_id}/results",
+    response_model=ResultPage,
+    responses={**ERRORS, 200: {"content": {NDJSON: {}, SSE: {}}}},
+)
+def job_results(
+    request: Request,
+    _: Reader,
+    job_id: JobId,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    format: Literal["json", "ndjson", "sse"] = "json",
+    follow: bool = False,
+) -> Response:
+    """One result per trajectory (reward, status, patch...). ``format=ndjson`` streams them one
+    JSON object per line from ``offset``, ``format=sse`` as server-sent events (``id:`` the
+    row's offset); ``follow=true`` streams until the job ends."""
+    svc = service(request)
+    svc.job(job_id)  # 404 for an unknown job
+    if format != "json":
+        sse = format == "sse"
+        stream = svc.stream_results(job_id, offset, follow, sse=sse)
+        return StreamingResponse(stream, media_type=SSE if sse else NDJSON)
+    page = svc.results(job_id, offset, limit)
+    return JSONResponse(page.model_dump(mode="json"))
+
+
+@router.get("/v1/jobs/{job_id}/trajectories/{trajectory_id}", responses=ERRORS)
+def job_trajectory(
+    request: Request, job_id: JobId, trajectory_id: JobId, _: Reader
+) -> dict[str, Any]:
+    """The record of one trajectory of the job (a result's ``trajectory_id``): its segments
+    with token ids and logprobs, and its outcome."""
+    return service(request).trajectory(job_id, trajectory_id)
+
+
+@router.get("/v1/jobs/{job_id}/logs", response_model=LogPage, responses=ERRORS)
+def job_logs(
+    request: Request,
+    _: Reader,
+    job_id: JobId,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> LogPage:
+    """The job's log lines from ``offset``; poll with ``next_offset`` to follow."""
+    svc = service(request)
+    svc.job(job_id)
+    return svc.logs(job_id, offset, limit)
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=Job, responses=ERRORS)
+def cancel_job(request: Request, job_id: JobId, who: Submitter) -> Job:
+    """Cancel: a queued job at once; a running one goes ``cancelling`` until its runner stops.
+    Submitters may cancel their own jobs, admins any. A finished job is a 409."""
+    return service(request).cancel(job_id, who)
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """Liveness: the process answers."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+def readyz(request: Request) -> JSONResponse:
+    """Readiness: Redis answers."""
+    problem = service(request).redis_problem()
+    if problem:
+        return JSONResponse(Health(status="unavailable", detail=problem).model_dump(), 503)
+    return JSONResponse(Health(status="ok").model_dump())
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    svc = service(request)
+    return Response(svc.render_metrics(), media_type=svc.metrics_content_type)

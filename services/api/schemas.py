@@ -1,0 +1,152 @@
+"""The job API's wire format (``/v1``): one spec per job kind, the job view, pages, errors.
+
+Specs forbid unknown fields, so a misspelled field is a 422 that names it, never ignored.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.protocol.ids import Ident
+from services.protocol.tasks import AgentLimits, SamplingConfig
+
+# A free-text reference (model name, path, dataset name): printable, no control characters.
+Ref = Field(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")
+
+
+class JobKind(StrEnum):
+    TRAIN = "train"
+    ROLLOUT = "rollout"
+    EVAL = "eval"
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # waiting to be claimed (train/eval: by a trainer/evaluator)
+    RUNNING = "running"  # a runner or trainer holds its lease
+    CANCELLING = "cancelling"  # cancel asked while running; the holder is stopping it
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchShape(Spec):
+    prompts_per_step: int = Field(8, ge=1, le=100_000)
+    samples_per_prompt: int = Field(8, ge=1, le=1024)
+
+
+class TrainSpec(Spec):
+    """A training run, executed by a trainer service of ``trainer_group``."""
+
+    algorithm: str = Field("li2sao", min_length=1, max_length=64, pattern=r"^[a-z0-9_\-]+$")
+    model: str = Ref
+    dataset: str = Ref
+    steps: int = Field(ge=1, le=10_000_000)
+    batch: BatchShape = Field(default_factory=BatchShape)
+    checkpoint_dir: str = Ref
+    resume: bool = False
+    trainer_group: Ident = "default"
+
+
+class RolloutSpec(Spec):
+    """``instance_ids`` x ``n_samples`` trajectories with the policy ``policy_version``."""
+
+    instance_ids: list[Ident] = Field(min_length=1, max_length=10_000)
+    n_samples: int = Field(1, ge=1, le=1024)
+    model: str | None = Field(None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")
+    policy_version: int = Field(0, ge=0, le=2**62)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    max_attempts: int = Field(3, ge=1, le=20)
+
+
+class EvalSpec(Spec):
+    """A checkpoint scored on a dataset (pass@1 / resolved rate)."""
+
+    checkpoint: str = Ref
+    dataset: str = Ref
+    instance_ids: list[Ident] | None = Field(None, min_length=1, max_length=10_000)
+    max_instances: int | None = Field(None, ge=1, le=100_000)
+    n_samples: int = Field(1, ge=1, le=64)
+
+
+SPECS: dict[JobKind, type[Spec]] = {
+    JobKind.TRAIN: TrainSpec,
+    JobKind.ROLLOUT: RolloutSpec,
+    JobKind.EVAL: EvalSpec,
+}
+
+
+class Progress(BaseModel):
+    done: int = 0
+    total: int = 0
+    current_step: int | None = None  # train: the optimizer step reached
+    phase: str | None = None  # train (Li2SAO): the phase; others: what the job waits for
+
+
+class Job(BaseModel):
+    """A job as the API shows it."""
+
+    id: str
+    kind: JobKind
+    state: JobState
+    spec: dict[str, Any]
+    submitted_by: str
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int = 0  # how many times a runner/trainer claimed it
+    progress: Progress = Field(default_factory=Progress)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    message: str = ""  # why it is in its state (an error, what it waits for)
+
+
+class JobPage(BaseModel):
+    jobs: list[Job]
+    next_cursor: str | None = None  # pass as ?cursor= for the next (older) page
+
+
+class ResultPage(BaseModel):
+    results: list[dict[str, Any]]
+    total: int
+    next_offset: int | None = None
+
+
+class LogLine(BaseModel):
+    ts: float
+    level: str
+    message: str
+
+
+class LogPage(BaseModel):
+    lines: list[LogLine]
+    next_offset: int
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    field: str | None = None  # the offending field, dotted ("body.spec.steps"), when one
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    detail: str = ""

@@ -1,0 +1,277 @@
+"""The ``swerl`` command: argument parsing and the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from services.swerl_cli.client import ApiClient
+from services.swerl_cli.errors import (
+    EXIT_CODES_HELP,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
+from services.swerl_cli.jobfile import load_job_file
+from services.swerl_cli.render import detail, progress_bar, table
+
+DEFAULT_API = "http://127.0.0.1:8300"
+RAW = argparse.RawDescriptionHelpFormatter
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+DESCRIPTION = """\
+swerl: submit and watch training, rollout and evaluation jobs of a swerl cluster.
+
+Every subcommand here talks to the job API (python -m services.api; docs/api.md) at --api
+(or $SWERL_API_URL) with the bearer token --token (or $SWERL_API_TOKEN). The tools that run
+locally (eval, demo, images, validate) are not part of this command yet.
+
+  submit   queue a job: swerl submit rollout|train|eval ...  or  swerl submit -f job.yaml
+  status   list jobs, or show one (with --watch: a live progress bar until it ends)
+  logs     a job's log lines (-f: follow until the job ends)
+  results  a job's results as NDJSON, one trajectory per line (--follow)
+  cancel   cancel a job (queued: at once; running: its runner stops it)
+"""
+
+EPILOG = f"""\
+examples:
+  swerl submit rollout --instances django__django-1,astropy__astropy-2 --samples 4 --wait
+  swerl submit train --model Qwen/Qwen3-8B --dataset swe-gym --steps 200 \\
+        --checkpoint-dir /ckpt/run1 --idempotency-key run1
+  swerl submit -f job.yaml
+  swerl status                        # the newest jobs as a table
+  swerl status rollout-20260101-ab12cd --watch
+  swerl logs rollout-20260101-ab12cd -f
+  swerl cancel rollout-20260101-ab12cd
+
+{EXIT_CODES_HELP}
+"""
+
+
+def _csv(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _submit_options(p: argparse.ArgumentParser, default: Any = None) -> None:
+    """Options of every submit form (before or after the kind); a kind's parser leaves unset
+    ones alone (``SUPPRESS``) so that ``submit --wait rollout ...`` keeps its ``--wait``."""
+    p.add_argument("--idempotency-key", default=default, metavar="KEY",
+                   help="retry-safe: the same key returns the same job")  # fmt: skip
+    p.add_argument("--wait", action="store_true", default=default or False,
+                   help="show progress until the job ends")  # fmt: skip
+
+
+def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "submit", help="queue a job", description="Queue a job (or -f FILE; see docs/api.md).",
+        epilog="job file:\n  kind: rollout\n  spec:\n    instance_ids: [a, b]\n    n_samples: 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("-f", "--file", help="a YAML job file (kind: and spec:)")
+    _submit_options(p)
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    t = kinds.add_parser(
+        "train", help="a training run (run by a trainer service)", formatter_class=RAW,
+        description="Queue a training run; a trainer of --group claims it (one at a time).",
+        epilog="example:\n  swerl submit train --model Qwen/Qwen3-8B --dataset swe-gym "
+        "--steps 200 --checkpoint-dir /ckpt/run1",
+    )  # fmt: skip
+    _submit_options(t, argparse.SUPPRESS)
+    t.add_argument("--model", required=True, help="model name or path")
+    t.add_argument("--dataset", required=True, help="training dataset name or path")
+    t.add_argument("--steps", type=int, required=True, help="optimizer steps")
+    t.add_argument("--checkpoint-dir", required=True, help="where checkpoints go")
+    t.add_argument("--algorithm", default="li2sao", help="li2sao (default) or a baseline")
+    t.add_argument("--prompts-per-step", type=int, default=8)
+    t.add_argument("--samples-per-prompt", type=int, default=8)
+    t.add_argument("--resume", action="store_true", help="resume from the checkpoint dir")
+    t.add_argument("--group", default="default", help="trainer group that runs it")
+    r = kinds.add_parser(
+        "rollout", help="trajectories with rewards (instances x samples)", formatter_class=RAW,
+        description="Queue a rollout: every instance x --samples trajectories, each graded;\n"
+        "`swerl results JOB` gives their rewards.",
+        epilog="example:\n"
+        "  swerl submit rollout --instances django__django-11099 --samples 4 --wait",
+    )  # fmt: skip
+    _submit_options(r, argparse.SUPPRESS)
+    r.add_argument("--instances", type=_csv, required=True, metavar="ID,ID,...",
+                   help="instance ids of the task set")  # fmt: skip
+    r.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="trajectories per instance (1)")  # fmt: skip
+    r.add_argument("--model", help="model name (informational)")
+    r.add_argument("--policy-version", type=int, default=0, metavar="V",
+                   help="weights version the trajectories must be sampled with (0)")  # fmt: skip
+    r.add_argument("--max-steps", type=int, metavar="N", help="agent steps per trajectory (300)")
+    r.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (1.0)")
+    e = kinds.add_parser(
+        "eval", help="score a checkpoint (queued only for now)", formatter_class=RAW,
+        description="Queue an evaluation of a checkpoint on a dataset (pass@1). No evaluator "
+        "service claims eval jobs yet: they stay queued.",
+    )  # fmt: skip
+    _submit_options(e, argparse.SUPPRESS)
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--dataset", required=True)
+    e.add_argument("--max-instances", type=int)
+    e.add_argument("--samples", type=int, default=1, help="samples per instance (pass@1: 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swerl", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--api", default=os.environ.get("SWERL_API_URL", DEFAULT_API),
+                        help=f"job API URL ($SWERL_API_URL, default {DEFAULT_API})")  # fmt: skip
+    parser.add_argument("--token", default=os.environ.get("SWERL_API_TOKEN"),
+                        help="bearer token ($SWERL_API_TOKEN)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _submit_parsers(sub)
+    s = sub.add_parser("status", help="list jobs, or show one")
+    s.add_argument("job", nargs="?", help="a job id (none: a table of jobs)")
+    s.add_argument("--kind", choices=("train", "rollout", "eval"))
+    s.add_argument("--state", choices=("queued", "running", "cancelling", *TERMINAL))
+    s.add_argument("--limit", type=int, default=20, help="jobs in the table (20)")
+    s.add_argument("-w", "--watch", action="store_true", help="live progress until it ends")
+    lg = sub.add_parser("logs", help="a job's log lines")
+    lg.add_argument("job")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    rs = sub.add_parser("results", help="a job's results as NDJSON")
+    rs.add_argument("job")
+    rs.add_argument("--follow", action="store_true", help="stream until the job ends")
+    c = sub.add_parser("cancel", help="cancel a job")
+    c.add_argument("job")
+    return parser
+
+
+def spec_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    if args.file:
+        if args.kind:
+            raise CliError(EXIT_USAGE, "give either -f FILE or a job kind, not both")
+        return load_job_file(args.file)
+    if args.kind == "train":
+        batch = {"prompts_per_step": args.prompts_per_step,
+                 "samples_per_prompt": args.samples_per_prompt}  # fmt: skip
+        spec = {"algorithm": args.algorithm, "model": args.model, "dataset": args.dataset,
+                "steps": args.steps, "checkpoint_dir": args.checkpoint_dir, "batch": batch,
+                "resume": args.resume, "trainer_group": args.group}  # fmt: skip
+        return "train", spec
+    if args.kind == "rollout":
+        spec = {"instance_ids": args.instances, "n_samples": args.samples,
+                "policy_version": args.policy_version}  # fmt: skip
+        if args.model:
+            spec["model"] = args.model
+        if args.max_steps is not None:
+            spec["limits"] = {"max_steps": args.max_steps}
+        if args.temperature is not None:
+            spec["sampling"] = {"temperature": args.temperature}
+        return "rollout", spec
+    if args.kind == "eval":
+        spec = {"checkpoint": args.checkpoint, "dataset": args.dataset, "n_samples": args.samples}
+        if args.max_instances is not None:
+            spec["max_instances"] = args.max_instances
+        return "eval", spec
+    raise CliError(EXIT_USAGE, "say what to submit: swerl submit train|rollout|eval ... or -f FILE")
+
+
+def watch(api: ApiClient, job_id: str, poll_s: float = 1.0) -> int:
+    """Show the job's progress until it ends; the exit status says how it ended."""
+    live = sys.stdout.isatty()
+    last = ""
+    while True:
+        job = api.job(job_id)
+        line = progress_bar(job)
+        if line != last:
+            print(("\r" + line) if live else line, end="" if live else "\n", flush=True)
+            last = line
+        if job["state"] in TERMINAL:
+            if live:
+                print()
+            if job.get("message"):
+                print(job["message"])
+            return EXIT_OK if job["state"] == "succeeded" else EXIT_JOB_FAILED
+        time.sleep(poll_s)
+
+
+def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
+    kind, spec = spec_from_args(args)
+    job = api.submit(kind, spec, args.idempotency_key)
+    print(json.dumps(job, indent=2) if args.json else f"{job['id']} {job['state']}")
+    return watch(api, job["id"]) if args.wait else EXIT_OK
+
+
+def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
+    if args.job is None:
+        if args.watch:
+            raise CliError(EXIT_USAGE, "--watch needs a job id")
+        jobs = api.jobs(args.kind, args.state, args.limit)
+        print(json.dumps(jobs, indent=2) if args.json else table(jobs))
+        return EXIT_OK
+    if args.watch:
+        return watch(api, args.job)
+    job = api.job(args.job)
+    print(json.dumps(job, indent=2) if args.json else detail(job))
+    return EXIT_OK
+
+
+def cmd_logs(api: ApiClient, args: argparse.Namespace, poll_s: float = 1.0) -> int:
+    offset = 0
+    while True:
+        lines, offset_next = api.logs(args.job, offset)
+        for line in lines:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(line["ts"]))
+            print(f"{stamp} {line['level']:<7} {line['message']}", flush=True)
+        offset = offset_next
+        if not args.follow:
+            return EXIT_OK
+        if not lines:
+            if api.job(args.job)["state"] in TERMINAL:
+                lines, _ = api.logs(args.job, offset)
+                if not lines:
+                    return EXIT_OK
+                continue
+            time.sleep(poll_s)
+
+
+def cmd_results(api: ApiClient, args: argparse.Namespace) -> int:
+    for line in api.results(args.job, args.follow):
+        print(line, flush=True)
+    return EXIT_OK
+
+
+def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
+    job = api.cancel(args.job)
+    print(json.dumps(job, indent=2) if args.json else f"{job['id']} {job['state']}")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace], int]] = {
+    "submit": cmd_submit,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "results": cmd_results,
+    "cancel": cmd_cancel,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # argument errors: usage + exit 2
+    api = ApiClient(args.api, args.token)
+    try:
+        return COMMANDS[args.command](api, args)
+    except CliError as exc:
+        print(f"swerl: error: {exc.message}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        api.close()

@@ -1,0 +1,74 @@
+"""How the CLI shows jobs: a table, a detail view and a one-line progress bar."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+BAR_WIDTH = 30
+
+
+def progress_bar(job: dict[str, Any]) -> str:
+    prog = job.get("progress") or {}
+    done, total = int(prog.get("done") or 0), int(prog.get("total") or 0)
+    if job["kind"] == "train" and prog.get("current_step") is not None:
+        done, total = int(prog["current_step"]), int(job["spec"].get("steps") or 0)
+    frac = done / total if total else 0.0
+    filled = round(frac * BAR_WIDTH)
+    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+    phase = f" {prog['phase']}" if prog.get("phase") else ""
+    return f"[{bar}] {done}/{total or '?'} {job['state']}{phase}"
+
+
+def _age(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    secs = max(0, int(time.time() - ts))
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit} ago"
+    return f"{secs}s ago"
+
+
+def table(jobs: list[dict[str, Any]]) -> str:
+    if not jobs:
+        return "no jobs"
+    header = ("JOB", "KIND", "STATE", "PROGRESS", "BY", "SUBMITTED")
+    rows = [header]
+    for job in jobs:
+        prog = job.get("progress") or {}
+        done, total = prog.get("done") or 0, prog.get("total") or 0
+        rows.append(
+            (
+                job["id"],
+                job["kind"],
+                job["state"],
+                f"{done}/{total}" if total else "-",
+                job["submitted_by"],
+                _age(job.get("created_at")),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def detail(job: dict[str, Any]) -> str:
+    lines = [
+        f"job        {job['id']}",
+        f"kind       {job['kind']}",
+        f"state      {job['state']}",
+        f"submitted  {_age(job.get('created_at'))} by {job['submitted_by']}",
+        f"attempt    {job.get('attempt', 0)}",
+        f"progress   {progress_bar(job)}",
+    ]
+    prog = job.get("progress") or {}
+    if prog.get("current_step") is not None:
+        lines.append(f"step       {prog['current_step']}")
+    if job.get("metrics"):
+        mets = ", ".join(f"{k}={v:.4g}" for k, v in sorted(job["metrics"].items()))
+        lines.append(f"metrics    {mets}")
+    if job.get("message"):
+        lines.append(f"message    {job['message']}")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""The ``swerl`` argument parsing: specs built from flags, usage errors exit 2, help teaches."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import import_module
+
+import pytest
+
+from services.swerl_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, CliError
+from services.swerl_cli.main import build_parser, main, spec_from_args
+from tests.support.paths import REPO_ROOT
+
+
+def parse(*argv: str) -> tuple[str, dict]:
+    return spec_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_rollout_flags_make_the_spec() -> None:
+    kind, spec = parse("submit", "rollout", "--instances", "a, b,", "--samples", "3",
+                       "--max-steps", "40", "--temperature", "0.5")  # fmt: skip
+    assert kind == "rollout"
+    assert spec == {
+        "instance_ids": ["a", "b"],
+        "n_samples": 3,
+        "policy_version": 0,
+        "limits": {"max_steps": 40},
+        "sampling": {"temperature": 0.5},
+    }
+
+
+def test_train_flags_make_the_spec() -> None:
+    kind, spec = parse("submit", "train", "--model", "m", "--dataset", "d", "--steps", "5",
+                       "--checkpoint-dir", "/c", "--resume", "--group", "g2")  # fmt: skip
+    assert kind == "train"
+    assert (spec["steps"], spec["resume"], spec["trainer_group"]) == (5, True, "g2")
+    assert spec["batch"] == {"prompts_per_step": 8, "samples_per_prompt": 8}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["submit", "rollout"],  # --instances is required
+        ["submit", "train", "--model", "m"],
+        ["submit", "rollout", "--instances", ","],
+        ["status", "--state", "done"],
+        ["frobnicate"],
+    ],
+)
+def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_submit_without_a_kind_is_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--api", "http://127.0.0.1:9", "submit"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("swerl: error: say what to submit") and "Traceback" not in err
+
+
+def test_file_and_kind_together_are_refused() -> None:
+    args = build_parser().parse_args(["submit", "-f", "job.yaml", "rollout", "--instances", "a"])
+    with pytest.raises(CliError) as err:
+        spec_from_args(args)
+    assert err.value.code == EXIT_USAGE
+
+
+def test_an_unreachable_api_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--api", "http://127.0.0.1:9", "status"]) == EXIT_UNREACHABLE
+    assert "cannot reach the API at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_help_teaches_commands_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for word in ("submit", "status", "logs", "cancel", "exit status:", "SWERL_API_TOKEN"):
+        assert word in out
+
+
+def test_the_console_script_points_at_main() -> None:
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["swerl"].partition(":")
+    assert getattr(import_module(module), name) is main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "--wait", "--idempotency-key", "k", "eval", "--checkpoint", "c",
+         "--dataset", "d"],
+        ["submit", "eval", "--checkpoint", "c", "--dataset", "d", "--wait",
+         "--idempotency-key", "k"],
+    ],
+)  # fmt: skip
+def test_submit_options_go_before_or_after_the_kind(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.wait, args.idempotency_key) == (True, "k")
+
+
+def test_submit_options_default_off() -> None:
+    args = build_parser().parse_args(["submit", "eval", "--checkpoint", "c", "--dataset", "d"])
+    assert (args.wait, args.idempotency_key) == (False, None)
