@@ -17,9 +17,11 @@ ENTRY_POINTS = (
     "sandbox_worker.__main__",
     "sandbox_worker.images",
     "sandbox_worker.validate",
+    "services.api.__main__",
     "services.demo",
     "services.manager.__main__",
     "services.reference_engine.server",
+    "services.swerl_cli.main",
     "services.tiny_model.build",
     # trainer: checked once its subcommands settle (issue 12 adds `train`, `report`)
 )

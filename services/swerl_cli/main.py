@@ -91,8 +91,10 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--steps", type=int, required=True, help="optimizer steps")
     t.add_argument("--checkpoint-dir", required=True, help="where checkpoints go")
     t.add_argument("--algorithm", default="li2sao", help="li2sao (default) or a baseline")
-    t.add_argument("--prompts-per-step", type=int, default=8)
-    t.add_argument("--samples-per-prompt", type=int, default=8)
+    t.add_argument("--prompts-per-step", type=int, default=8,
+                   help="prompts (groups) per training batch (8)")  # fmt: skip
+    t.add_argument("--samples-per-prompt", type=int, default=8,
+                   help="trajectories per prompt in the group phase (8)")  # fmt: skip
     t.add_argument("--resume", action="store_true", help="resume from the checkpoint dir")
     t.add_argument("--group", default="default", help="trainer group that runs it")
     r = kinds.add_parser(
@@ -118,9 +120,9 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "service claims eval jobs yet: they stay queued.",
     )  # fmt: skip
     _submit_options(e, argparse.SUPPRESS)
-    e.add_argument("--checkpoint", required=True)
-    e.add_argument("--dataset", required=True)
-    e.add_argument("--max-instances", type=int)
+    e.add_argument("--checkpoint", required=True, help="checkpoint directory to evaluate")
+    e.add_argument("--dataset", required=True, help="dataset file (e.g. SWE-bench Verified)")
+    e.add_argument("--max-instances", type=int, help="evaluate only the first N instances")
     e.add_argument("--samples", type=int, default=1, help="samples per instance (pass@1: 1)")
 
 
@@ -136,20 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the API's JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _submit_parsers(sub)
-    s = sub.add_parser("status", help="list jobs, or show one")
+    s = sub.add_parser("status", help="list jobs, or show one",
+                       description="A table of jobs, or one job's state and progress.")  # fmt: skip
     s.add_argument("job", nargs="?", help="a job id (none: a table of jobs)")
-    s.add_argument("--kind", choices=("train", "rollout", "eval"))
-    s.add_argument("--state", choices=("queued", "running", "cancelling", *TERMINAL))
+    s.add_argument("--kind", choices=("train", "rollout", "eval"), help="only jobs of this kind")
+    s.add_argument("--state", choices=("queued", "running", "cancelling", *TERMINAL),
+                   help="only jobs in this state")  # fmt: skip
     s.add_argument("--limit", type=int, default=20, help="jobs in the table (20)")
     s.add_argument("-w", "--watch", action="store_true", help="live progress until it ends")
-    lg = sub.add_parser("logs", help="a job's log lines")
-    lg.add_argument("job")
+    lg = sub.add_parser("logs", help="a job's log lines", description="Print a job's log lines.")
+    lg.add_argument("job", help="a job id")
     lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
-    rs = sub.add_parser("results", help="a job's results as NDJSON")
-    rs.add_argument("job")
+    rs = sub.add_parser("results", help="a job's results as NDJSON",
+                        description="Print a job's results, one JSON object per line.")  # fmt: skip
+    rs.add_argument("job", help="a job id")
     rs.add_argument("--follow", action="store_true", help="stream until the job ends")
-    c = sub.add_parser("cancel", help="cancel a job")
-    c.add_argument("job")
+    c = sub.add_parser("cancel", help="cancel a job",
+                       description="Cancel a job (its submitter or an admin token).")  # fmt: skip
+    c.add_argument("job", help="a job id")
     return parser
 
 
