@@ -7,8 +7,8 @@ functions and ``importlib.import_module`` with a literal name):
   plane; what two planes share lives in the base.
 * The shared base is every module of ``services/`` except the composers: ``protocol/``,
   ``config.py``, ``cli.py``, ``queue/``, ``store/``, ``manager/``, ``datasets/``,
-  ``weight_group.py``, ``reference_engine/``, ``tiny_model/``, ``processes.py``. It imports no
-  plane.
+  ``weight_group.py``, ``hf_weights.py``, ``reference_engine/``, ``tiny_model/``,
+  ``processes.py``. It imports no plane.
 * Composers start or combine planes: ``demo.py``, ``demo_objective.py``, ``local_stack.py`` (later
   the job API and the evaluation script). They may import anything; nothing but a composer
   imports them.
