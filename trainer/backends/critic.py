@@ -5,6 +5,12 @@ same checkpoint, the output layer replaced by a scalar value head; the attention
 frozen, the MLP blocks and the value head train. Choice (issue 10): the attention blocks with
 their q/k norms and the token embeddings are frozen; MLPs, layer norms and the head train.
 The head is linear (Li2SAO) or gives a logit whose sigmoid is the value (PACT, SR-PPO).
+
+Mixture-of-experts bodies (Qwen3-MoE) follow the same rule: a MoE layer's sparse block takes
+the place of the MLP, so its experts (``mlp.experts.gate_up_proj`` / ``down_proj``) **and its
+router** (``mlp.gate.weight``) train with the norms and the head; attention and embeddings stay
+frozen. The router trains because it is part of the MLP block the spec lets adapt: freezing it
+would pin the critic's token-to-expert assignment to the policy's.
 """
 
 from __future__ import annotations

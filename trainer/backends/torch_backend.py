@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from services.hf_weights import split_fused
 from trainer.algorithms import (
     ALGORITHM_REGISTRY,
     ObjectiveBatch,
@@ -605,11 +606,8 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ weights out
 
-    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The actor's tensors under their HF names (tied aliases once), whole and detached.
-
-        Under data parallel every rank must iterate (each tensor is gathered collectively).
-        """
+    def _gathered_state(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under the model's own names (tied aliases once), whole."""
         seen: set[int] = set()
         for name, tensor in self.actor.state_dict(keep_vars=True).items():
             if id(tensor) in seen:  # a tied alias (lm_head.weight of tied embeddings)
@@ -617,9 +615,20 @@ class TorchBackend:
             seen.add(id(tensor))
             yield name, full_tensor(tensor.detach())
 
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under their HF checkpoint names (tied aliases once), whole and
+        detached: a MoE's fused experts come out one matrix per expert
+        (``mlp.experts.{e}.gate_proj.weight``, ...), the names SGLang and the files use.
+
+        Under data parallel every rank must iterate (each tensor is gathered collectively).
+        """
+        for name, tensor in self._gathered_state():
+            yield from split_fused(name, tensor)
+
     def export_hf(self, directory: str | Path) -> Path:
         """Write the actor as a HF model directory (safetensors, config, tokenizer), atomically."""
-        weights = dict(self.named_weights())  # collective under data parallel
+        # The model's own names: save_pretrained writes them under the checkpoint names.
+        weights = dict(self._gathered_state())  # collective under data parallel
         if self.dp.rank != 0:
             dist.barrier()
             return Path(directory).resolve()
