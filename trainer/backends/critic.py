@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from trainer.data import PackedInputs
+
 # Parameter-name markers of the frozen parts (HF names: ``layers.N.self_attn.q_proj.weight``,
 # ``layers.N.self_attn.q_norm.weight``, ``embed_tokens.weight``).
 ATTENTION_MARKERS = ("self_attn.", "self_attention.")
@@ -45,12 +47,14 @@ class ValueModel(nn.Module):
             self.value_head.weight.normal_(0.0, init_std, generator=generator)
             self.value_head.bias.zero_()
 
-    def forward(self, input_ids: Tensor, positions: Tensor, raw: bool = False) -> Tensor:
-        """``[n, t]`` float32 values of the hidden states at ``positions`` (``[n, t]``);
-        ``raw``: the head's output before the sigmoid (the logits ``z`` of a sigmoid head, the
-        values themselves of a linear one)."""
-        hidden = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
-        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+    def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """``[n, t]`` float32 values of the hidden states ``inputs.index`` picks (packed lanes:
+        :func:`trainer.data.pack_inputs`); ``raw``: the head's output before the sigmoid (the
+        logits ``z`` of a sigmoid head, the values themselves of a linear one)."""
+        hidden = self.body(
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False
+        ).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[inputs.index]
         out = self.value_head(picked).squeeze(-1).float()
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
 

@@ -55,7 +55,7 @@ from trainer.backends.critic import ValueModel, freeze_attention
 from trainer.backends.parallel import DataParallel, full_tensor, shard
 from trainer.checkpoint import atomic_directory
 from trainer.config import OptimizerConfig, TrainerConfig
-from trainer.data import TrainBatch, plan_micro_batches
+from trainer.data import PackedInputs, TrainBatch, pack_inputs, plan_micro_batches
 
 # Files of a HF model directory that describe the tokenizer and chat template (copied verbatim).
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens",
@@ -102,13 +102,6 @@ def _optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.opt
     )
 
 
-def _positions(mb: TrainBatch) -> Tensor:
-    """``[n, t]`` full-sequence index of the hidden state that predicts post-prompt token t."""
-    t = mb.tokens.shape[1]
-    pos = mb.prompt_lengths[:, None] - 1 + torch.arange(t, device=mb.tokens.device)
-    return pos.clamp(max=mb.input_ids.shape[1] - 1)
-
-
 class PolicyScorer(nn.Module):
     """The actor as one module: logits at given positions only (FSDP2 shards it as a root)."""
 
@@ -116,20 +109,31 @@ class PolicyScorer(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+    def forward(self, inputs: PackedInputs) -> Tensor:
+        """``[n, t, vocab]`` logits of the hidden states ``inputs.index`` picks (packed lanes:
+        :func:`trainer.data.pack_inputs`)."""
         body = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state
-        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        hidden = body(
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False
+        ).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[inputs.index]
         return self.lm.get_output_embeddings()(picked)
 
 
 @dataclass(frozen=True)
 class _Micro:
-    """Global row indices of one micro-batch; ``real`` False: a pass that only keeps this
-    rank's collectives in step with ranks that have more micro-batches (its output unused)."""
+    """Global row indices of one micro-batch and its lanes (positions in ``rows``, packed into
+    one forward sequence each); ``real`` False: a pass that only keeps this rank's collectives
+    in step with ranks that have more micro-batches (its output unused)."""
 
     rows: Tensor
+    lanes: tuple[tuple[int, ...], ...] = ((0,),)
     real: bool = True
+
+    def view(self, batch: TrainBatch) -> tuple[TrainBatch, PackedInputs]:
+        """The micro-batch's rows of ``batch`` and their model inputs in lane layout."""
+        mb = batch.select(self.rows)
+        return mb, pack_inputs(mb, self.lanes)
 
 
 def _grad(loss: Tensor | None, leaf: Tensor | None) -> Tensor | None:
@@ -263,10 +267,12 @@ class TorchBackend:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _actor_logprobs(self, mb: TrainBatch, entropy: bool = False) -> tuple[Tensor, Tensor]:
+    def _actor_logprobs(
+        self, mb: TrainBatch, inputs: PackedInputs, entropy: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy."""
         with self._autocast():
-            logits = self.scorer(mb.input_ids, _positions(mb))
+            logits = self.scorer(inputs)
         logits = logits.float()
         if self.config.rollout_temperature != 1.0:
             logits = logits / self.config.rollout_temperature
@@ -279,14 +285,17 @@ class TorchBackend:
             ent = torch.where(mb.action_mask, ent, torch.zeros_like(ent))
         return logp, ent
 
-    def _critic_values(self, mb: TrainBatch, raw: bool = False) -> Tensor:
+    def _actor_logp(self, mb: TrainBatch, inputs: PackedInputs) -> Tensor:
+        return self._actor_logprobs(mb, inputs)[0]
+
+    def _critic_values(self, mb: TrainBatch, inputs: PackedInputs, raw: bool = False) -> Tensor:
         """``[n, t]`` critic values (0 off actions); ``raw``: a sigmoid head's logits."""
         with self._autocast():
-            values = self.critic(mb.input_ids, _positions(mb), raw=raw)
+            values = self.critic(inputs, raw=raw)
         return torch.where(mb.action_mask, values, torch.zeros_like(values))
 
-    def _critic_raw(self, mb: TrainBatch) -> Tensor:
-        return self._critic_values(mb, raw=True)
+    def _critic_raw(self, mb: TrainBatch, inputs: PackedInputs) -> Tensor:
+        return self._critic_values(mb, inputs, raw=True)
 
     def _plan(self, batch: TrainBatch) -> list[_Micro]:
         """This rank's micro-batches (global row indices), as many on every rank."""
@@ -299,10 +308,16 @@ class TorchBackend:
         micro: list[_Micro] = []
         padding = 0.0
         if rows:
-            plan = plan_micro_batches(batch.select(rows), self.config.batch.micro_batch_tokens)
+            cfg = self.config.batch
+            plan = plan_micro_batches(
+                batch.select(rows), cfg.micro_batch_tokens, lane_factor=cfg.lane_factor
+            )
             padding = plan.padding_fraction
             index = torch.tensor(rows, dtype=torch.long)
-            micro = [_Micro(index[list(part)]) for part in plan.micro_batches]
+            for part, lanes in zip(plan.micro_batches, plan.lanes, strict=True):
+                at = {row: i for i, row in enumerate(part)}
+                local = tuple(tuple(at[row] for row in lane) for lane in lanes)
+                micro.append(_Micro(index[list(part)], local))
         for _ in range(self.dp.max_int(len(micro)) - len(micro)):
             micro.append(_Micro(torch.zeros(1, dtype=torch.long), real=False))
         return micro, padding
@@ -321,16 +336,16 @@ class TorchBackend:
         logps, ents = zeros(), zeros()
         values = zeros() if critic else None
         for m in plan:
-            mb = batch.select(m.rows)
+            mb, inputs = m.view(batch)
             rows = m.rows.to(batch.tokens.device)
             width = mb.tokens.shape[1]
             if actor:
-                logp, ent = self._actor_logprobs(mb, entropy=True)
+                logp, ent = self._actor_logprobs(mb, inputs, entropy=True)
                 if m.real:
                     logps[rows, :width] = logp
                     ents[rows, :width] = ent
             if values is not None:
-                value = self._critic_values(mb, raw=raw)
+                value = self._critic_values(mb, inputs, raw=raw)
                 if m.real:
                     values[rows, :width] = value
         for tensor in (logps, ents, values):
@@ -350,12 +365,11 @@ class TorchBackend:
         batch: TrainBatch,
         plan: list[_Micro],
         grad: Tensor,
-        forward: Callable[[TrainBatch], Tensor],
+        forward: Callable[[TrainBatch, PackedInputs], Tensor],
     ) -> None:
         """Accumulate ``d/dtheta sum(out * grad)`` over the micro-batches."""
         for m in plan:
-            mb = batch.select(m.rows)
-            out = forward(mb)
+            out = forward(*m.view(batch))
             g = grad.index_select(0, m.rows.to(grad.device))[:, : out.shape[1]]
             if not m.real:
                 g = torch.zeros_like(g)
@@ -543,7 +557,7 @@ class TorchBackend:
                 return  # a stage without an actor loss never steps the actor optimizer
             if norms:
                 state.metrics[f"actor/loss_mb{j}"] = float(result.actor_loss.detach())
-            self._backprop(state.batch, mini, grad, lambda mb: self._actor_logprobs(mb)[0])
+            self._backprop(state.batch, mini, grad, self._actor_logp)
             norms.append(
                 self._clip_and_step(
                     params, self.actor_optimizer, self.actor_scheduler, self.config.actor.grad_clip
