@@ -110,6 +110,12 @@ class TrainerConfig(StrictModel):
         default=False, description="add time/* seconds per step phase to the step metrics"
     )
     activation_checkpointing: bool = False
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="beta of an optional KL penalty to the frozen initial model "
+        "(trainer.algorithms.kl; 0 = off, no reference model loaded)",
+    )
     seed: int = Field(default=0, ge=0)
 
     @field_validator("algorithm")

@@ -49,6 +49,7 @@ from trainer.algorithms import (
     Stage,
     compute_objective,
 )
+from trainer.algorithms.kl import reference_kl
 from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
@@ -163,6 +164,7 @@ class _StepState:
     critic_grad: Tensor | None = None  # the first actor-stage evaluation's dL/d(critic out)
     critic_stepped: bool = False
     evaluated: set[str] = field(default_factory=set)  # stages whose metrics are in
+    ref_logp: Tensor | None = None  # the frozen reference model's logprobs (kl_coef > 0)
 
     def __post_init__(self) -> None:
         self.logp = self.first.logprobs
@@ -235,6 +237,7 @@ class TorchBackend:
         self.actor = actor.to(self.device)
         self.critic = critic.to(self.device)
         self.scorer = PolicyScorer(self.actor)
+        self.reference = self._reference_model() if config.kl_coef > 0 else None
         if config.activation_checkpointing:
             self.actor.gradient_checkpointing_enable()
             self.critic.body.gradient_checkpointing_enable()
@@ -245,6 +248,9 @@ class TorchBackend:
         if self.dp.enabled:
             shard(self.scorer, _layers(getattr(self.actor, self.actor.base_model_prefix)))
             shard(self.critic, _layers(self.critic.body))
+            if self.reference is not None:
+                ref = self.reference.lm
+                shard(self.reference, _layers(getattr(ref, ref.base_model_prefix)))
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
@@ -260,6 +266,15 @@ class TorchBackend:
         self.pad_id = int(pad if pad is not None else 0)
         self.vocab_size = int(actor.config.vocab_size)
 
+    def _reference_model(self) -> PolicyScorer:
+        """The frozen reference policy of the KL term: the initial weights of ``model_dir``
+        (not checkpointed: a resumed run reloads it from the same directory)."""
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        lm.requires_grad_(False)
+        return PolicyScorer(lm.to(self.device).eval())
+
     # ------------------------------------------------------------------ forwards
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -268,11 +283,16 @@ class TorchBackend:
         return contextlib.nullcontext()
 
     def _actor_logprobs(
-        self, mb: TrainBatch, inputs: PackedInputs, entropy: bool = False
+        self,
+        mb: TrainBatch,
+        inputs: PackedInputs,
+        entropy: bool = False,
+        scorer: PolicyScorer | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy."""
+        """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy;
+        ``scorer``: another policy than the actor (the KL term's reference)."""
         with self._autocast():
-            logits = self.scorer(inputs)
+            logits = (scorer or self.scorer)(inputs)
         logits = logits.float()
         if self.config.rollout_temperature != 1.0:
             logits = logits / self.config.rollout_temperature
@@ -353,6 +373,19 @@ class TorchBackend:
                 self.dp.sum(tensor)  # each row is non-zero on exactly one rank
         return ForwardResult(logprobs=logps, values=values, entropy=ents)
 
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: TrainBatch, plan: list[_Micro]) -> Tensor:
+        """``[N, T]`` logprobs of the frozen reference model (every rank's rows after the sum)."""
+        assert self.reference is not None
+        out = torch.zeros(tuple(batch.tokens.shape), dtype=torch.float32, device=self.device)
+        for m in plan:
+            mb, inputs = m.view(batch)
+            logp, _ = self._actor_logprobs(mb, inputs, scorer=self.reference)
+            if m.real:
+                out[m.rows.to(out.device), : logp.shape[1]] = logp
+        self.dp.sum(out)
+        return out
+
     def logprobs_and_values(self, batch: TrainBatch) -> ForwardResult:
         """No-grad forward of actor and critic over ``batch`` (micro-batched)."""
         batch = batch.to(self.device)
@@ -423,6 +456,9 @@ class TorchBackend:
             micro = self._plan(batch)
             first = self._forward(batch, micro, actor=True, critic=plan.uses_critic, raw=True)
         state = _StepState(batch, objective, micro, first, self._first_metrics(batch, micro, first))
+        if self.reference is not None:
+            with timer("reference"):
+                state.ref_logp = self._reference_logprobs(batch, micro)
         for phase in plan.phases:
             with timer(phase.kind):
                 self._run_phase(state, phase)
@@ -529,10 +565,23 @@ class TorchBackend:
             )
         except ValueError as exc:
             raise BackendError(f"objective rejected the batch: {exc}") from exc
+        actor_loss = result.actor_loss
+        if want_actor and actor_loss is not None and state.ref_logp is not None:
+            kl = reference_kl(
+                logp_leaf,
+                state.ref_logp,
+                state.batch.action_mask,
+                state.batch.trajectory_index,
+                objective.config.aggregation or "seq-mean-token-mean",
+            )
+            actor_loss = actor_loss + self.config.kl_coef * kl.loss
+            if stage not in state.evaluated:
+                state.metrics["actor/kl_ref"] = float(kl.mean_kl)
+                state.metrics["actor/kl_loss"] = float(kl.loss.detach())
         if stage not in state.evaluated:
             state.evaluated.add(stage)
             state.metrics.update(result.metrics)
-        actor_grad = _grad(result.actor_loss, logp_leaf) if want_actor else None
+        actor_grad = _grad(actor_loss, logp_leaf) if want_actor else None
         critic_grad = _grad(result.critic_loss, out_leaf) if want_critic else None
         return result, actor_grad, critic_grad
 
@@ -542,6 +591,7 @@ class TorchBackend:
         minibatch gradients of an unchanged actor would sum to the whole-batch gradient."""
         params = list(self.actor.parameters())
         norms: list[float] = []
+        lr = self.actor_optimizer.param_groups[0]["lr"]  # this step's (warm-up scaled) lr
         for j, mini in enumerate(self._minibatches(state, phase.minibatches)):
             if not mini:
                 continue  # no rows on any rank
@@ -568,7 +618,7 @@ class TorchBackend:
             if len(norms) > 1:
                 state.metrics.update({f"actor/grad_norm_mb{j}": v for j, v in enumerate(norms)})
             state.metrics["actor/optimizer_steps"] = float(len(norms))
-            state.metrics["actor/lr"] = self.actor_optimizer.param_groups[0]["lr"]
+            state.metrics["actor/lr"] = lr
             self.version += 1
 
     def _critic_phase(self, state: _StepState, phase: PlanPhase) -> None:
@@ -584,6 +634,7 @@ class TorchBackend:
             return
         params = [p for p in self.critic.parameters() if p.requires_grad]
         minis = [m for m in self._minibatches(state, phase.minibatches) if m]
+        lr = self.critic_optimizer.param_groups[0]["lr"]  # this phase's first step's lr
         for k in range(passes):
             for j, mini in enumerate(minis):
                 label = f"pass{k}" if len(minis) == 1 else f"pass{k}_mb{j}"
@@ -598,7 +649,7 @@ class TorchBackend:
                     self.config.critic.optimizer.grad_clip,
                 )
                 state.critic_stepped = True
-        state.metrics["critic/lr"] = self.critic_optimizer.param_groups[0]["lr"]
+        state.metrics["critic/lr"] = lr
 
     def _critic_grad(
         self, state: _StepState, stage: Stage, logp: Tensor, mini: list[_Micro], label: str

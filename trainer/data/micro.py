@@ -45,9 +45,9 @@ class MicroBatchPlan:
     """Rows of each micro-batch (lane by lane), its lanes, and the padding it costs."""
 
     micro_batches: tuple[tuple[int, ...], ...]
-    lanes: tuple[Lanes, ...]
     real_tokens: int
     padded_tokens: int
+    lanes: tuple[Lanes, ...] = ()
 
     @property
     def padding_fraction(self) -> float:
@@ -120,7 +120,7 @@ def plan_micro_batches(
         plans.append(layout)
     micro = tuple(tuple(r for lane in lanes for r in lane) for lanes in plans)
     padded = sum(_cost(lanes, lengths) for lanes in plans)
-    return MicroBatchPlan(micro, tuple(plans), real_tokens=sum(lengths), padded_tokens=padded)
+    return MicroBatchPlan(micro, real_tokens=sum(lengths), padded_tokens=padded, lanes=tuple(plans))
 
 
 @dataclass(frozen=True)
