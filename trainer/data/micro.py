@@ -110,12 +110,15 @@ def plan_micro_batches(
     plans: list[Lanes] = []
     current: list[int] = []
     layout: Lanes = ()
+    filled = 0  # real tokens of ``current``: a lower bound of any layout's cost
     for rows in ordered:
-        grown = lane_layout(current + rows, lengths, lane_factor)
-        if current and _cost(grown, lengths) > token_budget:
+        added = sum(lengths[r] for r in rows)
+        over = bool(current) and filled + added > token_budget
+        grown = layout if over else lane_layout(current + rows, lengths, lane_factor)
+        if current and (over or _cost(grown, lengths) > token_budget):
             plans.append(layout)
-            current, grown = [], lane_layout(rows, lengths, lane_factor)
-        current, layout = current + rows, grown
+            current, filled, grown = [], 0, lane_layout(rows, lengths, lane_factor)
+        current, layout, filled = current + rows, grown, filled + added
     if current:
         plans.append(layout)
     micro = tuple(tuple(r for lane in lanes for r in lane) for lanes in plans)
