@@ -9,10 +9,10 @@ per action token with Schulman's ``k3`` estimator
 
 which is non-negative, zero iff the two log-probabilities agree, and unbiased for the KL under
 samples of ``pi_theta`` (approximately so under the behaviour policy's samples). ``r_t`` is
-clamped to +-20 so that ``exp`` stays finite. The per-token terms are aggregated like the policy
-loss (LI2SAO_SPEC Eq. 1, "seq-mean-token-mean": each trajectory's ``1/M_i`` mean over its
-action tokens -- all its segments' rows together -- then the mean over trajectories; or the
-token mean over the batch).
+clamped to +-20 so that ``exp`` stays finite. The per-token terms are aggregated as the policy
+loss's aggregations are (LI2SAO_SPEC Eq. 1, "seq-mean-token-mean": each trajectory's ``1/M_i``
+mean over its action tokens -- all its segments' rows together -- then the mean over
+trajectories; or "token-mean" over the batch); the caller picks which.
 """
 
 from __future__ import annotations
