@@ -7,9 +7,10 @@ functions and ``importlib.import_module`` with a literal name):
   plane; what two planes share lives in the base.
 * The shared base is every module of ``services/`` except the composers: ``protocol/``,
   ``config.py``, ``cli.py``, ``queue/``, ``store/``, ``manager/``, ``datasets/``,
-  ``weight_group.py``, ``reference_engine/``, ``tiny_model/``, ``processes.py``, and the job API
-  ``api/`` with the ``swerl_cli/`` (they drive rollouts through ``manager/`` only; a trainer
-  service claims train jobs through ``api/claims.py``). It imports no plane.
+  ``weight_group.py``, ``hf_weights.py``, ``reference_engine/``, ``tiny_model/``,
+  ``processes.py``, and the job API ``api/`` with the ``swerl_cli/`` (they drive rollouts through
+  ``manager/`` only; a trainer service claims train jobs through ``api/claims.py``). It imports
+  no plane.
 * Composers start or combine planes: ``demo.py``, ``demo_objective.py``, ``local_stack.py`` (later
   the evaluation script). They may import anything; nothing but a composer
   imports them.

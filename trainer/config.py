@@ -59,8 +59,21 @@ class BatchConfig(StrictModel):
     )
     max_policy_lag: int = Field(default=4, ge=0, description="drop trajectories lagging more")
     micro_batch_tokens: int = Field(
-        default=16384, ge=1, description="padded tokens (rows x length) per micro-batch"
+        default=16384, ge=1, description="padded tokens (lanes x length) per micro-batch"
     )
+    lane_factor: float = Field(
+        default=2.0,
+        ge=0,
+        description="sequence packing: rows share lanes of at most this many times the "
+        "micro-batch's longest row (0: one row per lane, no packing)",
+    )
+
+    @field_validator("lane_factor")
+    @classmethod
+    def _zero_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError(f"lane_factor must be 0 (no packing) or >= 1, got {value}")
+        return value
 
 
 class CheckpointConfig(StrictModel):
@@ -97,6 +110,12 @@ class TrainerConfig(StrictModel):
         default=False, description="add time/* seconds per step phase to the step metrics"
     )
     activation_checkpointing: bool = False
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="beta of an optional KL penalty to the frozen initial model "
+        "(trainer.algorithms.kl; 0 = off, no reference model loaded)",
+    )
     seed: int = Field(default=0, ge=0)
 
     @field_validator("algorithm")

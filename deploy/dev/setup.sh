@@ -60,12 +60,17 @@ step_python() {
 }
 
 step_model() {
-  if [ -f "$CACHE/tiny-model/config.json" ] && [ -f "$CACHE/tiny-model-coder/config.json" ]; then
+  if [ -f "$CACHE/tiny-model/config.json" ] && [ -f "$CACHE/tiny-model-coder/config.json" ] \
+    && [ -f "$CACHE/tiny-model-moe/config.json" ]; then
     log "tiny models cached"; return
   fi
   log "building the tiny models"
-  .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model"
-  .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-coder" --coder
+  [ -f "$CACHE/tiny-model/config.json" ] \
+    || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model"
+  [ -f "$CACHE/tiny-model-coder/config.json" ] \
+    || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-coder" --coder
+  [ -f "$CACHE/tiny-model-moe/config.json" ] \
+    || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-moe" --moe
 }
 
 step_docker() { deploy/dev/dockerd.sh start; }

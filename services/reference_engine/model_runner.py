@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from services.hf_weights import checkpoint_tensors
+
 logger = logging.getLogger(__name__)
 
 
@@ -372,7 +374,7 @@ class ModelRunner:
                 tensors.update(load_file(str(file), device="cpu"))
             except Exception as exc:  # safetensors raises several error types
                 raise WeightLoadError(f"cannot read {file}: {exc}") from exc
-        expected = {k: v for k, v in self.model.state_dict().items() if k not in self._tied_keys}
+        expected = {k: v for k, v in self._checkpoint().items() if k not in self._tied_keys}
         unknown = sorted(set(tensors) - set(expected) - self._tied_keys)
         missing = sorted(set(expected) - set(tensors))
         if unknown or missing:
@@ -394,13 +396,18 @@ class ModelRunner:
         """Shapes of the tensors a weight update may name (tied aliases excluded)."""
         return {
             name: tuple(tensor.shape)
-            for name, tensor in self.model.state_dict().items()
+            for name, tensor in self._checkpoint().items()
             if name not in self._tied_keys
         }
 
+    def _checkpoint(self) -> dict[str, torch.Tensor]:
+        """The model's tensors under checkpoint names (a MoE's experts one matrix each, as
+        views of the fused parameters: copying into them updates the model in place)."""
+        return checkpoint_tensors(self.model.state_dict())
+
     @torch.inference_mode()
     def apply_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        state = self.model.state_dict()
+        state = self._checkpoint()
         for name, tensor in tensors.items():
             if name in state and name not in self._tied_keys:
                 state[name].copy_(tensor.to(torch.float32))

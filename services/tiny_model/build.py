@@ -1,9 +1,10 @@
 """Build the tiny Qwen3-architecture model used by every CPU test and by ``make demo``.
 
-``python -m services.tiny_model.build DIR [--coder] [--seed N]`` writes a complete Hugging Face
-model directory: a 2-layer, hidden-64 ``Qwen3ForCausalLM`` with random float32 weights (fixed
-seed, safetensors), a byte-level BPE tokenizer trained here on an embedded corpus (no downloads),
-the Qwen special tokens, and a Qwen-style chat template with tool support
+``python -m services.tiny_model.build DIR [--coder] [--seed N] [--moe]`` writes a complete Hugging
+Face model directory: a 2-layer, hidden-64 ``Qwen3ForCausalLM`` (with ``--moe``: a
+``Qwen3MoeForCausalLM`` of the same shape whose MLPs are 4 experts, top-2) with random float32
+weights (fixed seed, safetensors), a byte-level BPE tokenizer trained here on an embedded corpus
+(no downloads), the Qwen special tokens, and a Qwen-style chat template with tool support
 (:mod:`services.tiny_model.chat_templates`). The model cannot do anything useful; it exists so that
 the whole token path (chat template -> token ids -> engine -> logprobs -> trainer) runs for real
 on a CPU in seconds. The same seed produces the same bytes.
@@ -71,6 +72,13 @@ class TinyModelSpec:
     max_position_embeddings: int = 32768
     initializer_range: float = 0.02
     format_version: int = _FORMAT_VERSION
+    # The MoE variant (``moe=True``): every layer's MLP is a Qwen3-MoE sparse block of
+    # ``num_experts`` SwiGLU experts (each ``moe_intermediate_size`` wide), ``num_experts_per_tok``
+    # chosen per token by a linear router. See :func:`_moe_config` for the routing choices.
+    moe: bool = False
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
 
 
 def _train_tokenizer(target_vocab_size: int) -> object:
@@ -142,11 +150,9 @@ def _normalise_tokenizer_config(out: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_model(out: Path, spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
+def _common_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> dict:
+    """Config fields shared by the dense and the MoE variant."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -162,29 +168,95 @@ def _write_model(out: Path, spec: TinyModelSpec, vocab_size: int, eos_id: int, p
         bos_token_id=None,
         dtype="float32",
     )
+
+
+def _moe_config(common: dict, spec: TinyModelSpec) -> object:
+    """A ``Qwen3MoeConfig`` (the architecture of Qwen3-30B-A3B / Qwen3-Coder-30B-A3B), tiny.
+
+    Routing, stated once because every backend must agree on it for parity:
+    - the router is ``softmax(x W_r^T)`` over all experts in fp32, then the top-k experts are
+      kept and **their probabilities renormalised to sum to 1** (``norm_topk_prob=True``, as in
+      Qwen3-30B-A3B's config); the expert outputs are summed with those weights;
+    - no capacity limit, so **no token is ever dropped** (transformers' experts loop and
+      megatron-core with ``moe_expert_capacity_factor=None`` both route every token);
+    - the router's load-balancing auxiliary loss is **off** (``output_router_logits=False``,
+      ``router_aux_loss_coef=0``): the RL objective is the only loss, so the torch and Megatron
+      backends compute the same gradients;
+    - every layer is sparse (``decoder_sparse_step=1``, no ``mlp_only_layers``), no shared expert.
+    """
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **common,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        norm_topk_prob=True,
+        output_router_logits=False,
+        router_aux_loss_coef=0.0,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+
+
+def _write_model(out: Path, spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int) -> None:
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeForCausalLM,
+    )
+
+    common = _common_config(spec, vocab_size, eos_id, pad_id)
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    if spec.moe:
+        model = Qwen3MoeForCausalLM(_moe_config(common, spec))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    model = model.to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None, do_sample=True
     )
     model.save_pretrained(str(out))
+    if spec.moe:
+        _name_experts_like_qwen(out)
+
+
+def _name_experts_like_qwen(out: Path) -> None:
+    """Also write ``num_experts``, the key of Qwen3-30B-A3B's config.json: transformers 5 saves
+    only its alias ``num_local_experts``, which older readers (SGLang's transformers) ignore."""
+    path = out / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["num_experts"] = config["num_local_experts"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def model_spec(
-    coder: bool = False, seed: int = 0, sizes: Mapping[str, int] | None = None
+    coder: bool = False,
+    seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
+    moe: bool = False,
 ) -> TinyModelSpec:
     """The spec of a build: the tiny model's shape, or that shape with ``sizes`` changed
     (``{"hidden_size": 512, "num_hidden_layers": 6, ...}``: a larger model of the same family,
-    e.g. for ``bench/bench_trainer.py``). An unknown or non-positive size is a ValueError."""
+    e.g. for ``bench/bench_trainer.py``); ``moe`` selects the Qwen3-MoE variant (its expert
+    sizes are ``sizes`` too). An unknown or non-positive size is a ValueError."""
     sizes = dict(sizes or {})
-    known = {f.name for f in fields(TinyModelSpec)} - {"coder", "seed", "format_version"}
+    known = {f.name for f in fields(TinyModelSpec)} - {"coder", "seed", "format_version", "moe"}
     unknown = sorted(set(sizes) - known)
     if unknown:
         raise ValueError(f"unknown model sizes {unknown}; known: {sorted(known)}")
     bad = {k: v for k, v in sizes.items() if not (isinstance(v, int | float) and v > 0)}
     if bad:
         raise ValueError(f"model sizes must be positive numbers, got {bad}")
-    return replace(TinyModelSpec(coder=coder, seed=seed), **sizes)
+    spec = replace(TinyModelSpec(coder=coder, seed=seed, moe=moe), **sizes)
+    if spec.num_experts_per_tok > spec.num_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({spec.num_experts_per_tok}) exceeds num_experts "
+            f"({spec.num_experts})"
+        )
+    return spec
 
 
 def build_tiny_model(
@@ -192,10 +264,12 @@ def build_tiny_model(
     coder: bool = False,
     seed: int = 0,
     sizes: Mapping[str, int] | None = None,
+    moe: bool = False,
 ) -> Path:
     """Build the tiny model into ``directory`` (created or overwritten); return its path.
 
-    ``sizes`` changes fields of :class:`TinyModelSpec` (see :func:`model_spec`). The build
+    ``sizes`` changes fields of :class:`TinyModelSpec` (see :func:`model_spec`); ``moe`` builds
+    the Qwen3-MoE variant (same tokenizer and template, sparse MLPs). The build
     happens in a sibling temporary directory that is renamed into place, so a reader never sees
     a half-written model.
     """
@@ -207,7 +281,7 @@ def build_tiny_model(
         raise ValueError(f"seed must be >= 0, got {seed}")
     target = Path(directory).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    spec = model_spec(coder, seed, sizes)
+    spec = model_spec(coder, seed, sizes, moe=moe)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         vocab_size = _write_tokenizer(staging, spec)
@@ -247,9 +321,10 @@ def ensure_tiny_model(
     coder: bool = False,
     seed: int = 0,
     sizes: Mapping[str, int] | None = None,
+    moe: bool = False,
 ) -> Path:
     """Return ``directory`` holding the tiny model (with ``sizes`` changed, see
-    :func:`model_spec`), building it only if it is missing.
+    :func:`model_spec`; the MoE variant with ``moe``), building it only if it is missing.
 
     A directory holding a different variant (other seed, template or format) is an error rather
     than being silently overwritten: callers should use one cache directory per variant.
@@ -259,9 +334,15 @@ def ensure_tiny_model(
     if stamp is None:
         if target.exists() and any(target.iterdir()):
             raise FileExistsError(f"{target} exists and is not a complete tiny model build")
-        return build_tiny_model(target, coder=coder, seed=seed, sizes=sizes)
-    wanted = asdict(model_spec(coder, seed, sizes))
-    mismatched = {k: (stamp.get(k), v) for k, v in wanted.items() if stamp.get(k) != v}
+        return build_tiny_model(target, coder=coder, seed=seed, sizes=sizes, moe=moe)
+    wanted = asdict(model_spec(coder, seed, sizes, moe=moe))
+    # Builds stamped before a field existed were built with that field's default.
+    defaults = asdict(TinyModelSpec())
+    mismatched = {
+        k: (stamp.get(k, defaults[k]), v)
+        for k, v in wanted.items()
+        if stamp.get(k, defaults[k]) != v
+    }
     if mismatched:
         raise ValueError(
             f"{target} holds a different tiny model variant (stamp vs wanted: {mismatched}); "
@@ -280,10 +361,15 @@ def main(argv: list[str] | None = None) -> int:
         "--coder", action="store_true", help="use the Qwen3-Coder XML tool-call chat template"
     )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (>= 0)")
+    parser.add_argument(
+        "--moe",
+        action="store_true",
+        help="build the Qwen3-MoE variant (4 experts, top-2, renormalised top-k, no aux loss)",
+    )
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
-    path = build_tiny_model(args.directory, coder=args.coder, seed=args.seed)
+    path = build_tiny_model(args.directory, coder=args.coder, seed=args.seed, moe=args.moe)
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     print(f"tiny model written to {path} ({size / 1e6:.2f} MB)", file=sys.stderr)
     return 0

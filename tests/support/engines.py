@@ -33,27 +33,35 @@ from tests.support.paths import REPO_ROOT
 STARTUP_TIMEOUT_S = 90.0
 
 
-def tiny_model_path(fallback_dir: Path, coder: bool = False, seed: int = 0) -> Path:
-    """The tiny model directory, built if missing (cached in $SWERL_CACHE_DIR when set)."""
-    name = "tiny-model" + ("-coder" if coder else "") + (f"-seed{seed}" if seed else "")
+def tiny_model_path(
+    fallback_dir: Path, coder: bool = False, seed: int = 0, moe: bool = False
+) -> Path:
+    """The tiny model directory, built if missing (cached in $SWERL_CACHE_DIR when set);
+    ``moe``: its Qwen3-MoE variant."""
+    name = (
+        "tiny-model"
+        + ("-coder" if coder else "")
+        + ("-moe" if moe else "")
+        + (f"-seed{seed}" if seed else "")
+    )
     cache = os.environ.get("SWERL_CACHE_DIR")
     root = Path(cache) if cache else fallback_dir
-    return ensure_tiny_model(root / name, coder=coder, seed=seed)
+    return ensure_tiny_model(root / name, coder=coder, seed=seed, moe=moe)
 
 
 @contextmanager
-def tiny_model_for_session(coder: bool = False, seed: int = 0) -> Iterator[Path]:
+def tiny_model_for_session(coder: bool = False, seed: int = 0, moe: bool = False) -> Iterator[Path]:
     """The tiny model for a test session: cached in $SWERL_CACHE_DIR, else a private temp dir.
 
     A private ``mkdtemp`` (not pytest's numbered base temp) because concurrent pytest sessions on
     one machine prune each other's old base temp directories.
     """
     if os.environ.get("SWERL_CACHE_DIR"):
-        yield tiny_model_path(Path(os.environ["SWERL_CACHE_DIR"]), coder=coder, seed=seed)
+        yield tiny_model_path(Path(os.environ["SWERL_CACHE_DIR"]), coder=coder, seed=seed, moe=moe)
         return
     root = Path(tempfile.mkdtemp(prefix="swerl-tiny-model-"))
     try:
-        yield tiny_model_path(root, coder=coder, seed=seed)
+        yield tiny_model_path(root, coder=coder, seed=seed, moe=moe)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -62,6 +70,13 @@ def tiny_model_for_session(coder: bool = False, seed: int = 0) -> Iterator[Path]
 def tiny_model_dir_fixture() -> Iterator[Path]:
     """``tiny_model_dir``: the tiny model, once per test session (import it into a conftest)."""
     with tiny_model_for_session() as path:
+        yield path
+
+
+@pytest.fixture(scope="session", name="tiny_moe_dir")
+def tiny_moe_dir_fixture() -> Iterator[Path]:
+    """``tiny_moe_dir``: the tiny Qwen3-MoE model (4 experts, top-2), once per session."""
+    with tiny_model_for_session(moe=True) as path:
         yield path
 
 

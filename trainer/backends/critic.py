@@ -5,6 +5,12 @@ same checkpoint, the output layer replaced by a scalar value head; the attention
 frozen, the MLP blocks and the value head train. Choice (issue 10): the attention blocks with
 their q/k norms and the token embeddings are frozen; MLPs, layer norms and the head train.
 The head is linear (Li2SAO) or gives a logit whose sigmoid is the value (PACT, SR-PPO).
+
+Mixture-of-experts bodies (Qwen3-MoE) follow the same rule: a MoE layer's sparse block takes
+the place of the MLP, so its experts (``mlp.experts.gate_up_proj`` / ``down_proj``) **and its
+router** (``mlp.gate.weight``) train with the norms and the head; attention and embeddings stay
+frozen. The router trains because it is part of the MLP block the spec lets adapt: freezing it
+would pin the critic's token-to-expert assignment to the policy's.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from trainer.data import PackedInputs
 
 # Parameter-name markers of the frozen parts (HF names: ``layers.N.self_attn.q_proj.weight``,
 # ``layers.N.self_attn.q_norm.weight``, ``embed_tokens.weight``).
@@ -39,12 +47,14 @@ class ValueModel(nn.Module):
             self.value_head.weight.normal_(0.0, init_std, generator=generator)
             self.value_head.bias.zero_()
 
-    def forward(self, input_ids: Tensor, positions: Tensor, raw: bool = False) -> Tensor:
-        """``[n, t]`` float32 values of the hidden states at ``positions`` (``[n, t]``);
-        ``raw``: the head's output before the sigmoid (the logits ``z`` of a sigmoid head, the
-        values themselves of a linear one)."""
-        hidden = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
-        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+    def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """``[n, t]`` float32 values of the hidden states ``inputs.index`` picks (packed lanes:
+        :func:`trainer.data.pack_inputs`); ``raw``: the head's output before the sigmoid (the
+        logits ``z`` of a sigmoid head, the values themselves of a linear one)."""
+        hidden = self.body(
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False
+        ).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[inputs.index]
         out = self.value_head(picked).squeeze(-1).float()
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
 

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from services.hf_weights import split_fused
 from trainer.algorithms import (
     ALGORITHM_REGISTRY,
     ObjectiveBatch,
@@ -48,13 +49,14 @@ from trainer.algorithms import (
     Stage,
     compute_objective,
 )
+from trainer.algorithms.kl import reference_kl
 from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
 from trainer.backends.parallel import DataParallel, full_tensor, shard
 from trainer.checkpoint import atomic_directory
 from trainer.config import OptimizerConfig, TrainerConfig
-from trainer.data import TrainBatch, plan_micro_batches
+from trainer.data import PackedInputs, TrainBatch, pack_inputs, plan_micro_batches
 
 # Files of a HF model directory that describe the tokenizer and chat template (copied verbatim).
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens",
@@ -101,13 +103,6 @@ def _optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.opt
     )
 
 
-def _positions(mb: TrainBatch) -> Tensor:
-    """``[n, t]`` full-sequence index of the hidden state that predicts post-prompt token t."""
-    t = mb.tokens.shape[1]
-    pos = mb.prompt_lengths[:, None] - 1 + torch.arange(t, device=mb.tokens.device)
-    return pos.clamp(max=mb.input_ids.shape[1] - 1)
-
-
 class PolicyScorer(nn.Module):
     """The actor as one module: logits at given positions only (FSDP2 shards it as a root)."""
 
@@ -115,20 +110,31 @@ class PolicyScorer(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+    def forward(self, inputs: PackedInputs) -> Tensor:
+        """``[n, t, vocab]`` logits of the hidden states ``inputs.index`` picks (packed lanes:
+        :func:`trainer.data.pack_inputs`)."""
         body = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = body(input_ids=input_ids, use_cache=False).last_hidden_state
-        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        hidden = body(
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False
+        ).last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1])[inputs.index]
         return self.lm.get_output_embeddings()(picked)
 
 
 @dataclass(frozen=True)
 class _Micro:
-    """Global row indices of one micro-batch; ``real`` False: a pass that only keeps this
-    rank's collectives in step with ranks that have more micro-batches (its output unused)."""
+    """Global row indices of one micro-batch and its lanes (positions in ``rows``, packed into
+    one forward sequence each); ``real`` False: a pass that only keeps this rank's collectives
+    in step with ranks that have more micro-batches (its output unused)."""
 
     rows: Tensor
+    lanes: tuple[tuple[int, ...], ...] = ((0,),)
     real: bool = True
+
+    def view(self, batch: TrainBatch) -> tuple[TrainBatch, PackedInputs]:
+        """The micro-batch's rows of ``batch`` and their model inputs in lane layout."""
+        mb = batch.select(self.rows)
+        return mb, pack_inputs(mb, self.lanes)
 
 
 def _grad(loss: Tensor | None, leaf: Tensor | None) -> Tensor | None:
@@ -158,6 +164,7 @@ class _StepState:
     critic_grad: Tensor | None = None  # the first actor-stage evaluation's dL/d(critic out)
     critic_stepped: bool = False
     evaluated: set[str] = field(default_factory=set)  # stages whose metrics are in
+    ref_logp: Tensor | None = None  # the frozen reference model's logprobs (kl_coef > 0)
 
     def __post_init__(self) -> None:
         self.logp = self.first.logprobs
@@ -230,6 +237,7 @@ class TorchBackend:
         self.actor = actor.to(self.device)
         self.critic = critic.to(self.device)
         self.scorer = PolicyScorer(self.actor)
+        self.reference = self._reference_model() if config.kl_coef > 0 else None
         if config.activation_checkpointing:
             self.actor.gradient_checkpointing_enable()
             self.critic.body.gradient_checkpointing_enable()
@@ -240,6 +248,9 @@ class TorchBackend:
         if self.dp.enabled:
             shard(self.scorer, _layers(getattr(self.actor, self.actor.base_model_prefix)))
             shard(self.critic, _layers(self.critic.body))
+            if self.reference is not None:
+                ref = self.reference.lm
+                shard(self.reference, _layers(getattr(ref, ref.base_model_prefix)))
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
@@ -255,6 +266,15 @@ class TorchBackend:
         self.pad_id = int(pad if pad is not None else 0)
         self.vocab_size = int(actor.config.vocab_size)
 
+    def _reference_model(self) -> PolicyScorer:
+        """The frozen reference policy of the KL term: the initial weights of ``model_dir``
+        (not checkpointed: a resumed run reloads it from the same directory)."""
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        lm.requires_grad_(False)
+        return PolicyScorer(lm.to(self.device).eval())
+
     # ------------------------------------------------------------------ forwards
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -262,10 +282,17 @@ class TorchBackend:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _actor_logprobs(self, mb: TrainBatch, entropy: bool = False) -> tuple[Tensor, Tensor]:
-        """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy."""
+    def _actor_logprobs(
+        self,
+        mb: TrainBatch,
+        inputs: PackedInputs,
+        entropy: bool = False,
+        scorer: PolicyScorer | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``[n, t]`` logprobs of the post-prompt tokens (0 off actions), and the entropy;
+        ``scorer``: another policy than the actor (the KL term's reference)."""
         with self._autocast():
-            logits = self.scorer(mb.input_ids, _positions(mb))
+            logits = (scorer or self.scorer)(inputs)
         logits = logits.float()
         if self.config.rollout_temperature != 1.0:
             logits = logits / self.config.rollout_temperature
@@ -278,14 +305,17 @@ class TorchBackend:
             ent = torch.where(mb.action_mask, ent, torch.zeros_like(ent))
         return logp, ent
 
-    def _critic_values(self, mb: TrainBatch, raw: bool = False) -> Tensor:
+    def _actor_logp(self, mb: TrainBatch, inputs: PackedInputs) -> Tensor:
+        return self._actor_logprobs(mb, inputs)[0]
+
+    def _critic_values(self, mb: TrainBatch, inputs: PackedInputs, raw: bool = False) -> Tensor:
         """``[n, t]`` critic values (0 off actions); ``raw``: a sigmoid head's logits."""
         with self._autocast():
-            values = self.critic(mb.input_ids, _positions(mb), raw=raw)
+            values = self.critic(inputs, raw=raw)
         return torch.where(mb.action_mask, values, torch.zeros_like(values))
 
-    def _critic_raw(self, mb: TrainBatch) -> Tensor:
-        return self._critic_values(mb, raw=True)
+    def _critic_raw(self, mb: TrainBatch, inputs: PackedInputs) -> Tensor:
+        return self._critic_values(mb, inputs, raw=True)
 
     def _plan(self, batch: TrainBatch) -> list[_Micro]:
         """This rank's micro-batches (global row indices), as many on every rank."""
@@ -298,10 +328,16 @@ class TorchBackend:
         micro: list[_Micro] = []
         padding = 0.0
         if rows:
-            plan = plan_micro_batches(batch.select(rows), self.config.batch.micro_batch_tokens)
+            cfg = self.config.batch
+            plan = plan_micro_batches(
+                batch.select(rows), cfg.micro_batch_tokens, lane_factor=cfg.lane_factor
+            )
             padding = plan.padding_fraction
             index = torch.tensor(rows, dtype=torch.long)
-            micro = [_Micro(index[list(part)]) for part in plan.micro_batches]
+            for part, lanes in zip(plan.micro_batches, plan.lanes, strict=True):
+                at = {row: i for i, row in enumerate(part)}
+                local = tuple(tuple(at[row] for row in lane) for lane in lanes)
+                micro.append(_Micro(index[list(part)], local))
         for _ in range(self.dp.max_int(len(micro)) - len(micro)):
             micro.append(_Micro(torch.zeros(1, dtype=torch.long), real=False))
         return micro, padding
@@ -320,22 +356,35 @@ class TorchBackend:
         logps, ents = zeros(), zeros()
         values = zeros() if critic else None
         for m in plan:
-            mb = batch.select(m.rows)
+            mb, inputs = m.view(batch)
             rows = m.rows.to(batch.tokens.device)
             width = mb.tokens.shape[1]
             if actor:
-                logp, ent = self._actor_logprobs(mb, entropy=True)
+                logp, ent = self._actor_logprobs(mb, inputs, entropy=True)
                 if m.real:
                     logps[rows, :width] = logp
                     ents[rows, :width] = ent
             if values is not None:
-                value = self._critic_values(mb, raw=raw)
+                value = self._critic_values(mb, inputs, raw=raw)
                 if m.real:
                     values[rows, :width] = value
         for tensor in (logps, ents, values):
             if tensor is not None:
                 self.dp.sum(tensor)  # each row is non-zero on exactly one rank
         return ForwardResult(logprobs=logps, values=values, entropy=ents)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: TrainBatch, plan: list[_Micro]) -> Tensor:
+        """``[N, T]`` logprobs of the frozen reference model (every rank's rows after the sum)."""
+        assert self.reference is not None
+        out = torch.zeros(tuple(batch.tokens.shape), dtype=torch.float32, device=self.device)
+        for m in plan:
+            mb, inputs = m.view(batch)
+            logp, _ = self._actor_logprobs(mb, inputs, scorer=self.reference)
+            if m.real:
+                out[m.rows.to(out.device), : logp.shape[1]] = logp
+        self.dp.sum(out)
+        return out
 
     def logprobs_and_values(self, batch: TrainBatch) -> ForwardResult:
         """No-grad forward of actor and critic over ``batch`` (micro-batched)."""
@@ -349,12 +398,11 @@ class TorchBackend:
         batch: TrainBatch,
         plan: list[_Micro],
         grad: Tensor,
-        forward: Callable[[TrainBatch], Tensor],
+        forward: Callable[[TrainBatch, PackedInputs], Tensor],
     ) -> None:
         """Accumulate ``d/dtheta sum(out * grad)`` over the micro-batches."""
         for m in plan:
-            mb = batch.select(m.rows)
-            out = forward(mb)
+            out = forward(*m.view(batch))
             g = grad.index_select(0, m.rows.to(grad.device))[:, : out.shape[1]]
             if not m.real:
                 g = torch.zeros_like(g)
@@ -408,6 +456,9 @@ class TorchBackend:
             micro = self._plan(batch)
             first = self._forward(batch, micro, actor=True, critic=plan.uses_critic, raw=True)
         state = _StepState(batch, objective, micro, first, self._first_metrics(batch, micro, first))
+        if self.reference is not None:
+            with timer("reference"):
+                state.ref_logp = self._reference_logprobs(batch, micro)
         for phase in plan.phases:
             with timer(phase.kind):
                 self._run_phase(state, phase)
@@ -514,10 +565,23 @@ class TorchBackend:
             )
         except ValueError as exc:
             raise BackendError(f"objective rejected the batch: {exc}") from exc
+        actor_loss = result.actor_loss
+        if want_actor and actor_loss is not None and state.ref_logp is not None:
+            kl = reference_kl(
+                logp_leaf,
+                state.ref_logp,
+                state.batch.action_mask,
+                state.batch.trajectory_index,
+                objective.config.aggregation or "seq-mean-token-mean",
+            )
+            actor_loss = actor_loss + self.config.kl_coef * kl.loss
+            if stage not in state.evaluated:
+                state.metrics["actor/kl_ref"] = float(kl.mean_kl)
+                state.metrics["actor/kl_loss"] = float(kl.loss.detach())
         if stage not in state.evaluated:
             state.evaluated.add(stage)
             state.metrics.update(result.metrics)
-        actor_grad = _grad(result.actor_loss, logp_leaf) if want_actor else None
+        actor_grad = _grad(actor_loss, logp_leaf) if want_actor else None
         critic_grad = _grad(result.critic_loss, out_leaf) if want_critic else None
         return result, actor_grad, critic_grad
 
@@ -527,6 +591,7 @@ class TorchBackend:
         minibatch gradients of an unchanged actor would sum to the whole-batch gradient."""
         params = list(self.actor.parameters())
         norms: list[float] = []
+        lr = self.actor_optimizer.param_groups[0]["lr"]  # this step's (warm-up scaled) lr
         for j, mini in enumerate(self._minibatches(state, phase.minibatches)):
             if not mini:
                 continue  # no rows on any rank
@@ -542,7 +607,7 @@ class TorchBackend:
                 return  # a stage without an actor loss never steps the actor optimizer
             if norms:
                 state.metrics[f"actor/loss_mb{j}"] = float(result.actor_loss.detach())
-            self._backprop(state.batch, mini, grad, lambda mb: self._actor_logprobs(mb)[0])
+            self._backprop(state.batch, mini, grad, self._actor_logp)
             norms.append(
                 self._clip_and_step(
                     params, self.actor_optimizer, self.actor_scheduler, self.config.actor.grad_clip
@@ -553,7 +618,7 @@ class TorchBackend:
             if len(norms) > 1:
                 state.metrics.update({f"actor/grad_norm_mb{j}": v for j, v in enumerate(norms)})
             state.metrics["actor/optimizer_steps"] = float(len(norms))
-            state.metrics["actor/lr"] = self.actor_optimizer.param_groups[0]["lr"]
+            state.metrics["actor/lr"] = lr
             self.version += 1
 
     def _critic_phase(self, state: _StepState, phase: PlanPhase) -> None:
@@ -569,6 +634,7 @@ class TorchBackend:
             return
         params = [p for p in self.critic.parameters() if p.requires_grad]
         minis = [m for m in self._minibatches(state, phase.minibatches) if m]
+        lr = self.critic_optimizer.param_groups[0]["lr"]  # this phase's first step's lr
         for k in range(passes):
             for j, mini in enumerate(minis):
                 label = f"pass{k}" if len(minis) == 1 else f"pass{k}_mb{j}"
@@ -583,7 +649,7 @@ class TorchBackend:
                     self.config.critic.optimizer.grad_clip,
                 )
                 state.critic_stepped = True
-        state.metrics["critic/lr"] = self.critic_optimizer.param_groups[0]["lr"]
+        state.metrics["critic/lr"] = lr
 
     def _critic_grad(
         self, state: _StepState, stage: Stage, logp: Tensor, mini: list[_Micro], label: str
@@ -605,11 +671,8 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ weights out
 
-    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The actor's tensors under their HF names (tied aliases once), whole and detached.
-
-        Under data parallel every rank must iterate (each tensor is gathered collectively).
-        """
+    def _gathered_state(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under the model's own names (tied aliases once), whole."""
         seen: set[int] = set()
         for name, tensor in self.actor.state_dict(keep_vars=True).items():
             if id(tensor) in seen:  # a tied alias (lm_head.weight of tied embeddings)
@@ -617,9 +680,20 @@ class TorchBackend:
             seen.add(id(tensor))
             yield name, full_tensor(tensor.detach())
 
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under their HF checkpoint names (tied aliases once), whole and
+        detached: a MoE's fused experts come out one matrix per expert
+        (``mlp.experts.{e}.gate_proj.weight``, ...), the names SGLang and the files use.
+
+        Under data parallel every rank must iterate (each tensor is gathered collectively).
+        """
+        for name, tensor in self._gathered_state():
+            yield from split_fused(name, tensor)
+
     def export_hf(self, directory: str | Path) -> Path:
         """Write the actor as a HF model directory (safetensors, config, tokenizer), atomically."""
-        weights = dict(self.named_weights())  # collective under data parallel
+        # The model's own names: save_pretrained writes them under the checkpoint names.
+        weights = dict(self._gathered_state())  # collective under data parallel
         if self.dp.rank != 0:
             dist.barrier()
             return Path(directory).resolve()

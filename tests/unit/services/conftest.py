@@ -11,6 +11,7 @@ from tests.support.engines import (  # noqa: F401 (fixtures)
     engine_url,
     tiny_coder_dir_fixture,
     tiny_model_dir_fixture,
+    tiny_moe_dir_fixture,
 )
 from tests.support.scratch import scratch  # noqa: F401 (fixture)
 

@@ -93,6 +93,8 @@ def test_quick_benchmark_reports_every_phase(tmp_path: Path) -> None:
     assert padding["trajectories"] == 128 and padding["rows"] >= padding["trajectories"]
     assert padding["plans"] and padding["target"] == 0.10
     for plan in padding["plans"]:
-        for key in ("groups_whole", "rows_free"):
+        for key in ("groups_whole", "groups_whole_packed", "rows_free"):
             assert math.isfinite(plan[key]) and 0 <= plan[key] < 1, (plan, key)
+        assert plan["groups_whole_packed"] <= plan["groups_whole"]
+        assert plan["groups_whole_packed_lanes"] >= plan["groups_whole_packed_micro_batches"]
         assert plan["groups_whole_micro_batches"] >= 1 and plan["rows_free_micro_batches"] >= 1

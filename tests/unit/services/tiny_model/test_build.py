@@ -175,3 +175,83 @@ def test_cli_builds_the_coder_variant(scratch: Path) -> None:
     assert "<function=" in template
     config = json.loads((scratch / "coder" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]
+
+
+def _swiglu(x: Any, gate: Any, up: Any, down: Any) -> Any:
+    import torch
+
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def test_moe_variant_is_qwen3_moe_with_renormalised_top2_routing(
+    tiny_moe_dir: Path, tiny_model_dir: Path
+) -> None:
+    """The MoE variant: Qwen3-MoE, 4 experts, top-2, aux loss off; and its sparse block computes
+    what docs and build.py state (softmax over experts, top-2 renormalised to sum 1, no token
+    dropped), recomputed here from the saved per-expert matrices."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((tiny_moe_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert config["num_experts"] == 4 and config["num_experts_per_tok"] == 2
+    assert config["norm_topk_prob"] is True
+    assert config["router_aux_loss_coef"] == 0.0 and config["output_router_logits"] is False
+    assert _files(tiny_moe_dir)["tokenizer.json"] == _files(tiny_model_dir)["tokenizer.json"]
+    assert sum(p.stat().st_size for p in tiny_moe_dir.iterdir()) < 2_000_000
+    assert read_stamp(tiny_moe_dir)["moe"] is True  # type: ignore[index]
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_moe_dir)).eval()
+    weights = load_file(str(tiny_moe_dir / "model.safetensors"))
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    prefix = "model.layers.1.mlp."
+    probs = torch.softmax(x @ weights[prefix + "gate.weight"].T, dim=-1)
+    top, chosen = torch.topk(probs, 2, dim=-1)
+    top = top / top.sum(-1, keepdim=True)
+    expected = torch.zeros_like(x)
+    for token in range(x.shape[0]):  # every token reaches its two experts: nothing dropped
+        for k in range(2):
+            e = f"{prefix}experts.{int(chosen[token, k])}."
+            out = _swiglu(
+                x[token],
+                weights[e + "gate_proj.weight"],
+                weights[e + "up_proj.weight"],
+                weights[e + "down_proj.weight"],
+            )
+            expected[token] += top[token, k] * out
+    with torch.no_grad():
+        got = model.model.layers[1].mlp(x[None])[0]
+    assert torch.allclose(got, expected, atol=1e-6, rtol=0)
+    assert len(set(chosen.flatten().tolist())) == 4  # a random router uses every expert
+    logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, config["vocab_size"]) and torch.isfinite(logits).all()
+
+
+def test_moe_variant_is_its_own_cache_entry(tiny_moe_dir: Path, tiny_model_dir: Path) -> None:
+    assert ensure_tiny_model(tiny_moe_dir, moe=True) == tiny_moe_dir
+    with pytest.raises(ValueError, match="different tiny model variant"):
+        ensure_tiny_model(tiny_moe_dir)
+    with pytest.raises(ValueError, match="different tiny model variant"):
+        ensure_tiny_model(tiny_model_dir, moe=True)
+    with pytest.raises(ValueError, match="exceeds num_experts"):
+        model_spec(moe=True, sizes={"num_experts": 2, "num_experts_per_tok": 3})
+
+
+def test_stamps_from_before_the_moe_fields_still_match(scratch: Path) -> None:
+    """A cached dense build stamped before ``moe`` existed is the dense variant, not a mismatch."""
+    target = build_tiny_model(scratch / "old")
+    stamp = json.loads((target / "swerl_tiny_model.json").read_text())
+    for key in ("moe", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+        del stamp[key]
+    (target / "swerl_tiny_model.json").write_text(json.dumps(stamp))
+    assert ensure_tiny_model(target) == target
+    with pytest.raises(ValueError, match="different tiny model variant"):
+        ensure_tiny_model(target, moe=True)
+
+
+def test_cli_builds_the_moe_variant(scratch: Path) -> None:
+    assert main([str(scratch / "moe"), "--moe", "--seed", "1"]) == 0
+    config = json.loads((scratch / "moe" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert read_stamp(scratch / "moe")["seed"] == 1  # type: ignore[index]
