@@ -139,6 +139,7 @@ class AdapterService:
             initial_version=config.initial_weight_version,
             drain_timeout_s=config.refresh_drain_timeout_s,
             check_model_path=config.check_model_path,
+            mode=config.refresh_mode,
         )
         self.trajectories: dict[str, TrajectoryRuntime] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -470,12 +471,14 @@ class AdapterService:
         started_at = time.time()
         result, engine, waited = await self._generate(request, runtime, plan, sampling)
         version = self.weights.version_of(result.weight_version)
+        runs = [(start, self.weights.version_of(v)) for start, v in result.version_runs]
         message, reason = self._answer(request, result.output_ids, result.finish_reason)
         if runtime is not None:
             turn = TurnResult(
                 output_ids=result.output_ids,
                 output_logprobs=result.output_logprobs,
                 weight_version=version,
+                version_runs=runs,
                 finish_reason=result.finish_reason.type,
                 engine=engine.url,
                 started_at=started_at,

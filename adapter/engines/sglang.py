@@ -17,7 +17,11 @@ Error model (what a caller can rely on):
   would fail the same way.
 
 A request aborted by the engine (``/abort_request``, ``/pause_generation`` in abort mode) is not
-an error: :meth:`SGLangClient.generate` returns it with ``finish_reason.type == "abort"``.
+an error: :meth:`SGLangClient.generate` returns it with ``finish_reason.type == "abort"`` --
+except an abort by a token-mode refresh of the adapter (the client's ``barrier`` is set): that
+call is continued from its prefix once the engine continues, and the caller gets one stitched
+answer whose ``version_runs`` say which weight version produced which tokens
+(:mod:`adapter.continuation`).
 """
 
 from __future__ import annotations
@@ -25,13 +29,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 from pydantic import ValidationError
 
+from adapter.continuation import (
+    Piece,
+    RefreshBarrier,
+    continued_sampling,
+    stitch_lists,
+    version_runs,
+)
 from services.protocol.sglang import (
     FinishReason,
     GenerateOutput,
@@ -109,6 +120,10 @@ class GenerateResult:
     engine_latency_s: float | None
     # With top_logprobs_num = k: per output token, the k most likely (logprob, token id).
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # (start index in output_ids, weight version) per run of tokens of one version; empty: every
+    # token is ``weight_version``'s. Set when a token-mode refresh interrupted the call.
+    version_runs: tuple[tuple[int, str | None], ...] = ()
+    continuations: int = 0  # times the call was continued after a token-mode pause
 
     @property
     def aborted(self) -> bool:
@@ -143,6 +158,8 @@ class SGLangClient:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         self.base_url = base_url.rstrip("/")
+        # Set by the adapter's token-mode refresh: aborts inside its pause windows are continued.
+        self.barrier: RefreshBarrier | None = None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(connect_timeout, timeout)),
@@ -216,12 +233,56 @@ class SGLangClient:
 
         ``top_logprobs_num = k > 0`` (needs ``return_logprob``) also returns, per output token,
         the ``k`` most likely tokens with their logprobs (SGLang's ``output_top_logprobs``).
+        With a ``barrier``, a call aborted by a token-mode refresh is continued from its prefix
+        under the new weights (see :mod:`adapter.continuation`).
         """
         if not input_ids:
             raise ValueError("input_ids must not be empty")
         if top_logprobs_num < 0 or (top_logprobs_num and not return_logprob):
             raise ValueError("top_logprobs_num must be >= 0 and needs return_logprob")
         rid = rid or uuid.uuid4().hex
+        barrier = self.barrier
+        if barrier is None:
+            return await self._generate_once(
+                input_ids, sampling, rid, return_logprob, top_logprobs_num
+            )
+        started = time.perf_counter()
+        pieces: list[GenerateResult] = []
+        produced: list[int] = []
+        while True:
+            epoch = barrier.epoch
+            params = continued_sampling(sampling, len(produced)) if pieces else sampling
+            piece_rid = f"{rid}-c{len(pieces)}" if pieces else rid
+            piece = await self._generate_once(
+                [*input_ids, *produced], params, piece_rid, return_logprob, top_logprobs_num
+            )
+            pieces.append(piece)
+            produced.extend(piece.output_ids)
+            if not (piece.aborted and barrier.interrupted(epoch)):
+                break
+            await barrier.wait_resumed()
+            if self.base_url in barrier.failed:
+                raise EngineUnavailableError(
+                    self.base_url + "/generate",
+                    "interrupted by a token-mode refresh and the engine did not load the new "
+                    "weights; no token reached the client",
+                )
+            barrier.continued += 1
+            if len(produced) >= sampling.max_new_tokens:  # budget spent exactly at the pause
+                pieces[-1] = replace(
+                    piece, finish_reason=FinishReason(type="length", length=len(produced))
+                )
+                break
+        return _stitch(pieces, time.perf_counter() - started)
+
+    async def _generate_once(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        return_logprob: bool,
+        top_logprobs_num: int,
+    ) -> GenerateResult:
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling.to_wire(),
@@ -371,6 +432,33 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+
+def _stitch(pieces: list[GenerateResult], latency_s: float) -> GenerateResult:
+    """One answer from the pieces of a call interrupted by token-mode refreshes: the outputs
+    concatenated, the last piece's finish reason, the first piece's prompt and cache figures."""
+    if len(pieces) == 1:
+        return pieces[0]
+    first, last = pieces[0], pieces[-1]
+    runs = version_runs([Piece(p.output_ids, p.weight_version) for p in pieces])
+    output_ids = stitch_lists([p.output_ids for p in pieces]) or []
+    logprobs = stitch_lists([p.output_logprobs for p in pieces]) or []
+    engine_s = [p.engine_latency_s for p in pieces]
+    return GenerateResult(
+        rid=first.rid,
+        text="".join(p.text for p in pieces),
+        output_ids=output_ids,
+        output_logprobs=logprobs,
+        finish_reason=last.finish_reason,
+        weight_version=runs[0][1],
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        latency_s=latency_s,
+        engine_latency_s=None if None in engine_s else sum(e or 0.0 for e in engine_s),
+        output_top_logprobs=stitch_lists([p.output_top_logprobs for p in pieces]),
+        version_runs=runs if len(runs) > 1 else (),
+        continuations=len(pieces) - 1,
+    )
 
 
 def parse_generate_output(

@@ -1,0 +1,119 @@
+"""Stitching the pieces of a call that token-mode refreshes interrupted (adapter.continuation),
+and the engine client's continuation loop against a fake engine (httpx mock transport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from adapter.continuation import Piece, RefreshBarrier, continued_sampling, version_runs
+from adapter.engines.sglang import EngineUnavailableError, SGLangClient
+from services.protocol.sglang import SamplingParams
+
+
+def test_version_runs_merge_and_skip_empty_pieces() -> None:
+    pieces = [Piece([1, 2, 3], "4"), Piece([], "5"), Piece([7], "5"), Piece([8, 9], "5")]
+    assert version_runs(pieces) == ((0, "4"), (3, "5"))
+    assert version_runs([Piece([1], "4"), Piece([2], "4")]) == ((0, "4"),)
+    assert version_runs([Piece([], "4"), Piece([], "5")]) == ((0, "5"),)
+
+
+def test_continued_sampling_keeps_everything_but_the_budget() -> None:
+    params = SamplingParams(max_new_tokens=10, temperature=0.7, top_p=0.9, stop=["</x>"])
+    later = continued_sampling(params, 4)
+    assert later.max_new_tokens == 6
+    assert later.model_dump(exclude={"max_new_tokens"}) == params.model_dump(
+        exclude={"max_new_tokens"}
+    )
+    with pytest.raises(ValueError, match="11 tokens produced"):
+        continued_sampling(params, 11)
+
+
+class FakeEngine:
+    """Answers /generate: the first call is aborted after 3 tokens (version "1") while the
+    barrier's pause is on; later calls finish with what is left of the budget (version "2")."""
+
+    def __init__(self, barrier: RefreshBarrier, abort_first: bool = True) -> None:
+        self.barrier = barrier
+        self.abort_first = abort_first
+        self.bodies: list[dict[str, Any]] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        budget = body["sampling_params"].get("max_new_tokens", 128)
+        if len(self.bodies) == 1 and self.abort_first:
+            self.barrier.begin()  # the refresh paused the engine while this call ran
+            ids, version = [10, 11, 12], "1"
+            finish = {"type": "abort", "message": "Abort by /pause_generation"}
+        else:
+            ids, version = [20 + i for i in range(budget)], "2"
+            finish = {"type": "length", "length": budget}
+        meta = {
+            "id": body["rid"],
+            "finish_reason": finish,
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": version,
+            "output_token_logprobs": [[-0.5 if version == "1" else -1.5, t, None] for t in ids],
+        }
+        return httpx.Response(200, json={"text": "x" * len(ids), "output_ids": ids,
+                                         "meta_info": meta})  # fmt: skip
+
+
+async def run_call(engine: FakeEngine, barrier: RefreshBarrier, failed: frozenset[str]) -> Any:
+    client = SGLangClient(
+        "http://engine", client=httpx.AsyncClient(transport=httpx.MockTransport(engine.handler))
+    )
+    client.barrier = barrier
+
+    async def refresh_ends() -> None:
+        while not barrier.paused:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        barrier.end(failed)
+
+    call = client.generate([1, 2], SamplingParams(max_new_tokens=8, temperature=0.5), rid="r")
+    result, _ = await asyncio.gather(call, refresh_ends())
+    return result
+
+
+def test_an_interrupted_call_is_continued_from_its_prefix() -> None:
+    barrier = RefreshBarrier()
+    engine = FakeEngine(barrier)
+    result = asyncio.run(run_call(engine, barrier, frozenset()))
+    first, second = engine.bodies
+    # The continuation: prompt + partial output, budget less the 3 tokens, same sampling.
+    assert second["input_ids"] == [1, 2, 10, 11, 12]
+    assert second["sampling_params"] == {**first["sampling_params"], "max_new_tokens": 5}
+    assert second["rid"] == "r-c1"
+    assert result.output_ids == [10, 11, 12, 20, 21, 22, 23, 24]
+    assert result.output_logprobs == [-0.5] * 3 + [-1.5] * 5  # old tokens keep old logprobs
+    assert result.version_runs == ((0, "1"), (3, "2"))
+    assert result.weight_version == "1" and result.finish_reason.type == "length"
+    assert result.prompt_tokens == 2 and result.continuations == 1
+    assert barrier.continued == 1
+
+
+def test_an_abort_outside_a_pause_is_returned_as_is() -> None:
+    """Without a barrier (step mode) the abort reaches the router, which retries elsewhere."""
+    barrier = RefreshBarrier()
+    engine = FakeEngine(barrier)
+    client = SGLangClient(
+        "http://engine", client=httpx.AsyncClient(transport=httpx.MockTransport(engine.handler))
+    )
+    result = asyncio.run(client.generate([1], SamplingParams(max_new_tokens=8)))
+    assert result.aborted and result.output_ids == [10, 11, 12] and len(engine.bodies) == 1
+
+
+def test_an_engine_that_failed_to_load_fails_the_call_over() -> None:
+    barrier = RefreshBarrier()
+    engine = FakeEngine(barrier)
+    with pytest.raises(EngineUnavailableError, match="did not load the new weights"):
+        asyncio.run(run_call(engine, barrier, frozenset({"http://engine"})))
+    assert len(engine.bodies) == 1  # never continued on the engine with unknown weights
