@@ -266,15 +266,18 @@ class WeightCoordinator:
             loaded_at = time.perf_counter()
             self._adopt(version, model_path)
         finally:
+            continue_from = time.perf_counter()
             await self._continue_all(engines)
             self.barrier.end(frozenset(e.url for e in engines if not e.healthy))
             self.gate.reopen()
+        reopened_at = time.perf_counter()
         summary = {
             "version": version,
             "mode": str(self.mode),
             "model_path": model_path,
-            "gate_closed_s": time.perf_counter() - closed_at,
+            "gate_closed_s": reopened_at - closed_at,
             "pause_s": paused_at - closed_at,
+            "continue_s": reopened_at - continue_from,
             "drain_s": 0.0,
             "load_s": loaded_at - paused_at,
             "inflight_at_close": inflight_at_close,
