@@ -138,3 +138,53 @@ def test_token_refresh_mid_generation(
             assert torch.max(torch.abs(recorded - expected)).item() < 1e-5, (i, turn)
     assert interrupted >= N_TRAJECTORIES - 2  # the refresh landed mid-turn for (nearly) all
     assert continued == interrupted
+
+
+def test_a_restarted_engine_is_synced_to_the_latest_version_before_it_joins(
+    adapter: AdapterFactory,
+    engines: EnginePool,
+    model_dir: Path,
+    model_dir_seed1: Path,
+    tmp_path: Path,
+) -> None:
+    """An engine down at a token-mode refresh leaves rotation (its pause fails); restarted, it
+    serves its start-up weights, and the prober loads the current version before it rejoins."""
+    from services.processes import launch
+    from tests.support.engines import launch_reference_server
+    from tests.support.paths import REPO_ROOT
+
+    spare = launch_reference_server(model_dir, None, "0", (), tmp_path)
+    restarted = None
+    urls = [engines.a.url, spare.url]
+    with adapter(urls, refresh_mode="token") as a:
+        v1 = current_version(a) + 1
+        try:
+            spare.stop()  # the engine goes down
+            body = {"model_path": str(model_dir_seed1), "version": v1}
+            r = a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
+            assert r.status_code == 200, r.text
+            assert set(r.json()["engines"]) == {engines.a.url}
+            health = a.http.get(f"{a.url}/health").json()["engines"]
+            assert health == {engines.a.url: True, spare.url: False}
+            # Restart on the same port: start-up weights, version "0".
+            restarted = launch(
+                "restarted reference engine",
+                spare.args,
+                tmp_path / "restarted.log",
+                ready=f"{spare.url}/health",
+                timeout_s=300,
+                env={"PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"},
+                cwd=REPO_ROOT,
+            )
+            deadline = time.monotonic() + 60
+            while not a.http.get(f"{a.url}/health").json()["engines"][spare.url]:
+                assert time.monotonic() < deadline, "the restarted engine never rejoined"
+                time.sleep(0.1)
+            info = httpx.get(f"{spare.url}/model_info", timeout=10).json()
+            assert info["weight_version"] == str(v1)  # synced before it joined
+        finally:
+            restore = {"model_path": str(model_dir), "version": v1 + 1}
+            restored = a.http.post(f"{a.url}/admin/weights", json=restore, headers=a.admin())
+            assert restored.status_code == 200, restored.text
+            if restarted is not None:
+                restarted.stop()
