@@ -19,9 +19,10 @@ Races, each with a defined outcome:
   :class:`~adapter.engines.sglang.EngineUnavailableError` (no token of it reached the client),
   and the router retries it from the start on an engine in rotation.
 
-Known limitation: a stop *string* that straddles the switch point (its first characters
-generated before the pause, the rest after) is not detected by the engine, which matches stop
-strings in the continuation's own output only.
+* a stop *string* that straddles the switch point (its first characters generated before the
+  pause, the rest after) is not seen by the engine, which matches stop strings in the
+  continuation's own output only: the client asks continuations for per-token texts and cuts the
+  answer after the token that completes it (:func:`straddling_stop`), finishing with ``stop``.
 """
 
 from __future__ import annotations
@@ -117,3 +118,26 @@ def stitch_lists[T](parts: Sequence[Sequence[T] | None]) -> list[T] | None:
     for part in parts:
         out.extend(part or [])
     return out
+
+
+def straddling_stop(
+    before: str, token_texts: Sequence[str], stops: Sequence[str]
+) -> tuple[int, str] | None:
+    """A stop string that begins in ``before`` (the output text up to the switch point) and
+    ends in the continuation, whose tokens decode to ``token_texts``: ``(tokens of the
+    continuation to keep, the stop string)`` for the first one completed, else None. A stop
+    string wholly inside the continuation is the engine's to find."""
+    longest = max((len(stop) for stop in stops), default=0)
+    if longest < 2 or not before:
+        return None
+    tail = before[-(longest - 1) :]
+    text = tail
+    for kept, piece in enumerate(token_texts, start=1):
+        text += piece
+        found = [(text.find(stop), stop) for stop in stops]
+        hits = [(pos, stop) for pos, stop in found if 0 <= pos < len(tail)]
+        if hits:
+            return kept, min(hits)[1]
+        if len(text) - len(tail) >= longest - 1:
+            return None  # a straddling stop would have ended by now
+    return None

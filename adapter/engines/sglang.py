@@ -41,6 +41,7 @@ from adapter.continuation import (
     RefreshBarrier,
     continued_sampling,
     stitch_lists,
+    straddling_stop,
     version_runs,
 )
 from services.protocol.sglang import (
@@ -124,6 +125,8 @@ class GenerateResult:
     # token is ``weight_version``'s. Set when a token-mode refresh interrupted the call.
     version_runs: tuple[tuple[int, str | None], ...] = ()
     continuations: int = 0  # times the call was continued after a token-mode pause
+    # Per output token, its text (asked for in continuations with stop strings only).
+    output_token_texts: tuple[str, ...] | None = None
 
     @property
     def aborted(self) -> bool:
@@ -247,6 +250,7 @@ class SGLangClient:
                 input_ids, sampling, rid, return_logprob, top_logprobs_num
             )
         started = time.perf_counter()
+        stops = sampling.stop_strings() if return_logprob else []
         pieces: list[GenerateResult] = []
         produced: list[int] = []
         while True:
@@ -254,8 +258,20 @@ class SGLangClient:
             params = continued_sampling(sampling, len(produced)) if pieces else sampling
             piece_rid = f"{rid}-c{len(pieces)}" if pieces else rid
             piece = await self._generate_once(
-                [*input_ids, *produced], params, piece_rid, return_logprob, top_logprobs_num
+                [*input_ids, *produced],
+                params,
+                piece_rid,
+                return_logprob,
+                top_logprobs_num,
+                token_texts=bool(pieces and stops),
             )
+            if pieces and stops:
+                cut = straddling_stop(
+                    "".join(p.text for p in pieces), piece.output_token_texts or (), stops
+                )
+                if cut is not None:  # a stop string straddles the switch: the answer ends
+                    pieces.append(_cut(piece, *cut))
+                    break
             pieces.append(piece)
             produced.extend(piece.output_ids)
             if not (piece.aborted and barrier.interrupted(epoch)):
@@ -282,6 +298,7 @@ class SGLangClient:
         rid: str,
         return_logprob: bool,
         top_logprobs_num: int,
+        token_texts: bool = False,
     ) -> GenerateResult:
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
@@ -292,12 +309,19 @@ class SGLangClient:
         }
         if top_logprobs_num:
             body["top_logprobs_num"] = top_logprobs_num
+        if token_texts:
+            body["return_text_in_logprobs"] = True
         started = time.perf_counter()
         payload = await self._json("POST", "/generate", body)
         latency = time.perf_counter() - started
-        return parse_generate_output(
+        result = parse_generate_output(
             payload, self.base_url + "/generate", rid, return_logprob, latency, top_logprobs_num
         )
+        if token_texts:
+            entries = payload["meta_info"]["output_token_logprobs"]  # checked by the parse
+            texts = tuple(str(e[2]) if len(e) > 2 and e[2] is not None else "" for e in entries)
+            result = replace(result, output_token_texts=texts)
+        return result
 
     # ------------------------------------------------------------------ control
 
@@ -432,6 +456,21 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+
+def _cut(piece: GenerateResult, kept: int, stop: str) -> GenerateResult:
+    """``piece`` ending after its ``kept`` first tokens, finished by the stop string ``stop``."""
+    texts = piece.output_token_texts or ()
+    top = piece.output_top_logprobs
+    return replace(
+        piece,
+        text="".join(texts[:kept]),
+        output_ids=piece.output_ids[:kept],
+        output_logprobs=piece.output_logprobs[:kept],
+        output_top_logprobs=None if top is None else top[:kept],
+        output_token_texts=texts[:kept],
+        finish_reason=FinishReason(type="stop", matched=stop),
+    )
 
 
 def _stitch(pieces: list[GenerateResult], latency_s: float) -> GenerateResult:

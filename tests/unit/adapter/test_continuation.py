@@ -10,7 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from adapter.continuation import Piece, RefreshBarrier, continued_sampling, version_runs
+from adapter.continuation import (
+    Piece,
+    RefreshBarrier,
+    continued_sampling,
+    straddling_stop,
+    version_runs,
+)
 from adapter.engines.sglang import EngineUnavailableError, SGLangClient
 from services.protocol.sglang import SamplingParams
 
@@ -117,3 +123,60 @@ def test_an_engine_that_failed_to_load_fails_the_call_over() -> None:
     with pytest.raises(EngineUnavailableError, match="did not load the new weights"):
         asyncio.run(run_call(engine, barrier, frozenset({"http://engine"})))
     assert len(engine.bodies) == 1  # never continued on the engine with unknown weights
+
+
+def test_a_stop_string_straddling_the_switch_is_found() -> None:
+    stop = ["</function>"]
+    assert straddling_stop("call </fun", ["ct", "ion>", " more"], stop) == (2, "</function>")
+    # Wholly inside the continuation: the engine's own stop check finds it, not this one.
+    assert straddling_stop("abc", ["</function>", "x"], stop) is None
+    assert straddling_stop("abc", ["de", "f"], stop) is None
+    assert straddling_stop("ab<", ["/x"], ["</x", "b</"]) == (1, "b</")  # first completed
+    assert straddling_stop("", ["a"], stop) is None and straddling_stop("a", ["b"], []) is None
+
+
+def test_a_continuation_is_cut_where_a_straddling_stop_string_ends() -> None:
+    barrier = RefreshBarrier()
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if len(bodies) == 1:  # interrupted right after "</fun"
+            barrier.begin()
+            ids, texts, finish = [5, 6], ["call ", "</fun"], {"type": "abort", "message": "p"}
+        else:  # the engine misses "</function>": it began before this request
+            ids, texts = [7, 8, 9], ["ction>", " and", " more"]
+            finish = {"type": "length", "length": 3}
+        with_text = body.get("return_text_in_logprobs", False)
+        meta = {
+            "id": body["rid"], "finish_reason": finish, "prompt_tokens": 1,
+            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": str(len(bodies)),
+            "output_token_logprobs": [
+                [-1.0, t, x if with_text else None] for t, x in zip(ids, texts, strict=True)
+            ],
+        }  # fmt: skip
+        return httpx.Response(200, json={"text": "".join(texts), "output_ids": ids,
+                                         "meta_info": meta})  # fmt: skip
+
+    async def scenario() -> Any:
+        client = SGLangClient(
+            "http://engine", client=httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        )
+        client.barrier = barrier
+
+        async def refresh_ends() -> None:
+            while not barrier.paused:
+                await asyncio.sleep(0.001)
+            barrier.end(frozenset())
+
+        params = SamplingParams(max_new_tokens=5, stop=["</function>"])
+        result, _ = await asyncio.gather(client.generate([1], params), refresh_ends())
+        return result
+
+    result = asyncio.run(scenario())
+    assert bodies[1]["return_text_in_logprobs"] is True
+    assert "return_text_in_logprobs" not in bodies[0]
+    assert result.output_ids == [5, 6, 7]  # cut after the token that completes the stop
+    assert result.finish_reason.type == "stop" and result.finish_reason.matched == "</function>"
+    assert result.version_runs == ((0, "1"), (2, "2"))
