@@ -244,11 +244,25 @@ class SGLangClient:
         if top_logprobs_num < 0 or (top_logprobs_num and not return_logprob):
             raise ValueError("top_logprobs_num must be >= 0 and needs return_logprob")
         rid = rid or uuid.uuid4().hex
-        barrier = self.barrier
-        if barrier is None:
+        if self.barrier is None:
             return await self._generate_once(
                 input_ids, sampling, rid, return_logprob, top_logprobs_num
             )
+        return await self._generate_through_pauses(
+            self.barrier, input_ids, sampling, rid, return_logprob, top_logprobs_num
+        )
+
+    async def _generate_through_pauses(
+        self,
+        barrier: RefreshBarrier,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        return_logprob: bool,
+        top_logprobs_num: int,
+    ) -> GenerateResult:
+        """Generate; a piece aborted by a token-mode pause is continued from its prefix once
+        the refresh ends, and the pieces are stitched into one answer."""
         started = time.perf_counter()
         stops = sampling.stop_strings() if return_logprob else []
         pieces: list[GenerateResult] = []
