@@ -28,7 +28,7 @@ Races, each with a defined outcome:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.protocol.sglang import SamplingParams
@@ -108,6 +108,20 @@ def version_runs(pieces: Sequence[Piece]) -> tuple[tuple[int, str | None], ...]:
     if not runs:
         runs.append((0, pieces[-1].weight_version if pieces else None))
     return tuple(runs)
+
+
+def numeric_runs(
+    runs: Sequence[tuple[int, str | None]], version_of: Callable[[str | None], int]
+) -> list[tuple[int, int]]:
+    """The engine's version runs as swerl's integer versions; runs that map to the same version
+    (e.g. a non-numeric engine version read as the current one) merge. One run: none (the turn's
+    ``weight_version`` says it all)."""
+    merged: list[tuple[int, int]] = []
+    for start, raw in runs:
+        version = version_of(raw)
+        if not merged or merged[-1][1] != version:
+            merged.append((start, version))
+    return merged if len(merged) > 1 else []
 
 
 def stitch_lists[T](parts: Sequence[Sequence[T] | None]) -> list[T] | None:

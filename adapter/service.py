@@ -36,6 +36,7 @@ from starlette.datastructures import Headers
 
 from adapter.auth import AccessControl, bearer_token, new_trajectory_token, token_digest
 from adapter.config import AdapterConfig, ToolParserName
+from adapter.continuation import numeric_runs
 from adapter.engines.sglang import GenerateResult, SamplingParams, SGLangClient
 from adapter.errors import APIError
 from adapter.messages import template_messages
@@ -471,7 +472,7 @@ class AdapterService:
         started_at = time.time()
         result, engine, waited = await self._generate(request, runtime, plan, sampling)
         version = self.weights.version_of(result.weight_version)
-        runs = [(start, self.weights.version_of(v)) for start, v in result.version_runs]
+        runs = numeric_runs(result.version_runs, self.weights.version_of)
         message, reason = self._answer(request, result.output_ids, result.finish_reason)
         if runtime is not None:
             turn = TurnResult(

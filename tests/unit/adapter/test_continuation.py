@@ -14,6 +14,7 @@ from adapter.continuation import (
     Piece,
     RefreshBarrier,
     continued_sampling,
+    numeric_runs,
     straddling_stop,
     version_runs,
 )
@@ -26,6 +27,15 @@ def test_version_runs_merge_and_skip_empty_pieces() -> None:
     assert version_runs(pieces) == ((0, "4"), (3, "5"))
     assert version_runs([Piece([1], "4"), Piece([2], "4")]) == ((0, "4"),)
     assert version_runs([Piece([], "4"), Piece([], "5")]) == ((0, "5"),)
+
+
+def test_numeric_runs_merge_versions_that_map_to_the_same_number() -> None:
+    def version_of(raw: str | None) -> int:
+        return 7 if raw in (None, "default") else int(raw)
+
+    assert numeric_runs([(0, "6"), (3, "7")], version_of) == [(0, 6), (3, 7)]
+    assert numeric_runs([(0, "default"), (3, "7")], version_of) == []  # one version after all
+    assert numeric_runs([(0, "5"), (2, "6"), (4, "6")], version_of) == [(0, 5), (2, 6)]
 
 
 def test_continued_sampling_keeps_everything_but_the_budget() -> None:
@@ -180,3 +190,49 @@ def test_a_continuation_is_cut_where_a_straddling_stop_string_ends() -> None:
     assert result.output_ids == [5, 6, 7]  # cut after the token that completes the stop
     assert result.finish_reason.type == "stop" and result.finish_reason.matched == "</function>"
     assert result.version_runs == ((0, "1"), (2, "2"))
+
+
+def test_a_call_interrupted_by_two_refreshes_carries_three_versions() -> None:
+    barrier = RefreshBarrier()
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        budget = body["sampling_params"]["max_new_tokens"]
+        if n < 3:  # the first two pieces are cut by a pause after 2 tokens each
+            barrier.begin()
+            ids, finish = [10 * n, 10 * n + 1], {"type": "abort", "message": "p"}
+        else:
+            ids, finish = list(range(30, 30 + budget)), {"type": "length", "length": budget}
+        meta = {
+            "id": body["rid"], "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": str(n),
+            "output_token_logprobs": [[-float(n), t, None] for t in ids],
+        }  # fmt: skip
+        return httpx.Response(200, json={"text": "", "output_ids": ids, "meta_info": meta})
+
+    async def scenario() -> Any:
+        client = SGLangClient(
+            "http://engine", client=httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        )
+        client.barrier = barrier
+
+        async def refreshes_end() -> None:
+            for _ in range(2):
+                while not barrier.paused:
+                    await asyncio.sleep(0.001)
+                barrier.end(frozenset())
+
+        call = client.generate([1], SamplingParams(max_new_tokens=7), rid="r")
+        result, _ = await asyncio.gather(call, refreshes_end())
+        return result
+
+    result = asyncio.run(scenario())
+    assert [b["input_ids"] for b in bodies] == [[1], [1, 10, 11], [1, 10, 11, 20, 21]]
+    assert [b["sampling_params"]["max_new_tokens"] for b in bodies] == [7, 5, 3]
+    assert result.output_ids == [10, 11, 20, 21, 30, 31, 32]
+    assert result.version_runs == ((0, "1"), (2, "2"), (4, "3"))
+    assert result.output_logprobs == [-1.0, -1.0, -2.0, -2.0, -3.0, -3.0, -3.0]
+    assert result.continuations == 2
