@@ -28,6 +28,13 @@ class Placement(StrEnum):
     SAMPLE_INDEX = "sample_index"
 
 
+class RefreshMode(StrEnum):
+    """How a weight refresh treats generation in flight (adapter.weights, docs/weights.md)."""
+
+    STEP = "step"  # close the gate, drain the agent steps in flight, load, reopen
+    TOKEN = "token"  # pause the engines (abort mode), load, continue the interrupted requests
+
+
 class AdapterConfig(StrictModel):
     """Everything the adapter needs; see docs/adapter.md for what each key does."""
 
@@ -97,6 +104,11 @@ class AdapterConfig(StrictModel):
     probe_interval_s: float = Field(default=2.0, gt=0)
     refresh_drain_timeout_s: float = Field(
         default=900.0, gt=0, description="longest wait for in-flight steps during a refresh"
+    )
+    refresh_mode: RefreshMode = Field(
+        default=RefreshMode.STEP,
+        description="step: drain in-flight agent steps before loading; token: interrupt them, "
+        "load, and continue each from its prefix under the new weights",
     )
     check_model_path: bool = Field(
         default=True,

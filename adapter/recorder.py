@@ -81,13 +81,15 @@ class TurnResult:
 
     output_ids: list[int]
     output_logprobs: list[float]
-    weight_version: int
+    weight_version: int  # of the first output token
     finish_reason: str
     engine: str = ""
     started_at: float = 0.0
     latency_s: float = 0.0
     queue_wait_s: float = 0.0
     cached_tokens: int = 0
+    # (start index, version) per run when a token-mode refresh switched versions mid-turn.
+    version_runs: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,7 @@ def _turn(plan: TurnPlan, result: TurnResult) -> Turn:
         queue_wait_s=result.queue_wait_s,
         prompt_tokens=len(plan.input_ids),
         cached_tokens=result.cached_tokens,
+        version_runs=list(result.version_runs),
     )
 
 

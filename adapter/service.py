@@ -36,6 +36,7 @@ from starlette.datastructures import Headers
 
 from adapter.auth import AccessControl, bearer_token, new_trajectory_token, token_digest
 from adapter.config import AdapterConfig, ToolParserName
+from adapter.continuation import numeric_runs
 from adapter.engines.sglang import GenerateResult, SamplingParams, SGLangClient
 from adapter.errors import APIError
 from adapter.messages import template_messages
@@ -139,6 +140,7 @@ class AdapterService:
             initial_version=config.initial_weight_version,
             drain_timeout_s=config.refresh_drain_timeout_s,
             check_model_path=config.check_model_path,
+            mode=config.refresh_mode,
         )
         self.trajectories: dict[str, TrajectoryRuntime] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -470,12 +472,14 @@ class AdapterService:
         started_at = time.time()
         result, engine, waited = await self._generate(request, runtime, plan, sampling)
         version = self.weights.version_of(result.weight_version)
+        runs = numeric_runs(result.version_runs, self.weights.version_of)
         message, reason = self._answer(request, result.output_ids, result.finish_reason)
         if runtime is not None:
             turn = TurnResult(
                 output_ids=result.output_ids,
                 output_logprobs=result.output_logprobs,
                 weight_version=version,
+                version_runs=runs,
                 finish_reason=result.finish_reason.type,
                 engine=engine.url,
                 started_at=started_at,

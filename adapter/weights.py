@@ -11,6 +11,13 @@ Protocol of ``POST /admin/weights {model_path, version}`` (DESIGN.md, data flow 
    concurrently, then verify each one reports that version;
 4. record the new version, reopen the gate; waiting calls proceed on the new weights.
 
+In ``token`` mode (``adapter.refresh_mode``) step 2 is replaced by a pause: every engine in
+rotation gets SGLang's ``/pause_generation {"mode": "abort"}``, which returns each running
+request's partial output; the engines load (step 3) and ``/continue_generation``, the gate
+reopens, and every interrupted request is continued from its prefix under the new weights by the
+engine client (:mod:`adapter.continuation`). How long the gate stays closed then depends on the
+load, not on how long the agents' steps are.
+
 Engines that fail to load are taken out of rotation; the health prober loads the current
 weights into them before they serve again. If no engine loaded the weights, the version is left
 unchanged and the refresh reports failure. A turn records the weight version the engine reported
@@ -28,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapter.checkpoint import checkpoint_problem
+from adapter.config import RefreshMode
+from adapter.continuation import RefreshBarrier
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
@@ -113,8 +122,15 @@ class WeightCoordinator:
         initial_version: int,
         drain_timeout_s: float,
         check_model_path: bool = True,
+        mode: RefreshMode = RefreshMode.STEP,
     ) -> None:
         self.router = router
+        self.mode = RefreshMode(mode)
+        # Token mode: the engine clients continue the calls a refresh's pause interrupted.
+        self.barrier = RefreshBarrier()
+        if self.mode is RefreshMode.TOKEN:
+            for engine in router.engines:
+                engine.client.barrier = self.barrier
         self.gate = gate
         self.metrics = metrics
         self.state = WeightState(version=initial_version)
@@ -206,6 +222,8 @@ class WeightCoordinator:
             async def loader(engine: Engine) -> dict[str, Any]:
                 return await self._load(engine, model_path, version)
 
+        if self.mode is RefreshMode.TOKEN:
+            return await self._refresh_paused(loader, model_path, version)
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
@@ -213,13 +231,12 @@ class WeightCoordinator:
             drained_at = await self._drain(closed_at)
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self.state.version = version
-            self.state.model_path = model_path  # None: no disk copy of this version
-            self.state.refreshes += 1
+            self._adopt(version, model_path)
         finally:
             self.gate.reopen()
         summary = {
             "version": version,
+            "mode": str(self.mode),
             "model_path": model_path,
             "gate_closed_s": time.perf_counter() - closed_at,
             "drain_s": drained_at - closed_at,
@@ -229,6 +246,74 @@ class WeightCoordinator:
         }
         self._refreshed(summary)
         return summary
+
+    async def _refresh_paused(
+        self, loader: EngineLoader, model_path: str | None, version: int
+    ) -> dict[str, Any]:
+        """Token-mode refresh: close the gate (new calls wait; nothing is drained), pause the
+        engines in abort mode, load, continue them, reopen. The interrupted calls are continued
+        by the engine clients once the barrier lifts."""
+        closed_at = time.perf_counter()
+        inflight_at_close = self.gate.inflight
+        self.gate.close()
+        self.barrier.begin()
+        engines = self.router.healthy()
+        paused_at = loaded_at = closed_at
+        try:
+            await self._pause_all(engines)
+            paused_at = time.perf_counter()
+            report = await self._load_all(loader, model_path, version)
+            loaded_at = time.perf_counter()
+            self._adopt(version, model_path)
+        finally:
+            continue_from = time.perf_counter()
+            await self._continue_all(engines)
+            self.barrier.end(frozenset(e.url for e in engines if not e.healthy))
+            self.gate.reopen()
+        reopened_at = time.perf_counter()
+        summary = {
+            "version": version,
+            "mode": str(self.mode),
+            "model_path": model_path,
+            "gate_closed_s": reopened_at - closed_at,
+            "pause_s": paused_at - closed_at,
+            "continue_s": reopened_at - continue_from,
+            "drain_s": 0.0,
+            "load_s": loaded_at - paused_at,
+            "inflight_at_close": inflight_at_close,
+            "engines": report,
+        }
+        self._refreshed(summary)
+        return summary
+
+    def _adopt(self, version: int, model_path: str | None) -> None:
+        self.state.version = version
+        self.state.model_path = model_path  # None: no disk copy of this version
+        self.state.refreshes += 1
+
+    async def _pause_all(self, engines: list[Engine]) -> None:
+        """``/pause_generation`` (abort) on every engine; one that cannot pause leaves rotation
+        (its calls fail over to the others)."""
+
+        async def pause(engine: Engine) -> None:
+            try:
+                await engine.client.pause_generation("abort")
+            except Exception as exc:
+                self.router.mark_unhealthy(engine, f"pause_generation: {exc}")
+
+        await asyncio.gather(*(pause(e) for e in engines))
+
+    async def _continue_all(self, engines: list[Engine]) -> None:
+        """``/continue_generation`` on every engine paused, loaded or not (an engine out of
+        rotation must not hold requests forever; readmission reloads it first)."""
+
+        async def resume(engine: Engine) -> None:
+            try:
+                await engine.client.continue_generation()
+            except Exception as exc:
+                self.router.mark_unhealthy(engine, f"continue_generation: {exc}")
+
+        await asyncio.gather(*(resume(e) for e in engines))
 
     async def _validate(
         self,
@@ -293,8 +378,9 @@ class WeightCoordinator:
         self.metrics.gate_closed.observe(summary["gate_closed_s"])
         self.metrics.refresh_load.observe(summary["load_s"])
         log.info(
-            "weights v%d loaded: gate closed %.3fs (drain %.3fs, load %.3fs)",
+            "weights v%d loaded (%s mode): gate closed %.3fs (drain %.3fs, load %.3fs)",
             summary["version"],
+            summary["mode"],
             summary["gate_closed_s"],
             summary["drain_s"],
             summary["load_s"],
@@ -310,7 +396,15 @@ class WeightCoordinator:
             reported = await engine.client.get_weight_version()
             engine.weight_version = reported
             current = self.state
-            if parse_version(reported) != current.version and current.model_path is not None:
+            if parse_version(reported) != current.version:
+                if current.model_path is None:
+                    # A distributed-only publish leaves nothing to reload from: the engine stays
+                    # out until a version with a disk copy is published.
+                    engine.last_error = (
+                        f"serves {reported!r}, current is {current.version} and it has no disk "
+                        "copy to reload from (publish with distributed.export_to_disk)"
+                    )
+                    return
                 result = await self._load(engine, current.model_path, current.version)
                 if not result["ok"]:
                     engine.last_error = f"reload on readmission failed: {result.get('error')}"

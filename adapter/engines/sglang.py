@@ -17,7 +17,11 @@ Error model (what a caller can rely on):
   would fail the same way.
 
 A request aborted by the engine (``/abort_request``, ``/pause_generation`` in abort mode) is not
-an error: :meth:`SGLangClient.generate` returns it with ``finish_reason.type == "abort"``.
+an error: :meth:`SGLangClient.generate` returns it with ``finish_reason.type == "abort"`` --
+except an abort by a token-mode refresh of the adapter (the client's ``barrier`` is set): that
+call is continued from its prefix once the engine continues, and the caller gets one stitched
+answer whose ``version_runs`` say which weight version produced which tokens
+(:mod:`adapter.continuation`).
 """
 
 from __future__ import annotations
@@ -25,13 +29,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 from pydantic import ValidationError
 
+from adapter.continuation import (
+    Piece,
+    RefreshBarrier,
+    continued_sampling,
+    stitch_lists,
+    straddling_stop,
+    version_runs,
+)
 from services.protocol.sglang import (
     FinishReason,
     GenerateOutput,
@@ -109,6 +121,12 @@ class GenerateResult:
     engine_latency_s: float | None
     # With top_logprobs_num = k: per output token, the k most likely (logprob, token id).
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    # (start index in output_ids, weight version) per run of tokens of one version; empty: every
+    # token is ``weight_version``'s. Set when a token-mode refresh interrupted the call.
+    version_runs: tuple[tuple[int, str | None], ...] = ()
+    continuations: int = 0  # times the call was continued after a token-mode pause
+    # Per output token, its text (asked for in continuations with stop strings only).
+    output_token_texts: tuple[str, ...] | None = None
 
     @property
     def aborted(self) -> bool:
@@ -143,6 +161,8 @@ class SGLangClient:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         self.base_url = base_url.rstrip("/")
+        # Set by the adapter's token-mode refresh: aborts inside its pause windows are continued.
+        self.barrier: RefreshBarrier | None = None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(connect_timeout, timeout)),
@@ -216,12 +236,84 @@ class SGLangClient:
 
         ``top_logprobs_num = k > 0`` (needs ``return_logprob``) also returns, per output token,
         the ``k`` most likely tokens with their logprobs (SGLang's ``output_top_logprobs``).
+        With a ``barrier``, a call aborted by a token-mode refresh is continued from its prefix
+        under the new weights (see :mod:`adapter.continuation`).
         """
         if not input_ids:
             raise ValueError("input_ids must not be empty")
         if top_logprobs_num < 0 or (top_logprobs_num and not return_logprob):
             raise ValueError("top_logprobs_num must be >= 0 and needs return_logprob")
         rid = rid or uuid.uuid4().hex
+        if self.barrier is None:
+            return await self._generate_once(
+                input_ids, sampling, rid, return_logprob, top_logprobs_num
+            )
+        return await self._generate_through_pauses(
+            self.barrier, input_ids, sampling, rid, return_logprob, top_logprobs_num
+        )
+
+    async def _generate_through_pauses(
+        self,
+        barrier: RefreshBarrier,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        return_logprob: bool,
+        top_logprobs_num: int,
+    ) -> GenerateResult:
+        """Generate; a piece aborted by a token-mode pause is continued from its prefix once
+        the refresh ends, and the pieces are stitched into one answer."""
+        started = time.perf_counter()
+        stops = sampling.stop_strings() if return_logprob else []
+        pieces: list[GenerateResult] = []
+        produced: list[int] = []
+        while True:
+            epoch = barrier.epoch
+            params = continued_sampling(sampling, len(produced)) if pieces else sampling
+            piece_rid = f"{rid}-c{len(pieces)}" if pieces else rid
+            piece = await self._generate_once(
+                [*input_ids, *produced],
+                params,
+                piece_rid,
+                return_logprob,
+                top_logprobs_num,
+                token_texts=bool(pieces and stops),
+            )
+            if pieces and stops:
+                cut = straddling_stop(
+                    "".join(p.text for p in pieces), piece.output_token_texts or (), stops
+                )
+                if cut is not None:  # a stop string straddles the switch: the answer ends
+                    pieces.append(_cut(piece, *cut))
+                    break
+            pieces.append(piece)
+            produced.extend(piece.output_ids)
+            if not (piece.aborted and barrier.interrupted(epoch)):
+                break
+            await barrier.wait_resumed()
+            if self.base_url in barrier.failed:
+                raise EngineUnavailableError(
+                    self.base_url + "/generate",
+                    "interrupted by a token-mode refresh and the engine did not load the new "
+                    "weights; no token reached the client",
+                )
+            barrier.continued += 1
+            if len(produced) >= sampling.max_new_tokens:  # budget spent exactly at the pause
+                pieces[-1] = replace(
+                    piece, finish_reason=FinishReason(type="length", length=len(produced))
+                )
+                break
+        return _stitch(pieces, time.perf_counter() - started)
+
+    async def _generate_once(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        return_logprob: bool,
+        top_logprobs_num: int,
+        token_texts: bool = False,
+    ) -> GenerateResult:
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling.to_wire(),
@@ -231,12 +323,19 @@ class SGLangClient:
         }
         if top_logprobs_num:
             body["top_logprobs_num"] = top_logprobs_num
+        if token_texts:
+            body["return_text_in_logprobs"] = True
         started = time.perf_counter()
         payload = await self._json("POST", "/generate", body)
         latency = time.perf_counter() - started
-        return parse_generate_output(
+        result = parse_generate_output(
             payload, self.base_url + "/generate", rid, return_logprob, latency, top_logprobs_num
         )
+        if token_texts:
+            entries = payload["meta_info"]["output_token_logprobs"]  # checked by the parse
+            texts = tuple(str(e[2]) if len(e) > 2 and e[2] is not None else "" for e in entries)
+            result = replace(result, output_token_texts=texts)
+        return result
 
     # ------------------------------------------------------------------ control
 
@@ -371,6 +470,48 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+
+def _cut(piece: GenerateResult, kept: int, stop: str) -> GenerateResult:
+    """``piece`` ending after its ``kept`` first tokens, finished by the stop string ``stop``."""
+    texts = piece.output_token_texts or ()
+    top = piece.output_top_logprobs
+    return replace(
+        piece,
+        text="".join(texts[:kept]),
+        output_ids=piece.output_ids[:kept],
+        output_logprobs=piece.output_logprobs[:kept],
+        output_top_logprobs=None if top is None else top[:kept],
+        output_token_texts=texts[:kept],
+        finish_reason=FinishReason(type="stop", matched=stop),
+    )
+
+
+def _stitch(pieces: list[GenerateResult], latency_s: float) -> GenerateResult:
+    """One answer from the pieces of a call interrupted by token-mode refreshes: the outputs
+    concatenated, the last piece's finish reason, the first piece's prompt and cache figures."""
+    if len(pieces) == 1:
+        return pieces[0]
+    first, last = pieces[0], pieces[-1]
+    runs = version_runs([Piece(p.output_ids, p.weight_version) for p in pieces])
+    output_ids = stitch_lists([p.output_ids for p in pieces]) or []
+    logprobs = stitch_lists([p.output_logprobs for p in pieces]) or []
+    engine_s = [p.engine_latency_s for p in pieces]
+    return GenerateResult(
+        rid=first.rid,
+        text="".join(p.text for p in pieces),
+        output_ids=output_ids,
+        output_logprobs=logprobs,
+        finish_reason=last.finish_reason,
+        weight_version=runs[0][1],
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        latency_s=latency_s,
+        engine_latency_s=None if None in engine_s else sum(e or 0.0 for e in engine_s),
+        output_top_logprobs=stitch_lists([p.output_top_logprobs for p in pieces]),
+        version_runs=runs if len(runs) > 1 else (),
+        continuations=len(pieces) - 1,
+    )
 
 
 def parse_generate_output(

@@ -10,6 +10,12 @@ Layout (DESIGN.md "Trajectory record"):
 * a new segment starts when the rendered history stops extending the recorded tokens
   (context condensation, a rewritten assistant turn); ``segment.reason`` says why.
 
+A turn's generated tokens normally come from one weight version (``weight_version``). A
+token-mode refresh can switch versions inside a turn; the turn then also carries
+``version_runs``: ``(start index, version)`` per run of output tokens of one version, starting
+at 0 with ``weight_version`` (the oldest), so the switch point is exact without a version per
+token. Records written before runs existed (no ``vr`` in the header) load as one run.
+
 Token data is stored packed (see :mod:`services.protocol.packing`). Wire format of one turn
 (``Turn.to_bytes``): ``b"SWT1"``, a little-endian u32 header length, a compact JSON header, then
 the packed observation ids, output ids and output logprobs whose lengths the header gives.
@@ -17,6 +23,7 @@ the packed observation ids, output ids and output logprobs whose lengths the hea
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import time
@@ -66,6 +73,8 @@ class Turn:
     queue_wait_s: float = 0.0  # time spent waiting at a closed weight-refresh gate
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # (start index into output_ids, version) per run; empty: every token is weight_version's.
+    version_runs: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -73,6 +82,25 @@ class Turn:
                 f"turn has {len(self.output_ids)} output ids but "
                 f"{len(self.output_logprobs)} logprobs"
             )
+        self.version_runs = [(int(s), int(v)) for s, v in self.version_runs]
+        if len(self.version_runs) == 1:  # one run is no switch: stored as weight_version only
+            if self.version_runs[0] != (0, self.weight_version):
+                raise ProtocolError(
+                    f"single version run {self.version_runs[0]} is not (0, {self.weight_version})"
+                )
+            self.version_runs = []
+        if self.version_runs:
+            check_version_runs(self.version_runs, self.weight_version, len(self.output_ids))
+
+    def token_versions(self) -> list[int]:
+        """The weight version of every output token."""
+        if not self.version_runs:
+            return [self.weight_version] * len(self.output_ids)
+        ends = [start for start, _ in self.version_runs[1:]] + [len(self.output_ids)]
+        versions: list[int] = []
+        for (start, version), end in zip(self.version_runs, ends, strict=True):
+            versions.extend([version] * (end - start))
+        return versions
 
     def header(self) -> dict[str, Any]:
         return {
@@ -86,6 +114,7 @@ class Turn:
             "ct": self.cached_tokens,
             "no": len(self.observation_ids),
             "ng": len(self.output_ids),
+            **({"vr": [list(run) for run in self.version_runs]} if self.version_runs else {}),
         }
 
     def to_bytes(self) -> bytes:
@@ -109,6 +138,7 @@ class Turn:
         try:
             head = json.loads(data[8 : 8 + hlen])
             no, ng = int(head["no"]), int(head["ng"])
+            runs = [(int(start), int(version)) for start, version in head.get("vr", [])]
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"bad turn header: {exc}") from exc
         off = 8 + hlen
@@ -133,6 +163,7 @@ class Turn:
             queue_wait_s=float(head.get("qw", 0.0)),
             prompt_tokens=int(head.get("pt", 0)),
             cached_tokens=int(head.get("ct", 0)),
+            version_runs=runs,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,7 +179,23 @@ class Turn:
             "queue_wait_s": self.queue_wait_s,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "version_runs": [list(run) for run in self.version_runs],
         }
+
+
+def check_version_runs(runs: list[tuple[int, int]], weight_version: int, n_tokens: int) -> None:
+    """Runs start at 0 with ``weight_version``, then strictly increasing starts inside the
+    output and a different version each (raises ProtocolError)."""
+    if runs[0] != (0, weight_version):
+        raise ProtocolError(f"version runs start with {runs[0]}, not (0, {weight_version})")
+    for (start, version), (next_start, next_version) in itertools.pairwise(runs):
+        if not start < next_start < n_tokens:
+            raise ProtocolError(
+                f"version run starts {start}, {next_start} are not increasing inside "
+                f"{n_tokens} output tokens"
+            )
+        if next_version == version:
+            raise ProtocolError(f"adjacent version runs have the same version {version}")
 
 
 @dataclass
@@ -216,7 +263,7 @@ class Segment:
             tokens.extend(turn.output_ids)
             mask.extend([1] * n_out)
             logps.extend(turn.output_logprobs)
-            versions.extend([turn.weight_version] * n_out)
+            versions.extend(turn.token_versions())
         return {
             "tokens": tokens,
             "action_mask": mask,

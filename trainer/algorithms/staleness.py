@@ -4,6 +4,10 @@ A token sampled by policy version ``v_t`` is ``v_l - v_t`` versions behind the t
 ``v_l``. A trajectory's lag is that of its oldest action token (choice in the spec); trajectories
 lagging more than ``max_policy_lag`` are dropped before the update and counted. A one-step lag
 still counts as on-policy for the off-policy token ratio.
+
+``token_versions`` is per token: a turn that a token-mode weight refresh interrupted carries two
+versions (its version runs, services/protocol/trajectory.py), and the tokens before the switch
+count with the older one, so such a trajectory's lag is that of its pre-switch tokens.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ Layout (docs/trainer.md "Batch layout"), ``N`` rows (one per segment), two width
   and causal attention mean no real token ever attends to padding.
 * the post-prompt view ``[N, T]`` of :mod:`trainer.algorithms`: ``tokens`` (``-1`` past the
   end), ``action_mask`` (True exactly on generated tokens), ``behavior_logp`` (0 elsewhere),
-  ``token_versions`` (-1 elsewhere). Post-prompt token ``t`` of row ``n`` sits at full position
-  ``prompt_lengths[n] + t`` and is predicted by the hidden state at ``prompt_lengths[n] + t - 1``.
+  ``token_versions`` (-1 elsewhere; per token, so a turn a token-mode refresh interrupted
+  switches version exactly at its switch point). Post-prompt token ``t`` of row ``n`` sits at
+  full position ``prompt_lengths[n] + t`` and is predicted by the hidden state at
+  ``prompt_lengths[n] + t - 1``.
 * per row: ``rewards`` (the trajectory's outcome, shared by its segments), ``group_ids`` (dense
   prompt-group index), ``trajectory_index`` (dense), ``segment_index``, ``truncated``.
 

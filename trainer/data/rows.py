@@ -3,8 +3,9 @@
 A segment is one token-consistent prefix chain (DESIGN.md "Trajectory record"), so it is the
 unit the model can score in one forward pass: its prompt ids, then per turn the observation
 tokens (action mask 0) and the generated tokens (mask 1, with the behaviour logprobs and the
-weight version the engine recorded). :meth:`services.protocol.Segment.flatten` gives that
-post-prompt layout; this module adds the checks a trainer needs before trusting it.
+weight version the engine recorded for each token -- a turn that a token-mode refresh
+interrupted has two, split at its version runs). :meth:`services.protocol.Segment.flatten`
+gives that post-prompt layout; this module adds the checks a trainer needs before trusting it.
 
 Choice (docs/trainer.md): every segment of a trajectory becomes its own row and shares the
 trajectory's outcome reward; the reward sits on each row's last action token. Rows carry the
@@ -75,8 +76,9 @@ def check_record(record: TrajectoryRecord, vocab_size: int | None = None) -> Non
             bad = [lp for lp in turn.output_logprobs if not (math.isfinite(lp) and lp <= 0.0)]
             if bad:
                 raise RecordError(f"{where} turn {t}: logprob {bad[0]!r} is not finite and <= 0")
-            if turn.weight_version < 0:
-                raise RecordError(f"{where} turn {t}: weight version {turn.weight_version} < 0")
+            oldest = min((v for _, v in turn.version_runs), default=turn.weight_version)
+            if min(oldest, turn.weight_version) < 0:
+                raise RecordError(f"{where} turn {t}: weight version {oldest} < 0")
             ids.extend(turn.observation_ids)
             ids.extend(turn.output_ids)
         if vocab_size is not None:

@@ -2,7 +2,7 @@
 
 ``make_publisher(config)`` returns the transport the ``publish`` config names; ``publish(backend)``
 publishes ``backend.version`` and returns a :class:`PublishResult` with timings, or raises
-:class:`PublishError` (the engines keep serving the previous version). See docs/weight-sync.md.
+:class:`PublishError` (the engines keep serving the previous version). See docs/weights.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Loaded with :func:`load_publish_config` (:func:`services.config.load_config`, section
 ``publish``): defaults < YAML < ``SWERL_PUBLISH__*`` environment < explicit overrides. See
-docs/weight-sync.md.
+docs/weights.md.
 """
 
 from __future__ import annotations

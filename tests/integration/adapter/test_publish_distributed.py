@@ -207,3 +207,52 @@ def test_bad_distributed_requests_are_refused_before_any_broadcast(
         assert r.status_code == 401  # the admin token is required
         assert versions(a)["current_version"] == current
         assert a.service.gate.is_open
+
+
+def test_token_mode_broadcast_interrupts_and_continues_generation(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer], tmp_path: Path
+) -> None:
+    """The distributed transport under the token refresh mode: requests decoding when the
+    broadcast lands are paused, the buckets load, and each continues under the new weights."""
+    import httpx
+
+    urls = [e.url for e in two_engines]
+    with adapter(engines=urls, refresh_mode="token") as a:
+        backend = trainer(Path(a.service.config.model))
+        v0 = backend.version = versions(a)["current_version"]
+        publisher = make_publisher(config(a.url, bucket_mb=0.25, weights_dir=tmp_path))
+
+        def chat(i: int) -> httpx.Response:
+            body = {"messages": [{"role": "user", "content": f"d{i}"}], "max_tokens": 160}
+            return a.chat(f"dist-token-{i}", body)
+
+        def running() -> int:
+            return sum(
+                httpx.get(f"{u}/get_server_info", timeout=10).json()["num_running_reqs"]
+                for u in urls
+            )
+
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                answers = [pool.submit(chat, i) for i in range(4)]
+                deadline = time.monotonic() + 60
+                while running() < 4:
+                    assert time.monotonic() < deadline, "requests never all decoding"
+                    time.sleep(0.01)
+                move_weights(backend, seed=11)
+                result = publisher.publish(backend)
+                responses = [f.result() for f in answers]
+            assert result is not None and result.adapter["mode"] == "token"
+            assert result.adapter["drain_s"] == 0.0
+            for i, response in enumerate(responses):
+                assert response.status_code == 200, response.text
+                turn = a.record(f"dist-token-{i}")["segments"][0]["turns"][0]
+                assert len(turn["output_ids"]) == 160 or turn["finish_reason"] == "stop"
+                runs = turn["version_runs"]
+                if runs:  # interrupted: old version first, then the broadcast one, once
+                    assert [v for _, v in runs] == [v0, backend.version] and runs[1][0] > 0
+            assert sum(bool(a.record(f"dist-token-{i}")["segments"][0]["turns"][0]["version_runs"])
+                       for i in range(4)) >= 3  # fmt: skip
+            assert_serves(two_engines, backend, backend.version)
+        finally:
+            publisher.close()

@@ -496,6 +496,38 @@ def test_update_while_paused_in_place_applies_at_once(
     assert result.finish_reason.type == "length" and result.weight_version == "w-paused"
 
 
+def test_pause_in_abort_mode_returns_partial_outputs_and_holds_new_requests(
+    weights_server: ThreadedReferenceServer, tiny_model_dir: Path, tokenizer: Any
+) -> None:
+    """SGLang's ``/pause_generation {"mode": "abort"}``: each running request returns what it
+    produced, with its logprobs and an abort finish reason; requests sent while paused wait for
+    ``/continue_generation`` and then run on the weights loaded meanwhile."""
+    prompt = chat_prompt(tokenizer, "pause abort")
+
+    async def go() -> tuple[GenerateResult, bool, GenerateResult]:
+        async with SGLangClient(weights_server.url) as client:
+            params = SamplingParams(max_new_tokens=400, ignore_eos=True)
+            running = asyncio.create_task(client.generate(prompt, params))
+            await asyncio.sleep(0.3)
+            await client.pause_generation("abort")
+            partial = await asyncio.wait_for(running, 10)  # returned by the pause itself
+            late = asyncio.create_task(client.generate(prompt, SamplingParams(max_new_tokens=3)))
+            try:
+                await client.update_weights_from_disk(str(tiny_model_dir), "w-pause-abort")
+                await asyncio.sleep(0.2)
+                held = not late.done()
+            finally:
+                await client.continue_generation()
+            return partial, held, await late
+
+    partial, held, late = run(go())
+    assert partial.aborted and 0 < len(partial.output_ids) < 400
+    assert len(partial.output_logprobs) == len(partial.output_ids)
+    assert all(lp <= 0 for lp in partial.output_logprobs)
+    assert held and late.finish_reason.type == "length"
+    assert late.weight_version == "w-pause-abort"
+
+
 def test_update_with_abort_all_and_refused_updates(
     weights_server: ThreadedReferenceServer, tiny_model_dir: Path, scratch: Path, tokenizer: Any
 ) -> None:

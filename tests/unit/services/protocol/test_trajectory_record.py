@@ -141,3 +141,53 @@ def test_outcome_round_trips_as_json() -> None:
 def test_trajectory_ids_are_validated(bad: str) -> None:
     with pytest.raises(ValidationError):
         TrajectoryMeta(trajectory_id=bad)
+
+
+def switched_turn(runs: list[tuple[int, int]], n_out: int = 6, version: int = 3) -> Turn:
+    return Turn(
+        output_ids=int_array(range(n_out)),
+        output_logprobs=float_array([-1.0] * n_out),
+        weight_version=version,
+        version_runs=runs,
+    )
+
+
+def test_version_runs_round_trip_and_flatten_per_token() -> None:
+    """A turn a token-mode refresh interrupted: versions switch exactly at the run start."""
+    turn = switched_turn([(0, 3), (4, 4)])
+    back = Turn.from_bytes(turn.to_bytes())
+    assert back.version_runs == [(0, 3), (4, 4)]
+    assert back.token_versions() == [3, 3, 3, 3, 4, 4]
+    assert back.to_json()["version_runs"] == [[0, 3], [4, 4]]
+    seg = Segment(prompt_ids=int_array([9]))
+    seg.turns = [Turn(observation_ids=int_array([7]), output_ids=int_array([5]),
+                      output_logprobs=float_array([-0.5]), weight_version=3), back]  # fmt: skip
+    assert seg.flatten()["versions"] == [-1, 3, 3, 3, 3, 3, 4, 4]
+
+
+def test_a_turn_without_runs_is_one_run_and_old_records_load() -> None:
+    """Records written before version runs existed carry no ``vr``: one version per turn."""
+    turn = Turn(output_ids=int_array([1, 2]), output_logprobs=float_array([-1.0, -2.0]),
+                weight_version=5)  # fmt: skip
+    raw = turn.to_bytes()
+    assert b'"vr"' not in raw  # the header of a one-version turn is what it always was
+    back = Turn.from_bytes(raw)
+    assert back.version_runs == [] and back.token_versions() == [5, 5]
+    # A single run equal to the turn's version is normalised away.
+    assert switched_turn([(0, 3)]).version_runs == []
+
+
+@pytest.mark.parametrize(
+    ("runs", "needle"),
+    [
+        ([(1, 3), (4, 4)], "start with"),
+        ([(0, 2), (4, 4)], "start with"),
+        ([(0, 3), (6, 4)], "not increasing"),
+        ([(0, 3), (4, 4), (4, 5)], "not increasing"),
+        ([(0, 3), (2, 3)], "same version"),
+        ([(0, 4)], "single version run"),
+    ],
+)
+def test_bad_version_runs_are_refused(runs: list[tuple[int, int]], needle: str) -> None:
+    with pytest.raises(ProtocolError, match=needle):
+        switched_turn(runs)

@@ -80,6 +80,20 @@ def test_policy_lag_filter_drops_whole_trajectories_by_their_oldest_token() -> N
     assert batch.num_rows == 3 and report.over_lag == 0
 
 
+def test_a_turn_switched_mid_generation_carries_both_versions_and_lags_by_the_old() -> None:
+    """A token-mode refresh interrupted the turn after 2 tokens: versions 4 then 5 per token;
+    the trajectory's lag is that of the tokens before the switch."""
+    switched = turn([3], [7, 8, 9, 10], 4)
+    switched.version_runs = [(0, 4), (2, 5)]
+    rec = record("t-s", [([1], [turn([], [2], 5), turn([3], [7, 8, 9, 10], 4)])])
+    rec.segments[0].turns[1] = switched
+    batch, report = build_batch([rec], trainer_version=6, pad_id=0)
+    assert batch.token_versions.tolist() == [[5, -1, 4, 4, 5, 5]]
+    assert report.mean_lag == 2.0  # 6 - 4: the pre-switch tokens decide
+    with pytest.raises(BatchError, match="lags more than max_policy_lag=1"):
+        build_batch([rec], 6, BatchConfig(max_policy_lag=1))  # most of its tokens lag only 1
+
+
 def test_a_token_from_a_future_policy_is_an_error() -> None:
     rec = record("t-f", [([1], [turn([], [2], 5)])])
     with pytest.raises(BatchError, match="future policy"):
