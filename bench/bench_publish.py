@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 transport="distributed",
                 adapter_url=url,
                 admin_token=ADMIN_TOKEN,
-                distributed={"backend": "gloo", "bucket_mb": mb},
+                # broadcast alone (no disk copy): the bench measures the transport itself
+                distributed={"backend": "gloo", "bucket_mb": mb, "export_to_disk": False},
             )
         for name, config in runs.items():
             publisher = make_publisher(config)

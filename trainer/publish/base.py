@@ -38,11 +38,15 @@ class Publisher(Protocol):
 
 
 def adapter_timings(summary: dict[str, Any]) -> dict[str, float]:
-    """The gate / drain / load seconds of the adapter's refresh summary."""
+    """The seconds of the adapter's refresh summary: gate closed (new requests wait), drain
+    (``step`` mode: in-flight agent steps finish first), engine load, and in ``token`` mode the
+    time in-flight requests were paused (interrupt + load + continue; 0 in ``step`` mode)."""
+    gate_closed = float(summary.get("gate_closed_s", 0.0))
     return {
-        "gate_closed": float(summary.get("gate_closed_s", 0.0)),
+        "gate_closed": gate_closed,
         "drain": float(summary.get("drain_s", 0.0)),
         "engine_load": float(summary.get("load_s", 0.0)),
+        "requests_paused": gate_closed if summary.get("mode") == "token" else 0.0,
     }
 
 

@@ -38,8 +38,10 @@ class DistributedPublishConfig(StrictModel):
         default=600.0, gt=0, description="group rendezvous and per-broadcast timeout"
     )
     export_to_disk: bool = Field(
-        default=False,
-        description="also export every version to weights_dir (readmitted engines reload it)",
+        default=True,
+        description="also export every version to weights_dir: the recovery path of an engine "
+        "that failed mid-broadcast or restarted (false: such an engine stays out of rotation "
+        "until a version with a disk copy is published)",
     )
 
 

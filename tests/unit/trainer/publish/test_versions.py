@@ -70,10 +70,22 @@ def test_publish_config_is_validated() -> None:
             "SWERL_PUBLISH__ADMIN_TOKEN": "t",
             "SWERL_PUBLISH__TRANSPORT": "distributed",
             "SWERL_PUBLISH__DISTRIBUTED__BUCKET_MB": "0.5",
+            "SWERL_PUBLISH__WEIGHTS_DIR": "/w",
         }
     )
     assert cfg.adapter_url == "http://127.0.0.1:8100"
     assert cfg.distributed.bucket_mb == 0.5
+    assert cfg.distributed.export_to_disk  # the recovery path is on by default
+    # The broadcast transport exports to disk too unless told not to: it needs weights_dir.
+    with pytest.raises(ValueError, match="weights_dir is required"):
+        PublishConfig(adapter_url="http://a", admin_token="t", transport="distributed")
+    bare = PublishConfig(
+        adapter_url="http://a",
+        admin_token="t",
+        transport="distributed",
+        distributed={"export_to_disk": False},
+    )
+    assert bare.weights_dir == ""
     from services.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"publish\.transport"):
