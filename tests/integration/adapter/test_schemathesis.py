@@ -37,6 +37,7 @@ EXPECTED_OPERATIONS = {
     "POST /admin/weights/distributed",
     "GET /admin/versions",
     "GET /health",
+    "GET /readyz",
     "GET /metrics",
 }
 # Fuzzed without the admin token: a valid generated body would make the engines dial the
