@@ -91,9 +91,11 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
 
 
 def grade_all(
-    grader: Grader, plan: RunPlan, workers: int, progress: TextIO = sys.stderr
+    grader: Grader, plan: RunPlan, workers: int, progress: TextIO | None = None
 ) -> list[Outcome]:
-    """Grade ``plan.todo`` with ``workers`` threads, one progress line per instance."""
+    """Grade ``plan.todo`` with ``workers`` threads, one progress line per instance (default:
+    to stderr)."""
+    progress = progress or sys.stderr
     by_id = {inst.instance_id: inst for inst in plan.instances}
     lock = threading.Lock()
     outcomes: list[Outcome] = []
