@@ -30,6 +30,7 @@ from sandbox_worker.evaluation.run_report import (
 from sandbox_worker.images import instance_image
 from services.datasets import DatasetError, load_instances
 from services.datasets.predictions import GOLD, Prediction, gold_predictions, load_predictions
+from services.eval.generate import PREDICTIONS_FILE, StackError, generate
 from services.eval.grade import Grader, Outcome
 from services.protocol.instance import SWEInstance
 from services.swerl_cli.eval_options import build_eval_parser
@@ -54,11 +55,14 @@ class RunPlan:
     todo: list[str]  # ids to grade now (non-empty patch, not completed on --resume)
 
 
+def select_instances(args: argparse.Namespace) -> list[SWEInstance]:
+    instances = load_instances(args.dataset, only=args.instances)
+    return instances if args.max_instances is None else instances[: args.max_instances]
+
+
 def plan_run(args: argparse.Namespace) -> RunPlan:
     """Load and check every input; a :class:`DatasetError` / :class:`SetupError` otherwise."""
-    instances = load_instances(args.dataset, only=args.instances)
-    if args.max_instances is not None:
-        instances = instances[: args.max_instances]
+    instances = select_instances(args)
     if args.predictions == GOLD:
         predictions = gold_predictions(instances)
     else:
@@ -151,9 +155,35 @@ def write_report(plan: RunPlan) -> tuple[Path, dict[str, object]]:
     return path, report
 
 
+def generate_first(args: argparse.Namespace) -> int | None:
+    """Generation mode: write ``predictions.jsonl`` into the report directory and point
+    ``args.predictions`` at it; an exit status when the run cannot go on, else None."""
+    root = Path(args.report_dir)
+    if not Path(args.model).is_dir():
+        raise SetupError(f"--model {args.model}: no such checkpoint directory")
+    if (root / PREDICTIONS_FILE).exists() and not args.resume:
+        raise SetupError(f"{root / PREDICTIONS_FILE} exists: pass --resume to continue that run")
+    instances = select_instances(args)
+    try:
+        path, aborted = generate(args, instances, root)
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    if not path.read_text().strip():
+        print(f"error: no prediction was generated ({aborted} aborted); see {root}/*.log",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INFRA
+    args.predictions = str(path)
+    args.resume = True  # grading continues the same run
+    args.generation_aborted = aborted
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_eval_parser("python -m services.eval").parse_args(argv)
     try:
+        if args.model is not None and (code := generate_first(args)) is not None:
+            return code
         plan = plan_run(args)
     except (DatasetError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -179,4 +209,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     path, report = write_report(plan)
     print("\n".join(summary_lines(report)))
     print(f"Report written to {path}")
-    return EXIT_INFRA if any(o.infra for o in outcomes) else EXIT_OK
+    aborted = getattr(args, "generation_aborted", 0)
+    return EXIT_INFRA if aborted or any(o.infra for o in outcomes) else EXIT_OK

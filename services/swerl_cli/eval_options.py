@@ -29,6 +29,8 @@ examples:
         --backend bwrap
   swerl eval --dataset swe-bench-verified.parquet --predictions preds.jsonl \\
         --report-dir runs/eval --image-namespace swebench --workers 8 --resume
+  swerl eval --dataset swe-bench-verified.parquet --model /ckpt/step-200 \\
+        --engine-url http://sglang-0:30000,http://sglang-1:30000 --report-dir runs/eval-200
 
 exit status:
   0  the run report was written
@@ -61,10 +63,16 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, metavar="FILE",
                    help="dataset file: SWE-bench (Verified) JSONL / JSON / parquet as published, "
                         "or the mini set tests/data/instances.jsonl")  # fmt: skip
-    p.add_argument("--predictions", required=True, metavar="FILE",
-                   help="SWE-bench predictions (.jsonl or .json; fields instance_id, "
-                        "model_name_or_path, model_patch), or 'gold' for the dataset's own "
-                        "patches")  # fmt: skip
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--predictions", metavar="FILE",
+                        help="grade these SWE-bench predictions (.jsonl or .json; fields "
+                             "instance_id, model_name_or_path, model_patch), or 'gold' for the "
+                             "dataset's own patches")  # fmt: skip
+    source.add_argument("--model", metavar="DIR",
+                        help="generate the predictions first: the OpenHands agent of "
+                             "training on this checkpoint (its tokenizer and chat template; "
+                             "served by --engine-url, else by the CPU reference engine), "
+                             "then grade")  # fmt: skip
     p.add_argument("--report-dir", default="swerl-eval", metavar="DIR",
                    help="where logs and the run report go (default ./swerl-eval)")  # fmt: skip
     p.add_argument("--run-id", metavar="ID",
@@ -93,6 +101,26 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                         "eval_script, else the harness's spec for repo/version); 'swerl' = "
                         "swerl's pytest script (the mini set); 'auto' (default): harness "
                         "where it has a spec")  # fmt: skip
+    g = p.add_argument_group("generation (with --model)")
+    g.add_argument("--engine-url", type=_id_list, metavar="URL,URL,...",
+                   help="SGLang-protocol engines serving --model (default: start the reference "
+                        "engine on CPU, for small models and tests)")  # fmt: skip
+    g.add_argument("--engine-script", metavar="FILE",
+                   help="test machinery: the reference engine replays this scripted policy "
+                        "(sandbox_worker/tasks/scripted.py) instead of sampling")  # fmt: skip
+    g.add_argument("--model-name", metavar="NAME",
+                   help="model_name_or_path of the predictions (default: the --model "
+                        "directory's name)")  # fmt: skip
+    g.add_argument("--max-steps", type=_positive_int, default=300, metavar="N",
+                   help="agent steps (LLM calls) per instance, as in training (300)")  # fmt: skip
+    g.add_argument("--wall-time", type=_positive_int, default=3600, metavar="S",
+                   help="seconds one agent run may take, as in training (3600)")  # fmt: skip
+    g.add_argument("--max-context", type=_positive_int, default=131072, metavar="TOKENS",
+                   help="context window of the agent, as in training (131072)")  # fmt: skip
+    g.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                   help="sampling temperature (1.0, as in training)")  # fmt: skip
+    g.add_argument("--generation-timeout", type=_positive_int, default=86400, metavar="S",
+                   help="seconds the whole generation may take before it is cancelled")  # fmt: skip
 
 
 def build_eval_parser(prog: str) -> argparse.ArgumentParser:

@@ -207,6 +207,10 @@ def test_swerl_eval_runs_the_script_and_bad_predictions_exit_2(
     assert "Traceback" not in res.stderr
     res = _swerl("--dataset", str(mini_set), "--predictions", "gold", "--workers", "0")
     assert res.returncode == 2 and "--workers: must be >= 1" in res.stderr
+    res = _swerl("--dataset", str(mini_set), "--model", str(tmp_path / "nope"))
+    assert res.returncode == 2 and "no such checkpoint directory" in res.stderr
+    res = _swerl("--dataset", str(mini_set), "--model", str(tmp_path), "--predictions", "gold")
+    assert res.returncode == 2 and "not allowed with argument" in res.stderr
     res = _swerl("--dataset", str(mini_set), "--predictions", "gold", "--backend", "bwrap",
                  "--instances", "swerl__strkit-1", "--report-dir", str(tmp_path / "o"))  # fmt: skip
     assert res.returncode == 0, res.stderr
