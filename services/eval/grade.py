@@ -96,7 +96,7 @@ class Grader:
             if report.tests_timed_out:
                 output += timeout_note(self.timeout_s)
             (log_dir / LOG_TEST_OUTPUT).write_text(output)
-        status, detail, infra = _verdict(report)
+        status, detail, infra = verdict(report)
         if status != "error":
             report_json = instance_report(report, log_dir / LOG_TEST_OUTPUT)
             (log_dir / LOG_REPORT).write_text(json.dumps(report_json, indent=4))
@@ -104,7 +104,8 @@ class Grader:
         return Outcome(instance.instance_id, status, detail, infra, time.monotonic() - started)
 
 
-def _verdict(report: EvalReport) -> tuple[Status, str, bool]:
+def verdict(report: EvalReport) -> tuple[Status, str, bool]:
+    """``(status, why, infrastructure failure)`` by the harness's rules (run_report.py)."""
     if report.infra_error is not None:
         return "error", f"infrastructure failure: {report.infra_error}", True
     if report.patch_rejected is not None:

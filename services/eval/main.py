@@ -161,8 +161,10 @@ def generate_first(args: argparse.Namespace) -> int | None:
     root = Path(args.report_dir)
     if not Path(args.model).is_dir():
         raise SetupError(f"--model {args.model}: no such checkpoint directory")
-    if (root / PREDICTIONS_FILE).exists() and not args.resume:
-        raise SetupError(f"{root / PREDICTIONS_FILE} exists: pass --resume to continue that run")
+    run_dir = root / RUN_EVALUATION_LOG_DIR / (args.run_id or Path(PREDICTIONS_FILE).stem)
+    for existing in (root / PREDICTIONS_FILE, run_dir):
+        if existing.exists() and not args.resume:
+            raise SetupError(f"{existing} exists: pass --resume to continue that run")
     instances = select_instances(args)
     try:
         path, aborted = generate(args, instances, root)
@@ -197,7 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     node = f"eval-{secrets.token_hex(4)}"
-    backend = make_backend(args.backend)
+    try:
+        backend = make_backend(args.backend)
+    except Exception as exc:  # the backend's own error family (docker, bwrap set-up)
+        print(f"error: the {args.backend} backend is not available: {exc}", file=sys.stderr)
+        return EXIT_INFRA
     grader = Grader(backend, plan.root, plan.run_id, node, args.eval_script, args.timeout)
     try:
         outcomes = grade_all(grader, plan, args.workers)
