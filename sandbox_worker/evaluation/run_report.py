@@ -2,7 +2,8 @@
 
 Layout (relative to a report directory, as the harness lays it out relative to its working
 directory): ``logs/run_evaluation/<run_id>/<model>/<instance_id>/`` holds ``patch.diff``,
-``run_instance.log``, ``test_output.txt`` (the eval script's output) and ``report.json``
+``eval.sh`` (when the harness's script is the one run), ``run_instance.log``,
+``test_output.txt`` (the eval script's output) and ``report.json``
 (``get_eval_report``'s shape); the run report is ``<model>.<run_id>.json``
 (``reporting.make_run_report``'s keys, ``schema_version`` 2). ``<model>`` is
 ``model_name_or_path`` with ``/`` -> ``__``.
@@ -37,6 +38,7 @@ LOG_REPORT = "report.json"
 LOG_INSTANCE = "run_instance.log"
 LOG_TEST_OUTPUT = "test_output.txt"
 LOG_PATCH = "patch.diff"
+LOG_EVAL_SCRIPT = "eval.sh"  # the harness's eval script (only when it is the one run)
 SCHEMA_VERSION = 2
 
 # swebench.harness.infra_failure (5.0.2): (reason, tier, pattern), first hit wins.

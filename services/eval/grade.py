@@ -18,6 +18,7 @@ from typing import Literal
 from sandbox_worker.backends.base import SandboxBackend
 from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.evaluation.run_report import (
+    LOG_EVAL_SCRIPT,
     LOG_INSTANCE,
     LOG_PATCH,
     LOG_REPORT,
@@ -88,6 +89,8 @@ class Grader:
             (log_dir / stale).unlink(missing_ok=True)
         (log_dir / LOG_PATCH).write_text(prediction.model_patch or "")
         config = eval_config(instance, self.script_choice, self.timeout_s)
+        if config.eval_script == "harness":  # the script the harness writes next to its logs
+            (log_dir / LOG_EVAL_SCRIPT).write_text(harness_eval_script(instance))
         report = evaluate_patch(
             self.backend, instance, prediction.model_patch, image, node=self.node, config=config
         )

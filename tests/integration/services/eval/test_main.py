@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_worker.evaluation.patches import directives_of_test_patch, modified_files
 from sandbox_worker.tasks.checks import broken_patch
 from services.eval.main import main
 from services.protocol.instance import SWEInstance
@@ -103,6 +104,57 @@ def test_mixed_predictions_graded_as_the_harness_grades_them(
         report_dir=str(tmp_path / "theirs"),
     )
     assert ours == json.loads(Path(theirs_path).read_text())
+
+
+def _harness_row(inst: SWEInstance) -> dict[str, Any]:
+    """The row in swebench 5.0.2's shape: its own eval_script (the harness's form, for the
+    mini images: /testbed, Debian's pytest), log_parser, eval_type, image."""
+    base, tests = inst.base_commit, " ".join(modified_files(inst.test_patch))
+    script = "\n".join([
+        "#!/bin/bash", "set -uxo pipefail", "cd /testbed", "git status",
+        f"git -c core.fileMode=false diff {base}", f"git checkout {base} {tests}",
+        "git apply -v - <<'EOF_114329324912'", inst.test_patch.rstrip("\n"), "EOF_114329324912",
+        ": '>>>>> Start Test Output'",
+        "python3 -m pytest -rA -p no:cacheprovider "
+        + " ".join(directives_of_test_patch(inst.test_patch)),
+        ": '>>>>> End Test Output'", f"git checkout {base} {tests}",
+    ])  # fmt: skip
+    return {**inst.to_swebench_dict(), "eval_script": script, "log_parser": "parse_log_pytest",
+            "eval_type": "pass_and_fail", "image": "img"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rows_with_the_harness_script_run_it(
+    mini_set: Path,
+    instances: dict[str, SWEInstance],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chosen = ["swerl__spanlib-3", "swerl__tinyini-2"]
+    rows = [_harness_row(instances[i]) for i in chosen]
+    dataset = tmp_path / "harness-shaped.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    patches = {chosen[0]: instances[chosen[0]].patch, chosen[1]: NOTES}
+    preds = _preds(tmp_path / "h.jsonl", patches)
+    code, out, err = _run(capsys, dataset, "--predictions", str(preds), "--report-dir",
+                          str(tmp_path / "o"))  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "o" / "acme__agent-1.h.json").read_text())
+    assert report["resolved_ids"] == [chosen[0]] and report["unresolved_ids"] == [chosen[1]]
+    assert "Resolved: 1/2 (50.0%)" in out
+    run_dir = tmp_path / "o" / "logs" / "run_evaluation" / "h" / "acme__agent-1"
+    for row in rows:
+        iid = row["instance_id"]
+        spec = SWE["harness_utils"].make_test_spec(row)  # the harness's own spec of the row
+        assert (run_dir / iid / "eval.sh").read_text().rstrip("\n") == spec.eval_script.rstrip("\n")
+        assert "eval script: harness" in (run_dir / iid / "run_instance.log").read_text()
+        theirs = SWE["grading"].get_eval_report(
+            spec,
+            {"instance_id": iid, "model_name_or_path": MODEL, "model_patch": patches[iid]},
+            str(run_dir / iid / "test_output.txt"),
+            include_tests_status=True,
+        )
+        assert json.loads((run_dir / iid / "report.json").read_text()) == theirs
 
 
 @pytest.mark.slow
