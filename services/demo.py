@@ -54,7 +54,6 @@ from services.demo_report import (
 )
 from services.local_stack import LocalStack, StackError
 from services.manager.client import RolloutManager, tasks_for_request
-from services.processes import free_port, http_ok
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
 from services.protocol.trajectory import TrajectoryRecord
 from services.store.trajectories import load_trajectory
@@ -158,28 +157,22 @@ def start_services(
     say(f"redis: {redis_url}")
     engines = []
     for name, role in ENGINE_ROLES:
-        extra = ["--script", str(script)] if role == "scripted" else []
-        port = free_port()
-        stack.python(name, "services.reference_engine.server",
-                     ["--model", str(model), "--port", str(port), *extra],
-                     http_ok(f"http://127.0.0.1:{port}/health"))  # fmt: skip
-        engines.append(f"http://127.0.0.1:{port}")
+        engines.append(
+            stack.start_reference_engine(name, model, script if role == "scripted" else None)
+        )
         say(f"{name}: {engines[-1]}")
-    port = free_port()
-    adapter_url = f"http://127.0.0.1:{port}"
-    stack.python("adapter", "adapter",
-                 ["--engines", ",".join(engines), "--model", str(model), "--redis", redis_url,
-                  "--port", str(port)],
-                 http_ok(f"{adapter_url}/health"),
-                 env={"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN,
-                      "SWERL_ADAPTER__PLACEMENT": "sample_index"})  # fmt: skip
+    adapter_url = stack.start_adapter(
+        engines, model, redis_url,
+        {"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN, "SWERL_ADAPTER__PLACEMENT": "sample_index"},
+    )  # fmt: skip
     say(f"adapter: {adapter_url} (placement: sample k on engine k mod {len(engines)})")
     roles = {url: role for url, (_, role) in zip(engines, ENGINE_ROLES, strict=True)}
     return redis_url, adapter_url, roles
 
 
 def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, adapter_url: str,
-                 manager: RolloutManager, node: str) -> None:  # fmt: skip
+                 manager: RolloutManager, node: str, log: Callable[[str], None] = say,
+                 ) -> None:  # fmt: skip
     env = {
         "SWERL_WORKER__ROLLOUT__ADAPTER_URL": adapter_url,
         "SWERL_WORKER__ROLLOUT__ADAPTER_TOKEN": WORKER_TOKEN,
@@ -193,10 +186,12 @@ def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, ad
                  ["--redis", redis_url, "--node", node, "--slots", str(args.slots),
                   "--backend", args.backend],
                  alive, env=env, timeout_s=120)  # fmt: skip
-    say(f"sandbox worker: node {node}, {args.slots} slots, backend {args.backend}")
+    log(f"sandbox worker: node {node}, {args.slots} slots, backend {args.backend}")
 
 
-def wait_for_batch(manager: RolloutManager, batch_id: str, timeout_s: float) -> list[TaskResult]:
+def wait_for_batch(
+    manager: RolloutManager, batch_id: str, timeout_s: float, log: Callable[[str], None] = say
+) -> list[TaskResult]:
     """Wait for every trajectory, printing progress with an ETA on each change and at least
     every ``PROGRESS_EVERY_S`` (the first trajectories include the agent servers' start)."""
     start = time.monotonic()
@@ -207,7 +202,7 @@ def wait_for_batch(manager: RolloutManager, batch_id: str, timeout_s: float) -> 
                   f"{p.aborted}; running {p.running}, queued {p.queued}")  # fmt: skip
         now = time.monotonic()
         if detail != last or now - last_at >= PROGRESS_EVERY_S:
-            say(progress_line(p.done, p.total, now - start, detail))
+            log(progress_line(p.done, p.total, now - start, detail))
             last, last_at = detail, now
         if p.done >= p.total:
             return manager.collect(batch_id, timeout_s=30)

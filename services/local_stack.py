@@ -13,7 +13,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.processes import ManagedProcess, ProcessError, Ready, free_port, launch, tcp_open
+from services.processes import (
+    ManagedProcess,
+    ProcessError,
+    Ready,
+    free_port,
+    http_ok,
+    launch,
+    tcp_open,
+)
 
 STOP_GRACE_S = 40.0  # the worker drains its trajectories on SIGTERM
 
@@ -61,6 +69,29 @@ class LocalStack:
     def python(self, name: str, module: str, args: list[str], ready: Ready,
                **kw: object) -> ManagedProcess:  # fmt: skip
         return self.start(name, [sys.executable, "-m", module, *args], ready, **kw)  # type: ignore[arg-type]
+
+    def start_reference_engine(self, name: str, model: Path, script: Path | None = None) -> str:
+        """The reference engine (SGLang's protocol on CPU) on ``model``; scripted mode with
+        ``script``. Its URL."""
+        port = free_port()
+        extra = ["--script", str(script)] if script is not None else []
+        self.python(name, "services.reference_engine.server",
+                    ["--model", str(model), "--port", str(port), *extra],
+                    http_ok(f"http://127.0.0.1:{port}/health"))  # fmt: skip
+        return f"http://127.0.0.1:{port}"
+
+    def start_adapter(
+        self, engines: list[str], model: Path, redis_url: str, env: dict[str, str]
+    ) -> str:
+        """The adapter in front of ``engines`` (``env``: its settings, e.g. the worker token,
+        never on a command line). Its URL."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        self.python("adapter", "adapter",
+                    ["--engines", ",".join(engines), "--model", str(model), "--redis", redis_url,
+                     "--port", str(port)],
+                    http_ok(f"{url}/health"), env=env)  # fmt: skip
+        return url
 
     def stop_all(self) -> None:
         """Stop processes newest first, each fully before the next (the worker drains while

@@ -19,6 +19,7 @@ ENTRY_POINTS = (
     "sandbox_worker.validate",
     "services.api.__main__",
     "services.demo",
+    "services.eval.main",
     "services.manager.__main__",
     "services.reference_engine.server",
     "services.swerl_cli.main",

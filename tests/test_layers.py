@@ -16,7 +16,9 @@ from tests.support.paths import REPO_ROOT
 
 PLANES = ("adapter", "sandbox_worker", "trainer")
 # Modules that start or combine planes: they may import anything; only composers import them.
-COMPOSERS = ("services.demo", "services.demo_objective", "services.local_stack")
+# services.eval: the evaluation script (sandbox_worker's grading behind a CLI); `swerl eval` in the
+# base runs it as a child process (python -m services.eval), never importing it.
+COMPOSERS = ("services.demo", "services.demo_objective", "services.local_stack", "services.eval")
 CHECKED = (*PLANES, "services")
 
 

@@ -134,6 +134,9 @@ class EvalConfig(BaseModel):
     harness_grace_s: float = Field(60.0, gt=0)  # eval exec timeout = test timeout + grace
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     log_tail_chars: int = Field(8000, ge=0)
+    # Keep the whole output of the test run (the harness's test_output.txt) on the report
+    # (``test_output``): the evaluation script writes it to its per-instance logs.
+    keep_test_output: bool = False
     # SWE-bench never runs tests for an empty patch (unresolved by definition); set this to
     # run them anyway and report their status (validation uses it to check the base state).
     grade_empty_patch: bool = False
@@ -189,6 +192,7 @@ class EvalReport(BaseModel):
     log_resolved: bool | None = None  # the official log parser's verdict (structured mode)
     log_tests_status: dict[str, str] = Field(default_factory=dict)  # the log parser's map
     structured_problem: str | None = None  # why the structured report was not trusted
+    test_output: str | None = None  # the test run's whole output (``keep_test_output``)
 
     @property
     def reward(self) -> float | None:
@@ -328,6 +332,8 @@ def _run_and_grade(
     canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
     parser = _log_parser(instance, config)  # an unknown parser aborts before the run
     output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
+    if config.keep_test_output:
+        fields["test_output"] = output
     # An invalid log comes back as an empty status map: every listed test then fails.
     status_map, log_valid = get_logs_eval(output, parser)
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.protocol.instance import SWEInstance
 
@@ -62,31 +62,40 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         for index, row in enumerate(_parquet_rows(path), start=1):
             yield f"row {index}", row
         return
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: cannot read: {exc}") from exc
+    text = read_text(path)
     if suffix == ".json":
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _invalid_json(path, exc.lineno, exc) from None
+            raise invalid_json(path, exc.lineno, exc) from None
         if not isinstance(rows, list):
             raise DatasetError(f"{path}: a .json dataset must be a list of instances")
         for index, row in enumerate(rows, start=1):
             yield f"row {index}", row
         return
+    yield from jsonl_records(path, text)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read: {exc}") from exc
+
+
+def jsonl_records(path: Path, text: str) -> Iterator[tuple[str, Any]]:
+    """``(line N, record)`` of each non-blank line of a JSONL text."""
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise _invalid_json(path, lineno, exc) from None
+            raise invalid_json(path, lineno, exc) from None
         yield f"line {lineno}", record
 
 
-def _invalid_json(path: Path, lineno: int, exc: json.JSONDecodeError) -> DatasetError:
+def invalid_json(path: Path, lineno: int, exc: json.JSONDecodeError) -> DatasetError:
     return DatasetError(f"{path}:line {lineno}: invalid JSON: {exc.msg} (column {exc.colno})")
 
 
@@ -104,18 +113,23 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _validate(path: Path, where: str, record: Any) -> SWEInstance:
+    return validate_record(path, where, record, SWEInstance)
+
+
+def validate_record[M: BaseModel](path: Path, where: str, record: Any, model: type[M]) -> M:
+    """``record`` as a ``model``; a :class:`DatasetError` naming file, place, id and fields."""
     if not isinstance(record, dict):
         raise DatasetError(f"{path}:{where}: expected a JSON object, got {type(record).__name__}")
     try:
-        return SWEInstance.model_validate(record)
+        return model.model_validate(record)
     except ValidationError as exc:
         iid = record.get("instance_id")
         who = f" (instance {iid!r})" if isinstance(iid, str) and iid else ""
-        problems = "; ".join(_describe(err) for err in exc.errors())
+        problems = "; ".join(describe_error(err) for err in exc.errors())
         raise DatasetError(f"{path}:{where}{who}: {problems}") from None
 
 
-def _describe(error: Any) -> str:
+def describe_error(error: Any) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "<record>"
     if error["type"] == "missing":
         return f"missing required field {field!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,12 @@ from services.swerl_cli.errors import (
     EXIT_USAGE,
     CliError,
 )
+from services.swerl_cli.eval_options import (
+    EVAL_DESCRIPTION,
+    EVAL_EPILOG,
+    EVAL_MODULE,
+    add_eval_arguments,
+)
 from services.swerl_cli.jobfile import load_job_file
 from services.swerl_cli.render import detail, progress_bar, table
 
@@ -28,15 +35,17 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 DESCRIPTION = """\
 swerl: submit and watch training, rollout and evaluation jobs of a swerl cluster.
 
-Every subcommand here talks to the job API (python -m services.api; docs/api.md) at --api
-(or $SWERL_API_URL) with the bearer token --token (or $SWERL_API_TOKEN). The tools that run
-locally (eval, demo, images, validate) are not part of this command yet.
+The job subcommands talk to the job API (python -m services.api; docs/api.md) at --api
+(or $SWERL_API_URL) with the bearer token --token (or $SWERL_API_TOKEN). `eval` runs locally
+(python -m services.eval; docs/eval.md); the other local tools (demo, images, validate) are
+not part of this command yet.
 
   submit   queue a job: swerl submit rollout|train|eval ...  or  swerl submit -f job.yaml
   status   list jobs, or show one (with --watch: a live progress bar until it ends)
   logs     a job's log lines (-f: follow until the job ends)
   results  a job's results as NDJSON, one trajectory per line (--follow)
   cancel   cancel a job (queued: at once; running: its runner stops it)
+  eval     (local) grade SWE-bench predictions in fresh sandboxes, as the official harness
 """
 
 EPILOG = f"""\
@@ -51,6 +60,7 @@ examples:
   swerl cancel rollout-20260101-ab12cd
 
 {EXIT_CODES_HELP}
+  (swerl eval has its own: swerl eval --help)
 """
 
 
@@ -156,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cancel", help="cancel a job",
                        description="Cancel a job (its submitter or an admin token).")  # fmt: skip
     c.add_argument("job", help="a job id")
+    ev = sub.add_parser("eval", help="(local) grade SWE-bench predictions; docs/eval.md",
+                        description=EVAL_DESCRIPTION, epilog=EVAL_EPILOG,
+                        formatter_class=RAW)  # fmt: skip
+    add_eval_arguments(ev)
     return parser
 
 
@@ -269,8 +283,24 @@ COMMANDS: dict[str, Callable[[ApiClient, argparse.Namespace], int]] = {
 }
 
 
+def run_local(module: str, argv: Sequence[str], command: str) -> int:
+    """Run a local tool's module in a child process with the arguments after ``command`` (the
+    base CLI names the composer's module, it never imports it); its exit status is ours."""
+    rest = list(argv)[list(argv).index(command) + 1 :]
+    try:
+        return subprocess.run([sys.executable, "-m", module, *rest], check=False).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+LOCAL_COMMANDS = {"eval": EVAL_MODULE}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)  # argument errors: usage + exit 2
+    if args.command in LOCAL_COMMANDS:
+        return run_local(LOCAL_COMMANDS[args.command], argv, args.command)
     api = ApiClient(args.api, args.token)
     try:
         return COMMANDS[args.command](api, args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from importlib import import_module
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,21 @@ def test_submit_options_go_before_or_after_the_kind(argv: list[str]) -> None:
 def test_submit_options_default_off() -> None:
     args = build_parser().parse_args(["submit", "eval", "--checkpoint", "c", "--dataset", "d"])
     assert (args.wait, args.idempotency_key) == (False, None)
+
+
+def test_eval_runs_the_evaluation_script_with_the_arguments_after_eval(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`swerl [global options] eval ...` runs python -m services.eval with what follows
+    `eval`; the child's exit status (2: the dataset file is missing) is swerl's."""
+    missing = f"{tmp_path}/none.jsonl"
+    code = main(["--api", "http://127.0.0.1:1", "eval", "--dataset", missing, "--predictions",
+                 "gold"])  # fmt: skip
+    assert code == EXIT_USAGE
+    assert f"{missing}: no such dataset file" in capfd.readouterr().err
+
+
+def test_eval_usage_errors_are_the_parents() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--predictions", "gold"])  # no --dataset
+    assert exc.value.code == EXIT_USAGE

@@ -1,0 +1,219 @@
+"""``python -m services.eval`` / ``swerl eval``: grade SWE-bench predictions (docs/eval.md).
+
+Everything the user gives is checked before a sandbox starts (dataset rows, every prediction,
+instance ids, image naming, the run directory); then the instances are graded by ``--workers``
+threads, each patch in its own fresh sandbox, and the run report is made from the files, as the
+harness's ``make_run_report`` makes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from sandbox_worker.backends import make_backend
+from sandbox_worker.evaluation.run_report import (
+    RUN_EVALUATION_LOG_DIR,
+    is_completed,
+    make_run_report,
+    run_report_path,
+)
+from sandbox_worker.images import instance_image
+from services.datasets import DatasetError, load_instances
+from services.datasets.predictions import GOLD, Prediction, gold_predictions, load_predictions
+from services.eval.generate import PREDICTIONS_FILE, StackError, generate
+from services.eval.grade import Grader, Outcome
+from services.protocol.instance import SWEInstance
+from services.swerl_cli.eval_options import build_eval_parser
+
+EXIT_OK, EXIT_INFRA, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$")
+
+
+class SetupError(ValueError):
+    """The run cannot start (a usage error: exit 2)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one invocation grades."""
+
+    root: Path
+    run_id: str
+    instances: list[SWEInstance]  # the selected part of the dataset (the report's total)
+    predictions: dict[str, Prediction]  # every prediction of the file (the harness's submitted)
+    images: dict[str, str]
+    todo: list[str]  # ids to grade now (non-empty patch, not completed on --resume)
+
+
+def select_instances(args: argparse.Namespace) -> list[SWEInstance]:
+    instances = load_instances(args.dataset, only=args.instances)
+    return instances if args.max_instances is None else instances[: args.max_instances]
+
+
+def plan_run(args: argparse.Namespace) -> RunPlan:
+    """Load and check every input; a :class:`DatasetError` / :class:`SetupError` otherwise."""
+    instances = select_instances(args)
+    if args.predictions == GOLD:
+        predictions = gold_predictions(instances)
+    else:
+        all_ids = [inst.instance_id for inst in load_instances(args.dataset)]
+        predictions = load_predictions(args.predictions, all_ids)
+    run_id = args.run_id or (GOLD if args.predictions == GOLD else Path(args.predictions).stem)
+    if not RUN_ID_PATTERN.match(run_id):
+        raise SetupError(f"run id {run_id!r} must match {RUN_ID_PATTERN.pattern} (give --run-id)")
+    root = Path(args.report_dir)
+    run_dir = root / RUN_EVALUATION_LOG_DIR / run_id
+    if run_dir.exists() and not args.resume:
+        raise SetupError(f"{run_dir} exists: pass --resume to continue that run, or a new --run-id")
+    try:
+        images = {
+            inst.instance_id: instance_image(
+                inst.instance_id, namespace=args.image_namespace, tag=args.image_tag
+            )
+            for inst in instances
+        }
+    except ValueError as exc:
+        raise SetupError(f"image naming: {exc}") from None
+    todo = [
+        inst.instance_id
+        for inst in instances
+        if (pred := predictions.get(inst.instance_id)) is not None
+        and not pred.is_empty
+        and not (args.resume and is_completed(root, run_id, pred))
+    ]
+    return RunPlan(root, run_id, instances, predictions, images, todo)
+
+
+def grade_all(
+    grader: Grader, plan: RunPlan, workers: int, progress: TextIO | None = None
+) -> list[Outcome]:
+    """Grade ``plan.todo`` with ``workers`` threads, one progress line per instance (default:
+    to stderr)."""
+    progress = progress or sys.stderr
+    by_id = {inst.instance_id: inst for inst in plan.instances}
+    lock = threading.Lock()
+    outcomes: list[Outcome] = []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eval") as pool:
+        futures = {
+            pool.submit(grader.grade, by_id[iid], plan.predictions[iid], plan.images[iid]): iid
+            for iid in plan.todo
+        }
+        try:
+            for future in as_completed(futures):
+                outcome = future.result()
+                with lock:
+                    outcomes.append(outcome)
+                    tail = f": {outcome.detail}" if outcome.detail else ""
+                    print(
+                        f"[{len(outcomes)}/{len(futures)}] {outcome.instance_id}: "
+                        f"{outcome.status}{tail} ({outcome.duration_s:.1f} s)",
+                        file=progress,
+                        flush=True,
+                    )
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return outcomes
+
+
+def summary_lines(report: dict[str, object]) -> list[str]:
+    """The harness's final lines, then the resolved rate (of all selected instances)."""
+    total = int(report["total_instances"])  # type: ignore[call-overload]
+    resolved = int(report["resolved_instances"])  # type: ignore[call-overload]
+    rate = 100.0 * resolved / total if total else 0.0
+    return [
+        f"Total instances: {total}",
+        f"Instances submitted: {report['submitted_instances']}",
+        f"Instances completed: {report['completed_instances']}",
+        f"Instances incomplete: {len(report['incomplete_ids'])}",  # type: ignore[arg-type]
+        f"Instances resolved: {resolved}",
+        f"Instances unresolved: {report['unresolved_instances']}",
+        f"Instances with likely infrastructure failures: {report['infra_failure_instances']}",
+        f"Instances with ambiguous failures: {report['ambiguous_failure_instances']}",
+        f"Instances with empty patches: {report['empty_patch_instances']}",
+        f"Instances with errors: {report['error_instances']}",
+        f"Resolved: {resolved}/{total} ({rate:.1f}%)",
+    ]
+
+
+def write_report(plan: RunPlan) -> tuple[Path, dict[str, object]]:
+    ids = [inst.instance_id for inst in plan.instances]
+    report = make_run_report(plan.predictions, ids, plan.root, plan.run_id)
+    path = run_report_path(plan.root, plan.run_id, plan.predictions)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=4) + "\n")
+    return path, report
+
+
+def generate_first(args: argparse.Namespace) -> int | None:
+    """Generation mode: write ``predictions.jsonl`` into the report directory and point
+    ``args.predictions`` at it; an exit status when the run cannot go on, else None."""
+    root = Path(args.report_dir)
+    if not Path(args.model).is_dir():
+        raise SetupError(f"--model {args.model}: no such checkpoint directory")
+    run_dir = root / RUN_EVALUATION_LOG_DIR / (args.run_id or Path(PREDICTIONS_FILE).stem)
+    for existing in (root / PREDICTIONS_FILE, run_dir):
+        if existing.exists() and not args.resume:
+            raise SetupError(f"{existing} exists: pass --resume to continue that run")
+    instances = select_instances(args)
+    try:
+        path, aborted = generate(args, instances, root)
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    if not path.read_text().strip():
+        print(f"error: no prediction was generated ({aborted} aborted); see {root}/*.log",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INFRA
+    args.predictions = str(path)
+    args.resume = True  # grading continues the same run
+    args.generation_aborted = aborted
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_eval_parser("python -m services.eval").parse_args(argv)
+    try:
+        if args.model is not None and (code := generate_first(args)) is not None:
+            return code
+        plan = plan_run(args)
+    except (DatasetError, SetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    skipped = sum(
+        1 for p in plan.predictions.values() if not p.is_empty and p.instance_id in plan.images
+    ) - len(plan.todo)
+    print(
+        f"run {plan.run_id}: {len(plan.instances)} instance(s), {len(plan.todo)} to grade "
+        f"({skipped} already graded) with the {args.backend} backend, {args.workers} worker(s)",
+        file=sys.stderr,
+    )
+    node = f"eval-{secrets.token_hex(4)}"
+    try:
+        backend = make_backend(args.backend)
+    except Exception as exc:  # the backend's own error family (docker, bwrap set-up)
+        print(f"error: the {args.backend} backend is not available: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    grader = Grader(backend, plan.root, plan.run_id, node, args.eval_script, args.timeout)
+    try:
+        outcomes = grade_all(grader, plan, args.workers)
+    except KeyboardInterrupt:
+        print("interrupted: finished instances are kept (--resume continues)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        backend.cleanup_node(node)
+    path, report = write_report(plan)
+    print("\n".join(summary_lines(report)))
+    print(f"Report written to {path}")
+    aborted = getattr(args, "generation_aborted", 0)
+    return EXIT_INFRA if aborted or any(o.infra for o in outcomes) else EXIT_OK

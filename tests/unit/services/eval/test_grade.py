@@ -1,0 +1,62 @@
+"""Which script and grading an instance gets, and how an evaluation maps to the harness's
+categories (resolved / unresolved / error), without sandboxes."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_worker.evaluation import EvalReport
+from services.datasets import load_instances
+from services.eval.grade import eval_config, eval_script_for, verdict
+from tests.support.paths import TEST_DATA
+
+VERIFIED = load_instances(TEST_DATA / "swebench_verified" / "rows.jsonl")
+MINI = load_instances(TEST_DATA / "instances.jsonl")
+
+
+@pytest.mark.parametrize("row", VERIFIED, ids=lambda r: r.instance_id)
+def test_published_verified_rows_get_the_harness_script(row: object) -> None:
+    assert eval_script_for(row, "auto") == "harness"  # type: ignore[arg-type]
+
+
+def test_the_mini_set_has_no_harness_spec_and_gets_swerls_script() -> None:
+    assert {eval_script_for(inst, "auto") for inst in MINI} == {"swerl"}
+    assert eval_script_for(MINI[0], "harness") == "harness"  # asked for: as asked
+    assert eval_script_for(VERIFIED[0], "swerl") == "swerl"
+
+
+def test_the_grading_is_the_harness_semantics() -> None:
+    config = eval_config(VERIFIED[0], "auto", 900)
+    assert (config.grading, config.eval_script, config.log_parser) == (
+        "swebench",
+        "harness",
+        "auto",
+    )
+    assert config.restore_test_infra is False and config.keep_test_output is True
+    assert config.test_timeout_s == 900
+
+
+def _report(**fields: object) -> EvalReport:
+    return EvalReport(instance_id="a__b-1", grading="swebench", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "infra"),
+    [
+        ({"infra_error": "sandbox creation failed: no image"}, "error", True),
+        ({"patch_rejected": "writes into .git"}, "error", False),
+        ({"applied": False}, "error", False),
+        ({"applied": True, "tests_run": True, "tests_timed_out": True}, "error", False),
+        ({"applied": True, "tests_run": True, "log_valid": True, "resolved": True},
+         "resolved", False),
+        ({"applied": True, "tests_run": True, "log_valid": False}, "unresolved", False),
+        ({"applied": True, "tests_run": True, "log_valid": True, "f2p_failure": ["t::x"]},
+         "unresolved", False),
+    ],
+)  # fmt: skip
+def test_verdicts(fields: dict[str, object], status: str, infra: bool) -> None:
+    got_status, detail, got_infra = verdict(_report(**fields))
+    assert (got_status, got_infra) == (status, infra)
+    assert (detail == "") == (status == "resolved")
+    if fields.get("f2p_failure"):
+        assert "t::x" in detail
