@@ -49,16 +49,30 @@ def record_of(
     return rec
 
 
-def write_record(redis_url: str, rec: TrajectoryRecord, prefix: str = "swerl:") -> None:
-    """Write ``rec`` into the trajectory store as the adapter does (open, append, close)."""
+def write_records(redis_url: str, records: list[TrajectoryRecord], prefix: str = "swerl:") -> None:
+    """Write ``records`` into the trajectory store as the adapter does (open, append, close)."""
 
     async def _write() -> None:
         store = TrajectoryStore.from_url(redis_url, prefix)
         try:
-            await store.open(rec.meta)
-            await store.append(rec.meta.trajectory_id, rec.to_entries(), {"turns": rec.n_turns})
-            await store.close(rec.meta.trajectory_id, rec.outcome)
+            for rec in records:
+                await store.open(rec.meta)
+                await store.append(rec.meta.trajectory_id, rec.to_entries(), {"turns": rec.n_turns})
+                await store.close(rec.meta.trajectory_id, rec.outcome)
         finally:
             await store.close_connection()
 
     asyncio.run(_write())
+
+
+def records_for_run(
+    run_id: str, requests: int, prompts: int, samples: int
+) -> list[TrajectoryRecord]:
+    """A two-turn record (version 0) for attempt 1 of every task the loop's first ``requests``
+    requests can have (``<run_id>-r<seq>:<prompt>:<sample>``); rewards alternate by sample."""
+    return [
+        record_of(result(f"{run_id}-r{seq:05d}", p, s, reward=float(s % 2)), (0, 0))
+        for seq in range(requests)
+        for p in range(prompts)
+        for s in range(samples)
+    ]
