@@ -124,13 +124,17 @@ class Collector:
         """Submit requests of ``shape`` while they fit the budget (None: submit nothing)."""
         submitted: list[str] = []
         while shape is not None and self.pool.in_flight + shape.trajectories <= shape.budget:
-            request = self.request(shape, version)
-            self.manager.submit(request)
-            self.seq += 1
-            self.pool.register(request.batch_id, shape.prompts, shape.group_size)
-            self.feed.follow(request.batch_id)
-            submitted.append(request.batch_id)
+            submitted.append(self.submit(shape, version))
         return submitted
+
+    def submit(self, shape: BatchShape, version: int) -> str:
+        """Submit one request of ``shape`` and follow its results; returns its batch id."""
+        request = self.request(shape, version)
+        self.manager.submit(request)
+        self.seq += 1
+        self.pool.register(request.batch_id, shape.prompts, shape.group_size)
+        self.feed.follow(request.batch_id)
+        return request.batch_id
 
     def cancel_all(self) -> int:
         """Cancel every request in flight and discard what it landed; returns the number of
@@ -195,7 +199,8 @@ class Collector:
     ) -> tuple[Selection, Wait]:
         """Wait for the pool's next batch of ``shape`` (rollout.wait_timeout_s at most),
         topping the budget up with requests of ``request_shape`` as results leave the pool
-        (aborted or over-lag ones free room; None while draining: nothing new is sent)."""
+        (aborted or over-lag ones free room). ``request_shape`` None (draining) sends nothing
+        new, unless nothing at all is in flight: then one request of ``shape`` is sent."""
         wait = Wait()
         t0 = time.monotonic()
         deadline = t0 + self.config.rollout.wait_timeout_s
@@ -203,7 +208,9 @@ class Collector:
         while (selection := self.pool.select(shape, version, max_policy_lag)) is None:
             self.top_up(request_shape, version)
             if not self.pool.requests:
-                raise CollectorError("no request in flight and no batch in the pool")
+                # draining with nothing left (a resumed run cancelled the prefetched request,
+                # or aborts emptied it): one request of the batch's own shape replaces it
+                self.submit(shape, version)
             if time.monotonic() > deadline:
                 raise CollectorError(
                     f"no batch of {shape.prompts} x {shape.group_size} within "
