@@ -61,7 +61,11 @@ class MetricsLog:
             self.writer = SummaryWriter(str(self.dir / TENSORBOARD_DIR), purge_step=last + 1)
 
     def log(self, step: int, metrics: dict[str, Any], batch: dict[str, Any]) -> None:
-        row = {"step": step, **metrics}
+        # NaN / inf (a metric undefined on this batch) are null: strict JSON readers parse it
+        clean = {
+            k: None if isinstance(v, float) and not _finite(v) else v for k, v in metrics.items()
+        }
+        row = {"step": step, **clean}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         with self.batches_path.open("a") as f:

@@ -113,6 +113,9 @@ def test_li2sao_switch_kill_and_resume(
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # no step lost or twice
     assert [r["phase"] for r in rows] == ["bootstrap"] * 2 + ["draining"] + ["single"] * 3
     assert [r["loop/group_size"] for r in rows] == [2, 2, 2, 1, 1, 1]
+    # the estimator follows the batch: GRPO for groups (the prefetched batch too), then GAE
+    assert [r["actor/estimator_is_grpo"] for r in rows] == [1, 1, 1, 0, 0, 0]
+    assert ["critic/rank_loss" in r for r in rows] == [True, True] + [False] * 4
     assert rows[-1]["gate/switch_step"] == 2 and rows[-1]["version"] == STEPS
     batches = read_jsonl(run / "batches.jsonl")
     assert [b["step"] for b in batches] == list(range(1, STEPS + 1))
