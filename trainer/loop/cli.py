@@ -100,14 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.backends import create_backend
     from trainer.loop.driver import LoopParts, TrainLoop
     from trainer.publish import make_publisher
+    from trainer.publish.base import AdminClient
 
     manager = RolloutManager(cfg.manager.redis_url, cfg.manager)
     store = redis.Redis.from_url(cfg.manager.redis_url, decode_responses=False)
     publisher = make_publisher(cfg.publish) if cfg.publish is not None else None
+    admin = None
+    if cfg.publish is not None:
+        admin = AdminClient(cfg.publish.adapter_url, cfg.publish.admin_token, cfg.publish.timeout_s)
     try:
         if cfg.train.run_dispatcher:
             manager.start()
-        parts = LoopParts(create_backend(cfg.trainer), manager, store, publisher)
+        served = (lambda: max(admin.served_versions())) if admin is not None else None
+        parts = LoopParts(create_backend(cfg.trainer), manager, store, publisher, served)
         state = TrainLoop(cfg.train, cfg.trainer, parts, resume=args.resume).run()
     except Exception as exc:
         logging.getLogger("swerl.train").exception("training failed")
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if publisher is not None:
             publisher.close()
+        if admin is not None:
+            admin.close()
         manager.close()
         store.close()
     print(json.dumps({"step": state["step"], "version": state["version"],

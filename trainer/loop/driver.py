@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,14 @@ STATE_KEY = "loop"
 @dataclass
 class LoopParts:
     """What the loop runs on: a backend, the manager client, a store connection
-    (``decode_responses=False``) and a publisher (None: versions are not published)."""
+    (``decode_responses=False``), a publisher (None: versions are not published) and, with
+    it, ``served_version``: the newest version the adapter or an engine serves."""
 
     backend: TrainerBackend
     manager: RolloutManager
     store: redis.Redis
     publisher: Publisher | None = None
+    served_version: Callable[[], int] | None = None
 
 
 class TrainLoop:
@@ -105,9 +108,24 @@ class TrainLoop:
             "resumed from %s: step %d, phase %s, version %d; cancelled %d tasks of the dead run",
             path, self.step, self.phases.phase, self.backend.version, cancelled,
         )  # fmt: skip
-        if self.parts.publisher is not None:  # engines serve the restored version again
-            self.parts.publisher.publish(self.backend)
+        if self.parts.publisher is not None:
+            self._republish()
         return self.step
+
+    def _republish(self) -> None:
+        """Serve the restored weights again. If the dead run published versions after its
+        checkpoint, the restored weights become a new version above the served one (versions
+        only increase; a number is never reused for other weights)."""
+        assert self.parts.publisher is not None
+        served = self.parts.served_version() if self.parts.served_version else None
+        if served is not None and served > self.backend.version:
+            log.warning(
+                "the engines serve version %d, published after the checkpoint (version %d): "
+                "the restored weights are published as version %d",
+                served, self.backend.version, served + 1,
+            )  # fmt: skip
+            self.backend.version = served + 1
+        self.parts.publisher.publish(self.backend)
 
     def checkpoint(self) -> Path:
         keep = self.trainer.checkpoint.keep_last
