@@ -14,6 +14,7 @@ resumed run can find and cancel what the dead run left in flight (:meth:`Collect
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -196,6 +197,8 @@ class Collector:
         version: int,
         max_policy_lag: int,
         request_shape: BatchShape | None,
+        *,
+        mixed_only: bool = False,
     ) -> tuple[Selection, Wait]:
         """Wait for the pool's next batch of ``shape`` (rollout.wait_timeout_s at most),
         topping the budget up with requests of ``request_shape`` as results leave the pool
@@ -205,7 +208,8 @@ class Collector:
         t0 = time.monotonic()
         deadline = t0 + self.config.rollout.wait_timeout_s
         wait.results += self.drain()
-        while (selection := self.pool.select(shape, version, max_policy_lag)) is None:
+        select = functools.partial(self.pool.select, mixed_only=mixed_only)
+        while (selection := select(shape, version, max_policy_lag)) is None:
             self.top_up(request_shape, version)
             if not self.pool.requests:
                 # draining with nothing left (a resumed run cancelled the prefetched request,

@@ -132,6 +132,9 @@ class TrainConfig(StrictModel):
     critic_warmup_steps: int | None = Field(
         default=None, ge=0, description="critic-only first steps (None: 10 for lisao, else 0)"
     )
+    dynamic_sampling: bool | None = Field(
+        default=None, description="only mixed groups enter a batch (None: true for dapo)"
+    )
     checkpoint_every: int = Field(default=10, ge=1, description="checkpoint every N steps")
     publish: bool = Field(default=True, description="publish each version (section publish)")
     tensorboard: bool = Field(default=True, description="also write TensorBoard scalars")
@@ -165,6 +168,13 @@ def warmup_steps(config: TrainConfig, algorithm: str) -> int:
     if config.critic_warmup_steps is not None:
         return config.critic_warmup_steps
     return 10 if algorithm == "lisao" else 0
+
+
+def uses_dynamic_sampling(config: TrainConfig, algorithm: str) -> bool:
+    """DAPO re-draws until groups are mixed (LI2SAO_SPEC "Baselines"); others keep every group."""
+    if config.dynamic_sampling is not None:
+        return config.dynamic_sampling
+    return algorithm == "dapo"
 
 
 register_section(SECTION, TrainConfig)

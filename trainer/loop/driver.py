@@ -31,7 +31,12 @@ from trainer.checkpoint import CheckpointError, latest_checkpoint, save_and_prun
 from trainer.config import TrainerConfig
 from trainer.data import BatchError, build_batch
 from trainer.loop.collector import Collector
-from trainer.loop.config import TrainConfig, resolve_schedule, warmup_steps
+from trainer.loop.config import (
+    TrainConfig,
+    resolve_schedule,
+    uses_dynamic_sampling,
+    warmup_steps,
+)
 from trainer.loop.metrics import MetricsLog
 from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
@@ -70,6 +75,7 @@ class TrainLoop:
             resolve_schedule(train, trainer.algorithm), train.bootstrap, train.single, train.gate
         )
         self.warmup = warmup_steps(train, trainer.algorithm)
+        self.mixed_only = uses_dynamic_sampling(train, trainer.algorithm)
         dataset = train.dataset
         cursor = PromptCursor(load_instance_ids(dataset), dataset.seed, dataset.shuffle)
         self.collector = Collector(parts.manager, parts.store, cursor, train)
@@ -152,7 +158,7 @@ class TrainLoop:
         collector.top_up(phases.request_shape, version)
         max_lag = self.trainer.batch.max_policy_lag
         selection, wait = collector.next_batch(
-            phases.batch_shape, version, max_lag, phases.request_shape
+            phases.batch_shape, version, max_lag, phases.request_shape, mixed_only=self.mixed_only
         )
         phase, objective_phase = phases.phase, phases.objective_phase
         phases.batch_taken()

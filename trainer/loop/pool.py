@@ -12,6 +12,9 @@ results; :meth:`RolloutPool.select` decides the next batch.
   batch, the first ``prompts`` to complete; a group keeps its members that were not dropped.
 * Single shape: any ``prompts`` landed members, in landing order; no group barrier.
 * A batch takes members of requests of its own group size only: the shapes never mix.
+* DAPO's dynamic sampling (``mixed_only``): complete groups with equal rewards are dropped
+  (``trainer.algorithms.dynamic_sampling_filter``) and counted; the budget they free is
+  refilled, so more groups are drawn until ``P`` mixed ones complete.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 from services.protocol import TaskResult, TrajectoryRecord
+from trainer.algorithms import dynamic_sampling_filter
 from trainer.loop.phases import BatchShape
 
 
@@ -179,9 +185,16 @@ class RolloutPool:
         return dropped
 
     def select(
-        self, shape: BatchShape, trainer_version: int, max_policy_lag: int
+        self,
+        shape: BatchShape,
+        trainer_version: int,
+        max_policy_lag: int,
+        *,
+        mixed_only: bool = False,
     ) -> Selection | None:
-        """The next batch of ``shape`` if the pool holds one, else None (see the module)."""
+        """The next batch of ``shape`` if the pool holds one, else None (see the module).
+        ``mixed_only`` (DAPO's dynamic sampling): complete groups whose rewards are all equal
+        are dropped (``uniform_groups``), so the budget refills and more groups are drawn."""
         self.drop_over_lag(trainer_version, max_policy_lag)
         sizes = {self.requests[g.batch_id].group_size for g in self._live_groups()}
         if sizes - {shape.group_size}:
@@ -190,6 +203,8 @@ class RolloutPool:
                 f"{shape.group_size} must not mix them (cancel the other shape's requests first)"
             )
         if shape.group_size > 1:
+            if mixed_only:
+                self._drop_uniform_groups()
             members = self._complete_groups(shape.prompts)
         else:
             members = self._singles(shape.prompts)
@@ -218,6 +233,21 @@ class RolloutPool:
             members.extend(group.members)
             self._pop_group(group)
         return members
+
+    def _drop_uniform_groups(self) -> None:
+        complete = [g for g in self.groups.values() if g.completed is not None and g.members]
+        if not complete:
+            return
+        members = [m for g in complete for m in g.members]
+        rewards = torch.tensor([float(m.result.outcome.reward or 0.0) for m in members])
+        ids = torch.tensor([n for n, g in enumerate(complete) for _ in g.members])
+        kept = dynamic_sampling_filter(rewards, ids, len(complete)).kept
+        mixed = {int(ids[i]) for i in kept.tolist()}
+        for n, group in enumerate(complete):
+            if n not in mixed:
+                self.counts["uniform_groups"] += 1
+                self._leave(group.members, "filtered_uniform")
+                self._pop_group(group)
 
     def _pop_group(self, group: _Group) -> None:
         gid = next(k for k, g in self.groups.items() if g is group)

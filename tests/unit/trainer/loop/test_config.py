@@ -9,7 +9,13 @@ import yaml
 
 from services.config import ConfigError
 from trainer.loop.cli import load_run_config, main
-from trainer.loop.config import TrainConfig, load_train_config, resolve_schedule, warmup_steps
+from trainer.loop.config import (
+    TrainConfig,
+    load_train_config,
+    resolve_schedule,
+    uses_dynamic_sampling,
+    warmup_steps,
+)
 from trainer.loop.prompts import PromptCursor, load_instance_ids
 
 MINIMAL = {"run_dir": "/tmp/r", "steps": 3, "dataset": {"instance_ids": ["a", "b"]}}
@@ -31,6 +37,8 @@ def test_defaults_are_the_spec_shapes() -> None:
     assert [resolve_schedule(cfg, a) for a in ("grpo", "dapo", "gspo")] == ["groups"] * 3
     assert resolve_schedule(cfg, "lisao") == "single"
     assert (warmup_steps(cfg, "lisao"), warmup_steps(cfg, "li2sao")) == (10, 0)
+    assert uses_dynamic_sampling(cfg, "dapo") and not uses_dynamic_sampling(cfg, "grpo")
+    assert not uses_dynamic_sampling(TrainConfig(**MINIMAL, dynamic_sampling=False), "dapo")
 
 
 @pytest.mark.parametrize(

@@ -116,3 +116,30 @@ def test_missing_records_are_counted_and_free_the_budget() -> None:
     assert pool.in_flight == 0 and not pool.requests and not pool.groups
     with pytest.raises(ValueError, match="already in the pool"):
         pool.register("r1", 1, 1) or pool.register("r1", 1, 1)
+
+
+def test_dynamic_sampling_drops_uniform_groups_until_enough_mixed_ones() -> None:
+    pool = RolloutPool()
+    pool.register("r0", prompts=3, group_size=2)
+    rewards = {0: (1.0, 1.0), 1: (0.0, 1.0), 2: (0.0, 0.0)}  # only group 1 is mixed
+    for prompt, pair in rewards.items():
+        for sample, reward in enumerate(pair):
+            res = result("r0", prompt, sample, reward)
+            pool.add(res, record_of(res))
+    two = BatchShape(prompts=2, group_size=2, budget=8)
+    assert pool.select(two, 0, 4, mixed_only=True) is None  # one mixed group is not enough
+    assert (pool.counts["uniform_groups"], pool.counts["filtered_uniform"]) == (2, 4)
+    assert pool.in_flight == 2  # the budget the uniform groups held is free for new draws
+    pool.register("r1", prompts=1, group_size=2)
+    for sample, reward in enumerate((1.0, 0.0)):
+        res = result("r1", 0, sample, reward)
+        pool.add(res, record_of(res))
+    sel = pool.select(two, 0, 4, mixed_only=True)
+    assert sorted({m.group_id for m in sel.members}) == ["r0:1", "r1:0"]
+    # without dynamic sampling a uniform group trains like any other
+    plain = RolloutPool()
+    plain.register("r0", prompts=1, group_size=2)
+    for sample in (0, 1):
+        res = result("r0", 0, sample, 1.0)
+        plain.add(res, record_of(res))
+    assert plain.select(BatchShape(1, 2, 4), 0, 4) is not None
