@@ -37,7 +37,7 @@ IDS = [
 def test_prefetch_abort_drop_and_cancel_on_switch(
     redis_url: str, manager: RolloutManager, queue: SubmitterQueue, procs: Procs
 ) -> None:
-    budget_s = 60  # measured ~10 s on the loaded 2-core machine
+    budget_s = 60  # measured 2-3 s (the test's call) on the loaded 2-core machine
     procs.worker(redis_url, "n1", slots=6)
     wait_nodes(queue, {"n1"}, procs)
     write_records(redis_url, records_for_run("c", 12, 2, 2))

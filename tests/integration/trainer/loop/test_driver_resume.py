@@ -82,7 +82,7 @@ def steps_logged(run: Path) -> list[int]:
 def test_li2sao_switch_kill_and_resume(
     tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs
 ) -> None:
-    budget_s = 300  # measured ~90 s on the loaded 2-core machine (two trainer start-ups)
+    budget_s = 300  # measured 59-73 s on the loaded 2-core machine (two trainer start-ups)
     t0 = time.monotonic()
     procs.manager(redis_url)
     procs.worker(redis_url, "n1", slots=4)
