@@ -16,7 +16,7 @@ from services.config import ConfigError, load_config
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
 from trainer.config import TrainerConfig
-from trainer.loop.config import TrainConfig
+from trainer.loop.config import TrainConfig, resolve_schedule
 from trainer.publish import PublishConfig
 
 DESCRIPTION = """\
@@ -77,8 +77,6 @@ def load_run_config(path: str | None, steps: int | None = None) -> RunConfig:
     trainer = load_config(TrainerConfig, section="trainer", path=path)
     manager = load_config(ManagerConfig, section="manager", path=path)
     publish = load_config(PublishConfig, section="publish", path=path) if train.publish else None
-    from trainer.loop.config import resolve_schedule
-
     try:
         resolve_schedule(train, trainer.algorithm)
     except ValueError as exc:

@@ -29,7 +29,6 @@ from tests.support.loop_rollouts import records_for_run, write_records
 from tests.support.paths import REPO_ROOT
 from trainer.loop.metrics import read_jsonl
 
-TINY_MODEL = "/root/.cache/swerl/tiny-model"
 # No shuffling: request k draws p(2k), p(2k+1). Bootstrap requests r0-r3 (p0-p7) are sent by
 # step 2 whatever the timing (each taken batch frees 4 of the budget of 8), the first single
 # requests r4, r5 (p8-p11) right after the switch. p1 always aborts. p11 runs for a minute: the
@@ -42,7 +41,7 @@ IDS[11] = "p11.sleep60000"
 STEPS = 6
 
 
-def run_config(tmp: Path, redis_url: str) -> Path:
+def run_config(tmp: Path, redis_url: str, model_dir: Path) -> Path:
     sections = {
         "train": {
             "run_dir": str(tmp / "run"),
@@ -57,7 +56,7 @@ def run_config(tmp: Path, redis_url: str) -> Path:
             "rollout": {"max_attempts": 1, "wait_timeout_s": 120},
         },
         "trainer": {
-            "model": TINY_MODEL,
+            "model": str(model_dir),
             "algorithm": "li2sao",
             "batch": {"max_policy_lag": 1000},
             "checkpoint": {"keep_last": 2},
@@ -80,7 +79,7 @@ def steps_logged(run: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_li2sao_switch_kill_and_resume(
-    tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs
+    tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs, model_dir: Path
 ) -> None:
     budget_s = 300  # measured 59-73 s on the loaded 2-core machine (two trainer start-ups)
     t0 = time.monotonic()
@@ -88,7 +87,7 @@ def test_li2sao_switch_kill_and_resume(
     procs.worker(redis_url, "n1", slots=4)
     wait_nodes(queue, {"n1"}, procs)
     write_records(redis_url, records_for_run("t", 40, 2, 2))
-    config, run = run_config(tmp_path, redis_url), tmp_path / "run"
+    config, run = run_config(tmp_path, redis_url, model_dir), tmp_path / "run"
 
     first = trainer(tmp_path, config)
     try:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from services.config import ConfigError
+from tests.support.engines import tiny_model_path
 from trainer.loop.cli import load_run_config, main
 from trainer.loop.config import (
     TrainConfig,
@@ -115,3 +116,19 @@ def test_cursor_draws_seeded_epochs_and_resumes_exactly(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match="'x' is listed twice"):
         load_instance_ids(DatasetConfig(instance_ids=["x"], instances_file=str(f)))
+
+
+@pytest.mark.slow
+def test_resume_without_a_checkpoint_fails_clearly(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = {**MINIMAL, "run_dir": str(tmp_path / "run"), "publish": False, "tensorboard": False}
+    path = write(
+        tmp_path,
+        {"train": train, "trainer": {"model": str(tiny_model_path(tmp_path))},
+         "manager": {"redis_url": redis_url}},
+    )  # fmt: skip
+    assert main(["--config", str(path), "--resume"]) == 1
+    assert f"--resume: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}" in (
+        capsys.readouterr().err
+    )
