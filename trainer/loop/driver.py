@@ -37,7 +37,7 @@ from trainer.loop.config import (
     uses_dynamic_sampling,
     warmup_steps,
 )
-from trainer.loop.metrics import MetricsLog
+from trainer.loop.metrics import METRICS_FILE, MetricsLog
 from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
 from trainer.loop.prompts import PromptCursor, load_instance_ids
@@ -82,7 +82,7 @@ class TrainLoop:
         self.step = 0
         self.skipped = 0
         self.checkpoint_dir = Path(trainer.checkpoint.dir or Path(train.run_dir) / "checkpoints")
-        resume_step = self._resume() if resume else None
+        resume_step = self._resume() if resume else self._check_fresh()
         self.log = MetricsLog(train.run_dir, tensorboard=train.tensorboard, resume_step=resume_step)
 
     # -- state ------------------------------------------------------------------------------
@@ -132,6 +132,25 @@ class TrainLoop:
             )  # fmt: skip
             self.backend.version = served + 1
         self.parts.publisher.publish(self.backend)
+
+    def _check_fresh(self) -> None:
+        """A new run must not reuse another run's directory or rollout batch ids (it would
+        overwrite its metrics, or be handed that run's results)."""
+        metrics = Path(self.train.run_dir) / METRICS_FILE
+        if metrics.is_file() and metrics.stat().st_size > 0:
+            raise CheckpointError(
+                f"{self.train.run_dir} already holds a run ({METRICS_FILE}): continue it with "
+                "--resume, or choose another train.run_dir"
+            )
+        first = self.collector.batch_id(0)
+        try:
+            self.parts.manager.progress(first)
+        except KeyError:  # services.queue.submitter.UnknownBatchError: the ids are free
+            return
+        raise CheckpointError(
+            f"rollout batch {first} exists already: train.run_id {self.train.run_id!r} was used "
+            "on this Redis; continue that run with --resume, or choose another run_id"
+        )
 
     def checkpoint(self) -> Path:
         keep = self.trainer.checkpoint.keep_last

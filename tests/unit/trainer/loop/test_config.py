@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from services.config import ConfigError
+from services.manager.client import RolloutManager
+from services.protocol import RolloutRequest
 from tests.support.engines import tiny_model_path
 from trainer.loop.cli import load_run_config, main
 from trainer.loop.config import (
@@ -119,7 +121,7 @@ def test_cursor_draws_seeded_epochs_and_resumes_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_resume_without_a_checkpoint_fails_clearly(
+def test_resume_without_a_checkpoint_and_a_reused_run_fail_clearly(
     tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train = {**MINIMAL, "run_dir": str(tmp_path / "run"), "publish": False, "tensorboard": False}
@@ -132,3 +134,12 @@ def test_resume_without_a_checkpoint_fails_clearly(
     assert f"--resume: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}" in (
         capsys.readouterr().err
     )
+    # a fresh run refuses another run's batch ids, and another run's directory
+    with RolloutManager(redis_url) as mgr:
+        mgr.submit(RolloutRequest(batch_id="run-r00000", instance_ids=["a"]))
+    assert main(["--config", str(path)]) == 1
+    assert "rollout batch run-r00000 exists already" in capsys.readouterr().err
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["--config", str(path)]) == 1
+    assert "already holds a run (metrics.jsonl)" in capsys.readouterr().err
