@@ -43,9 +43,18 @@ CONFIG_ENV = "SWERL_CONFIG"
 # A configuration variable: SWERL_<SECTION>__<FIELD>...; the section ends at the first "__".
 _CONFIG_VAR = re.compile(r"^SWERL_(?P<section>.*?)__(?P<path>.*)$", re.DOTALL)
 
-# Every section of the configuration, one per service (the trainer's engine and its weight
-# publishing are two). The names are the contract between a node's file and its services.
-SECTIONS: tuple[str, ...] = ("adapter", "api", "manager", "publish", "trainer", "worker")
+# Every section of the configuration, one per service (the trainer's engine, its weight
+# publishing and its training loop are three). The names are the contract between a node's
+# file and its services.
+SECTIONS: tuple[str, ...] = (
+    "adapter",
+    "api",
+    "manager",
+    "publish",
+    "train",
+    "trainer",
+    "worker",
+)
 _MODELS: dict[str, type[BaseModel]] = {}
 
 

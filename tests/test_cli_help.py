@@ -24,7 +24,8 @@ ENTRY_POINTS = (
     "services.reference_engine.server",
     "services.swerl_cli.main",
     "services.tiny_model.build",
-    # trainer: checked once its subcommands settle (issue 12 adds `train`, `report`)
+    "trainer.loop.cli",  # python -m trainer train
+    # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )
 
 

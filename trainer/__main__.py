@@ -1,10 +1,10 @@
-"""``python -m trainer COMMAND``: the trainer's command-line tools (``score``)."""
+"""``python -m trainer COMMAND``: the trainer's command-line tools (``score``, ``train``)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("score",)
+COMMANDS = ("score", "train")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,6 +12,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in COMMANDS:
         print(f"usage: python -m trainer {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 2
+    if args[0] == "train":
+        from trainer.loop.cli import main as train
+
+        return train(args[1:])
     from trainer.score import main as score
 
     return score(args[1:])

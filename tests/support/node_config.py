@@ -21,6 +21,7 @@ WHOLE_NODE: dict[str, dict[str, Any]] = {
         "admin_token": "t0ken",
         "weights_dir": "/weights",
     },
+    "train": {"run_dir": "/runs/r1", "steps": 20, "dataset": {"instance_ids": ["i1", "i2"]}},
 }
 
 

@@ -184,17 +184,24 @@ class ReadinessGate:
 
     def update(self, step: int, stats: ReadinessStats) -> bool:
         """Feed step ``step``'s (all-reduced) statistics; return True once switched."""
+        if not isinstance(stats, ReadinessStats):
+            raise ValueError(f"stats must be ReadinessStats, got {type(stats).__name__}")
+        return self.observe(step, stats.explained_variance, stats.ranking_accuracy)
+
+    def observe(self, step: int, e: float | None, a: float | None) -> bool:
+        """:meth:`update` from the two values (``e_k``, ``a_k``; None: no mixed group), as a
+        driver reads them from a backend's step metrics; return True once switched."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"steps must increase: got {step} after {self.last_step}")
-        if not isinstance(stats, ReadinessStats):
-            raise ValueError(f"stats must be ReadinessStats, got {type(stats).__name__}")
+        for name, value in (("e", e), ("a", a)):
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number or None, got {value!r}")
         self.last_step = step
         if self.switched:
             return True
         cfg = self.config
-        e, a = stats.explained_variance, stats.ranking_accuracy
         if e is None or a is None:
             ready = False  # no mixed group: keep the EMA, count as not ready
         else:

@@ -24,6 +24,7 @@ SERVICE_CONFIGS = {
     "worker": "sandbox_worker.config",
     "trainer": "trainer.config",
     "publish": "trainer.publish.config",
+    "train": "trainer.loop.config",
 }
 
 

@@ -180,3 +180,19 @@ def test_gate_rejects_bad_input() -> None:
     bad = gate.state_dict() | {"switched": True, "switch_step": None}
     with pytest.raises(ValueError, match="switch_step"):
         gate.load_state_dict(bad)
+
+
+def test_observe_from_values_is_update_from_statistics() -> None:
+    """A driver reading e_k and a_k from step metrics gets the same gate as one with the stats."""
+    script = [READY, NOT_READY, NO_MIXED, READY, READY, READY]
+    by_stats = ReadinessGate(beta=0.0, consecutive=2, t_min=1, t_max=100)
+    by_values = ReadinessGate(beta=0.0, consecutive=2, t_min=1, t_max=100)
+    for k, stats in enumerate(script, start=1):
+        got = by_values.observe(k, stats.explained_variance, stats.ranking_accuracy)
+        assert got == by_stats.update(k, stats)
+        assert by_values.state_dict() == by_stats.state_dict()
+    assert by_values.switch_step == 5
+    with pytest.raises(ValueError, match="e must be a finite number or None"):
+        ReadinessGate().observe(1, float("nan"), 0.5)
+    with pytest.raises(ValueError, match="steps must increase"):
+        by_values.observe(3, 0.5, 0.9)

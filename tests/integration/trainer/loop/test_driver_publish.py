@@ -1,0 +1,93 @@
+"""The loop publishing every version through a real adapter to a real reference engine, and a
+resume after the dead run published past its checkpoint: the restored weights are published as
+a new version above the served one, never under a number the engines already had.
+
+Rollouts come from the simulated worker with records the test writes (version 0); publishing
+goes the real way: export v<N>/, POST /admin/weights, the engine loads it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from services.manager.client import RolloutManager
+from services.queue.submitter import SubmitterQueue
+from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
+from tests.support.engines import reference_server_in_thread
+from tests.support.execution import Procs, wait_nodes
+from tests.support.loop_rollouts import records_for_run, write_records
+from trainer.backends import create_backend
+from trainer.config import TrainerConfig
+from trainer.loop.config import TrainConfig
+from trainer.loop.driver import LoopParts, TrainLoop
+from trainer.loop.metrics import read_jsonl
+from trainer.publish import PublishConfig, make_publisher
+from trainer.publish.base import AdminClient
+
+
+def engine_version(url: str) -> str:
+    return str(httpx.get(f"{url}/model_info", timeout=30).json()["weight_version"])
+
+
+@pytest.mark.slow
+def test_every_step_publishes_and_a_resume_publishes_above_the_served_version(
+    tmp_path: Path,
+    redis_url: str,
+    manager: RolloutManager,
+    queue: SubmitterQueue,
+    procs: Procs,
+    adapter: AdapterFactory,
+    model_dir: Path,
+) -> None:
+    budget_s, t0 = 180, time.monotonic()  # measured 19 s on the loaded 2-core machine
+    procs.worker(redis_url, "n1", slots=4)
+    wait_nodes(queue, {"n1"}, procs)
+    write_records(redis_url, records_for_run("pub", 20, 2, 2))
+    train = TrainConfig(
+        run_dir=str(tmp_path / "run"), run_id="pub", steps=4, checkpoint_every=2,
+        bootstrap={"prompts": 2, "group_size": 2}, tensorboard=False,
+        dataset={"instance_ids": [f"q{n}.sleep50" for n in range(30)], "shuffle": False},
+    )  # fmt: skip
+    trainer = TrainerConfig(model=str(model_dir), algorithm="grpo", batch={"max_policy_lag": 100})
+    store = redis.Redis.from_url(redis_url, decode_responses=False)
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publish = PublishConfig(
+            adapter_url=a.url, admin_token=ADMIN_TOKEN, weights_dir=str(tmp_path / "weights")
+        )
+        publisher, admin = make_publisher(publish), AdminClient(a.url, ADMIN_TOKEN, 120)
+        try:
+
+            def parts() -> LoopParts:
+                backend = create_backend(trainer)
+                served = lambda: max(admin.served_versions())  # noqa: E731
+                return LoopParts(backend, manager, store, publisher, served)
+
+            dead = TrainLoop(train, trainer, parts(), resume=False)
+            for _ in range(3):  # three steps, a checkpoint after step 2, then "killed"
+                dead.step_once()
+                assert engine_version(engine.url) == str(dead.backend.version)
+            assert dead.backend.version == 3
+
+            resumed = TrainLoop(train, trainer, parts(), resume=True)
+            # restored at version 2 while the engine serves 3: published again as version 4
+            assert resumed.step == 2 and resumed.backend.version == 4
+            assert engine_version(engine.url) == "4"
+            resumed.run()
+            assert engine_version(engine.url) == "6"
+        finally:
+            publisher.close()
+            admin.close()
+            store.close()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["version"] for r in rows] == [1, 2, 5, 6]
+    assert all(r["publish/total"] > 0 for r in rows)  # every step published
+    assert time.monotonic() - t0 < budget_s

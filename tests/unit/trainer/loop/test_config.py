@@ -1,0 +1,145 @@
+"""The ``train`` section and a run's file: defaults, strictness, clear errors, the CLI's exits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.config import ConfigError
+from services.manager.client import RolloutManager
+from services.protocol import RolloutRequest
+from tests.support.engines import tiny_model_path
+from trainer.loop.cli import load_run_config, main
+from trainer.loop.config import (
+    TrainConfig,
+    load_train_config,
+    resolve_schedule,
+    uses_dynamic_sampling,
+    warmup_steps,
+)
+from trainer.loop.prompts import PromptCursor, load_instance_ids
+
+MINIMAL = {"run_dir": "/tmp/r", "steps": 3, "dataset": {"instance_ids": ["a", "b"]}}
+
+
+def write(tmp_path: Path, sections: dict) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def test_defaults_are_the_spec_shapes() -> None:
+    cfg = TrainConfig(**MINIMAL)
+    assert (cfg.bootstrap.prompts, cfg.bootstrap.group_size) == (32, 8)
+    assert (cfg.single.batch_size, cfg.single.budget) == (256, 512)
+    assert (cfg.gate.t_min, cfg.gate.t_max, cfg.gate.consecutive) == (60, 150, 10)
+    assert (cfg.gate.eta_e, cfg.gate.eta_a, cfg.gate.beta) == (0.2, 0.65, 0.9)
+    assert resolve_schedule(cfg, "li2sao") == "switch"
+    assert [resolve_schedule(cfg, a) for a in ("grpo", "dapo", "gspo")] == ["groups"] * 3
+    assert resolve_schedule(cfg, "lisao") == "single"
+    assert (warmup_steps(cfg, "lisao"), warmup_steps(cfg, "li2sao")) == (10, 0)
+    assert uses_dynamic_sampling(cfg, "dapo") and not uses_dynamic_sampling(cfg, "grpo")
+    assert not uses_dynamic_sampling(TrainConfig(**MINIMAL, dynamic_sampling=False), "dapo")
+
+
+@pytest.mark.parametrize(
+    ("train", "needle"),
+    [
+        ({**MINIMAL, "stpes": 3}, r"train\.stpes: Extra inputs are not permitted"),
+        (
+            {**MINIMAL, "single": {"batch_size": 8, "in_flight": 8}},
+            "must be larger than batch_size",
+        ),
+        ({**MINIMAL, "gate": {"t_min": 10, "t_max": 5}}, r"t_max \(5\) must be >= t_min \(10\)"),
+        ({**MINIMAL, "bootstrap": {"group_size": 1}}, r"bootstrap\.group_size"),
+        ({"run_dir": "/r", "steps": 1}, "dataset needs instance_ids or an instances_file"),
+        ({**MINIMAL, "dataset": {"instance_ids": ["a"], "kind": "toy"}}, "has no 'kind' field"),
+        ({**MINIMAL, "steps": 0}, r"train\.steps: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_train_sections_fail_with_the_key(tmp_path: Path, train: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_train_config(write(tmp_path, {"train": train}), environ={})
+
+
+def test_unknown_key_gets_a_hint(tmp_path: Path) -> None:
+    bad = {**MINIMAL, "bootstrap": {"promts": 4}}
+    with pytest.raises(ConfigError, match=r"did you mean 'prompts'"):
+        load_train_config(write(tmp_path, {"train": bad}), environ={})
+
+
+def test_switch_needs_li2sao(tmp_path: Path) -> None:
+    path = write(tmp_path, {"train": {**MINIMAL, "publish": False, "schedule": "switch"},
+                            "trainer": {"algorithm": "grpo"}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"schedule 'switch' needs .*li2sao, not 'grpo'"):
+        load_run_config(str(path))
+
+
+def test_publish_section_is_required_only_when_publishing(tmp_path: Path) -> None:
+    path = write(tmp_path, {"train": MINIMAL})
+    with pytest.raises(ConfigError, match=r"publish\.adapter_url: Field required"):
+        load_run_config(str(path))
+    cfg = load_run_config(str(write(tmp_path, {"train": {**MINIMAL, "publish": False}})), steps=9)
+    assert cfg.publish is None and cfg.train.steps == 9
+
+
+def test_cli_exits_2_on_a_bad_file_and_prints_the_effective_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--config", str(write(tmp_path, {"train": {"steps": 1}}))]) == 2
+    assert "train.run_dir: Field required" in capsys.readouterr().err
+    good = write(tmp_path, {"train": {**MINIMAL, "publish": False}, "trainer": {"seed": 3}})
+    assert main(["--config", str(good), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["bootstrap"] == {"prompts": 32, "group_size": 8}
+    assert printed["trainer"]["seed"] == 3 and "publish" not in printed
+
+
+def test_cursor_draws_seeded_epochs_and_resumes_exactly(tmp_path: Path) -> None:
+    ids = [f"i{n}" for n in range(5)]
+    first = PromptCursor(ids, seed=1)
+    drawn = first.take(7) + first.take(6)
+    assert sorted(drawn[:5]) == ids and sorted(drawn[5:10]) == ids  # each epoch: every id once
+    assert drawn[:5] != drawn[5:10]  # a new permutation per epoch
+    again = PromptCursor(ids, seed=1)
+    again.position = 7
+    assert again.take(6) == drawn[7:]
+    assert PromptCursor(ids, shuffle=False).take(6) == [*ids, "i0"]
+    f = tmp_path / "ids.txt"
+    f.write_text("x\n\ny\n")
+    from trainer.loop.config import DatasetConfig
+
+    assert load_instance_ids(DatasetConfig(instance_ids=["w"], instances_file=str(f))) == [
+        "w",
+        "x",
+        "y",
+    ]
+    with pytest.raises(ValueError, match="'x' is listed twice"):
+        load_instance_ids(DatasetConfig(instance_ids=["x"], instances_file=str(f)))
+
+
+@pytest.mark.slow
+def test_resume_without_a_checkpoint_and_a_reused_run_fail_clearly(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = {**MINIMAL, "run_dir": str(tmp_path / "run"), "publish": False, "tensorboard": False}
+    path = write(
+        tmp_path,
+        {"train": train, "trainer": {"model": str(tiny_model_path(tmp_path))},
+         "manager": {"redis_url": redis_url}},
+    )  # fmt: skip
+    assert main(["--config", str(path), "--resume"]) == 1
+    assert f"--resume: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}" in (
+        capsys.readouterr().err
+    )
+    # a fresh run refuses another run's batch ids, and another run's directory
+    with RolloutManager(redis_url) as mgr:
+        mgr.submit(RolloutRequest(batch_id="run-r00000", instance_ids=["a"]))
+    assert main(["--config", str(path)]) == 1
+    assert "rollout batch run-r00000 exists already" in capsys.readouterr().err
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["--config", str(path)]) == 1
+    assert "already holds a run (metrics.jsonl)" in capsys.readouterr().err

@@ -1,0 +1,128 @@
+"""``python -m trainer train --config FILE [--resume]``: run the training loop (see --help)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+
+import redis
+import yaml
+
+from services.cli import configure_logging, service_parser
+from services.config import ConfigError, load_config
+from services.manager.client import RolloutManager
+from services.manager.config import ManagerConfig
+from trainer.config import TrainerConfig
+from trainer.loop.config import TrainConfig, resolve_schedule
+from trainer.publish import PublishConfig
+
+DESCRIPTION = """\
+The training loop of swerl: rollouts through the rollout manager, Li2SAO (or a baseline) on the
+trainer backend, each new version published to the adapter.
+
+One YAML file configures it, four sections: train (phases, batch shapes, dataset, rollouts,
+run directory; trainer.loop.config.TrainConfig), trainer (model, algorithm, objective,
+batch.max_policy_lag, checkpoint dir), manager (redis_url, queue prefix) and publish (the
+adapter; read only when train.publish is true). Environment overrides: SWERL_TRAIN__STEPS=5.
+Per-step metrics go to RUN_DIR/metrics.jsonl and RUN_DIR/tensorboard/. See docs/training.md.
+"""
+
+EPILOG = """\
+exit status: 0 done, 1 the run failed, 2 bad configuration.
+
+examples:
+  python -m trainer train --config run.yaml
+  python -m trainer train --config run.yaml --resume        # continue from the last checkpoint
+  python -m trainer train --config run.yaml --print-config  # the effective sections
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = service_parser("python -m trainer train", DESCRIPTION, EPILOG)
+    p.add_argument("--config", metavar="FILE", help="YAML file with train/trainer/manager/publish")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--steps", type=int, metavar="N", help="override train.steps")
+    p.add_argument("--log-level", default="INFO", metavar="LEVEL", help="log level (INFO)")
+    p.add_argument("--print-config", action="store_true", help="print the effective config, exit")
+    return p.parse_args(argv)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The four sections of a training run's file."""
+
+    train: TrainConfig
+    trainer: TrainerConfig
+    manager: ManagerConfig
+    publish: PublishConfig | None
+
+    def dump(self) -> str:
+        data = {
+            "train": self.train.model_dump(mode="json"),
+            "trainer": self.trainer.model_dump(mode="json"),
+            "manager": self.manager.model_dump(mode="json"),
+        }
+        if self.publish is not None:
+            data["publish"] = {**self.publish.model_dump(mode="json"), "admin_token": "***"}
+        return yaml.safe_dump(data, sort_keys=True)
+
+
+def load_run_config(path: str | None, steps: int | None = None) -> RunConfig:
+    """Every section the run needs, validated (ConfigError names every problem)."""
+    overrides = {"steps": steps} if steps is not None else None
+    train = load_config(TrainConfig, section="train", path=path, overrides=overrides)
+    trainer = load_config(TrainerConfig, section="trainer", path=path)
+    manager = load_config(ManagerConfig, section="manager", path=path)
+    publish = load_config(PublishConfig, section="publish", path=path) if train.publish else None
+    try:
+        resolve_schedule(train, trainer.algorithm)
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration [train]:\n  - train.schedule: {exc}") from None
+    return RunConfig(train, trainer, manager, publish)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_run_config(args.config, args.steps)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(cfg.dump(), end="")
+        return 0
+    configure_logging(args.log_level)
+    from trainer.backends import create_backend
+    from trainer.loop.driver import LoopParts, TrainLoop
+    from trainer.publish import make_publisher
+    from trainer.publish.base import AdminClient
+
+    manager = RolloutManager(cfg.manager.redis_url, cfg.manager)
+    store = redis.Redis.from_url(cfg.manager.redis_url, decode_responses=False)
+    publisher = make_publisher(cfg.publish) if cfg.publish is not None else None
+    admin = None
+    if cfg.publish is not None:
+        admin = AdminClient(cfg.publish.adapter_url, cfg.publish.admin_token, cfg.publish.timeout_s)
+    try:
+        if cfg.train.run_dispatcher:
+            manager.start()
+        served = (lambda: max(admin.served_versions())) if admin is not None else None
+        parts = LoopParts(create_backend(cfg.trainer), manager, store, publisher, served)
+        state = TrainLoop(cfg.train, cfg.trainer, parts, resume=args.resume).run()
+    except Exception as exc:
+        logging.getLogger("swerl.train").exception("training failed")
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if publisher is not None:
+            publisher.close()
+        if admin is not None:
+            admin.close()
+        manager.close()
+        store.close()
+    print(json.dumps({"step": state["step"], "version": state["version"],
+                      "phase": state["phases"]["phase"]}))  # fmt: skip
+    return 0

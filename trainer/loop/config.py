@@ -1,0 +1,192 @@
+"""Settings of the training loop (section ``train`` of the swerl configuration).
+
+``python -m trainer train --config FILE`` reads four sections of one file: ``train`` (this
+model: phases, batch shapes, dataset, rollouts, logging), ``trainer`` (the engine: model,
+algorithm, objective, ``batch.max_policy_lag``, checkpoint directory), ``manager`` (Redis URL and
+queue prefix of the rollout manager) and, when ``train.publish`` is true, ``publish`` (the
+adapter the new versions go to). Defaults are LI2SAO_SPEC's: bootstrap 32 prompts x 8, then
+256 x 1, the gate's paper values. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from services.config import StrictModel, load_config, register_section
+from services.protocol.ids import Ident
+from services.protocol.tasks import AgentLimits, RolloutRequest, SamplingConfig
+
+SECTION = "train"
+Schedule = Literal["auto", "groups", "single", "switch"]
+# auto: the schedule each algorithm's paper uses (LI2SAO_SPEC "Baselines"); see resolve_schedule
+AUTO_SCHEDULES: dict[str, str] = {
+    "li2sao": "switch",
+    "grpo": "groups",
+    "dapo": "groups",
+    "gspo": "groups",
+    "lisao": "single",
+    "pact": "single",
+    "srppo": "single",
+}
+
+
+class GroupShape(StrictModel):
+    """Batches of ``prompts`` groups x ``group_size`` samples (the bootstrap's 32 x 8)."""
+
+    prompts: int = Field(default=32, ge=1, description="prompt groups per batch (P)")
+    group_size: int = Field(default=8, ge=2, description="samples per prompt (n)")
+
+
+class SingleShape(StrictModel):
+    """Batches of ``batch_size`` single rollouts, streamed from ``in_flight`` running ones."""
+
+    batch_size: int = Field(default=256, ge=1, description="trajectories per batch (B)")
+    in_flight: int | None = Field(
+        default=None, description="trajectories submitted and not yet trained (> B; None = 2 B)"
+    )
+
+    @model_validator(mode="after")
+    def _budget_above_batch(self) -> SingleShape:
+        if self.in_flight is not None and self.in_flight <= self.batch_size:
+            raise ValueError(
+                f"in_flight ({self.in_flight}) must be larger than batch_size "
+                f"({self.batch_size}): the streaming phase needs work beyond one batch"
+            )
+        return self
+
+    @property
+    def budget(self) -> int:
+        return self.in_flight if self.in_flight is not None else 2 * self.batch_size
+
+
+class GateSettings(StrictModel):
+    """The readiness gate (Eq. 12-13, Algorithm 1; trainer.algorithms.ReadinessGate)."""
+
+    beta: float = Field(default=0.9, ge=0, lt=1, description="EMA factor")
+    eta_e: float = Field(default=0.2, description="explained-variance threshold")
+    eta_a: float = Field(default=0.65, ge=0, le=1, description="ranking-accuracy threshold")
+    consecutive: int = Field(default=10, ge=1, description="ready steps in a row to switch (M)")
+    t_min: int = Field(default=60, ge=0, description="first step that may count as ready")
+    t_max: int = Field(default=150, ge=0, description="switch at this step regardless")
+
+    @model_validator(mode="after")
+    def _window(self) -> GateSettings:
+        if self.t_max < self.t_min:
+            raise ValueError(f"t_max ({self.t_max}) must be >= t_min ({self.t_min})")
+        return self
+
+
+class DatasetConfig(StrictModel):
+    """Where the prompts come from: instance ids, drawn in seeded shuffled epochs.
+
+    ``kind`` is the seam for task kinds (the toy task of issue 12): passed on as the rollout
+    request's ``kind`` once the protocol has that field; until then only ``null`` is valid.
+    """
+
+    instance_ids: list[Ident] = Field(default_factory=list, description="prompt instance ids")
+    instances_file: str = Field(
+        default="", description="file with one instance id per line (added after instance_ids)"
+    )
+    kind: str | None = Field(default=None, description="task kind of every request (None: swe)")
+    shuffle: bool = Field(default=True, description="shuffle each epoch (seeded)")
+    seed: int = Field(default=0, ge=0, description="seed of the epoch permutations")
+
+    @model_validator(mode="after")
+    def _kind_needs_protocol(self) -> DatasetConfig:
+        if self.kind is not None and "kind" not in RolloutRequest.model_fields:
+            raise ValueError(
+                f"dataset.kind={self.kind!r}: this protocol's RolloutRequest has no 'kind' "
+                "field yet (task kinds arrive with the toy task of issue 12); leave it unset"
+            )
+        return self
+
+
+class RolloutSettings(StrictModel):
+    """What every rollout request carries, and how long the loop waits for results."""
+
+    job_id: Ident = "train"
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    max_attempts: int = Field(default=3, ge=1, le=20, description="infrastructure retries")
+    wait_timeout_s: float = Field(
+        default=7200.0, gt=0, description="longest wait for one batch's trajectories"
+    )
+
+
+class TrainConfig(StrictModel):
+    """The training loop: ``steps`` steps of collect -> build -> train -> publish -> log."""
+
+    run_dir: str = Field(min_length=1, description="metrics.jsonl, batches.jsonl, tensorboard/")
+    run_id: Ident = Field(default="run", description="prefix of the loop's rollout batch ids")
+    steps: int = Field(ge=1, description="optimizer steps of the run")
+    schedule: Schedule = Field(
+        default="auto", description="groups, single, switch (Li2SAO), or auto from the algorithm"
+    )
+    bootstrap: GroupShape = Field(default_factory=GroupShape)
+    single: SingleShape = Field(default_factory=SingleShape)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    critic_warmup_steps: int | None = Field(
+        default=None, ge=0, description="critic-only first steps (None: 10 for lisao, else 0)"
+    )
+    dynamic_sampling: bool | None = Field(
+        default=None, description="only mixed groups enter a batch (None: true for dapo)"
+    )
+    checkpoint_every: int = Field(default=10, ge=1, description="checkpoint every N steps")
+    publish: bool = Field(default=True, description="publish each version (section publish)")
+    tensorboard: bool = Field(default=True, description="also write TensorBoard scalars")
+    store_prefix: str = Field(default="swerl:", description="trajectory store key prefix")
+    run_dispatcher: bool = Field(
+        default=False, description="run the manager's dispatch loop in this process"
+    )
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+
+    @model_validator(mode="after")
+    def _has_prompts(self) -> TrainConfig:
+        if not self.dataset.instance_ids and not self.dataset.instances_file:
+            raise ValueError("dataset needs instance_ids or an instances_file")
+        return self
+
+
+def resolve_schedule(config: TrainConfig, algorithm: str) -> str:
+    """The schedule the run uses; ``switch`` only for li2sao (it needs the readiness gate)."""
+    schedule = AUTO_SCHEDULES.get(algorithm, "single") if config.schedule == "auto" else None
+    schedule = schedule or config.schedule
+    if schedule == "switch" and algorithm != "li2sao":
+        raise ValueError(
+            f"schedule 'switch' needs the readiness statistics of li2sao, not {algorithm!r}"
+        )
+    return schedule
+
+
+def warmup_steps(config: TrainConfig, algorithm: str) -> int:
+    """Critic-only steps at the start (LI2SAO_SPEC: LiSAO 10, Li2SAO none)."""
+    if config.critic_warmup_steps is not None:
+        return config.critic_warmup_steps
+    return 10 if algorithm == "lisao" else 0
+
+
+def uses_dynamic_sampling(config: TrainConfig, algorithm: str) -> bool:
+    """DAPO re-draws until groups are mixed (LI2SAO_SPEC "Baselines"); others keep every group."""
+    if config.dynamic_sampling is not None:
+        return config.dynamic_sampling
+    return algorithm == "dapo"
+
+
+register_section(SECTION, TrainConfig)
+
+
+def load_train_config(
+    path: str | Path | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TrainConfig:
+    """The ``train`` section from YAML / ``SWERL_TRAIN__*`` / overrides, validated."""
+    return load_config(
+        TrainConfig, section=SECTION, path=path, overrides=overrides, environ=environ
+    )
