@@ -23,6 +23,7 @@ ENTRY_POINTS = (
     "services.reference_engine.server",
     "services.swerl_cli.main",
     "services.tiny_model.build",
+    "services.tiny_model.warm_start",
     # trainer: checked once its subcommands settle (issue 12 adds `train`, `report`)
 )
 

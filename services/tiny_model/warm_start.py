@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from services.protocol.toy import CODES, LOOKUP_TOOL, TOOL_NAME, observation, prompt_messages
-from services.tiny_model.build import ensure_tiny_model, read_stamp
+from services.tiny_model.build import ensure_tiny_model, publish_build, read_stamp
 
 STAMP_FILE = "swerl_warm_start.json"
 DEFAULT_DIR_NAME = "tiny-model-toy"
@@ -184,12 +184,7 @@ def build_warm_start(
             "train_seconds": round(time.monotonic() - started, 1),
         }
         (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-        for item in staging.iterdir():
-            item.chmod(0o644)
-        staging.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        publish_build(staging, target)
     finally:
         torch.set_num_threads(threads)
         if staging.exists():
@@ -252,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     base = args.base or args.directory.resolve().parent / "tiny-model"
     try:
         path = build_warm_start(args.directory, ensure_tiny_model(base), WarmStartSpec(args.seed))
-    except WarmStartError as exc:
+    except (WarmStartError, FileExistsError, ValueError) as exc:  # a bad or foreign --base
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stamp = read_warm_stamp(path) or {}
