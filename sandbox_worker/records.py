@@ -33,7 +33,8 @@ class OpenFailedError(Exception):
 
 
 def trajectory_meta(task: RolloutTask, node: str, **extra: Any) -> TrajectoryMeta:
-    """The record's identifiers: task, batch, group, instance; attempt, sample, version, node."""
+    """The record's identifiers: task, batch, group, instance; job, attempt, sample, policy
+    version, node and task kind in ``extra``."""
     return TrajectoryMeta(
         trajectory_id=task.trajectory_id,
         task_id=task.task_id,
@@ -46,6 +47,7 @@ def trajectory_meta(task: RolloutTask, node: str, **extra: Any) -> TrajectoryMet
             "sample_index": task.sample_index,
             "policy_version": task.policy_version,
             "node": node,
+            "kind": task.kind,
             **extra,
         },
     )

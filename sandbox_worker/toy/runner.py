@@ -171,7 +171,7 @@ class ToyTrajectoryRunner:
         if task.kind != "toy":
             return aborted(f"the toy runner cannot run a {task.kind!r} task", retryable=False)
         try:
-            token = open_record(self.adapter, trajectory_meta(task, ctx.node, kind=task.kind))
+            token = open_record(self.adapter, trajectory_meta(task, ctx.node))
         except OpenFailedError as exc:
             outcome = aborted(exc.reason)
             if exc.opened:
