@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--node", help="node name (default: the host name); one worker per node")
     p.add_argument("--slots", type=int, help="trajectories run at once on this node (1)")
     p.add_argument("--backend", choices=["docker", "bwrap", "simulated"], help="sandbox backend")
+    p.add_argument(
+        "--kinds",
+        type=lambda text: [k.strip() for k in text.split(",") if k.strip()],
+        metavar="K1,K2",
+        help="task kinds this worker runs, of swe,toy (default both; toy needs no container)",
+    )
     p.add_argument("--grace", type=float, metavar="S", help="shutdown grace period in seconds")
     p.add_argument("--prefix", help="Redis key prefix shared with the manager (swerl:)")
     add_common_arguments(p, "worker")
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "node": args.node,
         "slots": args.slots,
         "backend": args.backend,
+        "kinds": args.kinds,
         "shutdown_grace_s": args.grace,
         "queue.prefix": args.prefix,
     }

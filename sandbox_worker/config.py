@@ -13,6 +13,7 @@ from sandbox_worker.backends.base import MIN_DISK_MB, MIN_INODES
 from sandbox_worker.evaluation.infra import TestInfraRule
 from sandbox_worker.openhands.config import OpenHandsConfig
 from services.config import StrictModel, register_section
+from services.protocol.tasks import TaskKind
 from services.queue.config import QueueConfig
 
 NODE_PATTERN = r"^[A-Za-z0-9._\-]{1,100}$"
@@ -111,6 +112,8 @@ class TrajectoryRunnerConfig(StrictModel):
     agent_server_startup_s: float = Field(300.0, gt=0.0)  # SDK imports: ~15 CPU-seconds
     adapter_timeout_s: float = Field(30.0, gt=0.0)  # open / close calls
     adapter_attempts: int = Field(3, ge=1, le=20)  # tries of each open / close call
+    # The toy runner's chat completions (kind "toy"): longest one call may take.
+    toy_call_timeout_s: float = Field(120.0, gt=0.0)
 
     @field_validator("adapter_url")
     @classmethod
@@ -144,6 +147,10 @@ class WorkerConfig(StrictModel):
     node: str = Field(default_factory=default_node_name, pattern=NODE_PATTERN)
     slots: int = Field(1, ge=1, le=256)
     backend: Literal["docker", "bwrap", "simulated"] = "docker"
+    # Task kinds this worker runs (docker/bwrap backends): "swe" needs the sandbox backend and
+    # the OpenHands bundle, "toy" only the adapter. A task of another kind is aborted, final.
+    # The simulated backend runs every kind (it only sleeps).
+    kinds: list[TaskKind] = Field(default_factory=lambda: ["swe", "toy"], min_length=1)
     heartbeat_interval_s: float = Field(2.0, gt=0.0, le=600.0)
     # Longest a blocking read waits; bounds how fast the worker notices a stop request.
     block_ms: int = Field(1000, ge=1, le=60_000)
@@ -160,6 +167,13 @@ class WorkerConfig(StrictModel):
     simulated: SimulatedRunnerConfig = Field(default_factory=SimulatedRunnerConfig)
     # The real runner (backends docker and bwrap); ignored by the simulated one.
     rollout: TrajectoryRunnerConfig = Field(default_factory=TrajectoryRunnerConfig)
+
+    @field_validator("kinds")
+    @classmethod
+    def _distinct_kinds(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"kinds must be distinct, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _heartbeat_inside_ttl(self) -> WorkerConfig:

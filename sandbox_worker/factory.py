@@ -4,11 +4,20 @@
 :class:`~sandbox_worker.runner.TrajectoryRunner` that ``cfg.backend`` names:
 
 * ``simulated``: :class:`sandbox_worker.testing.simulated.SimulatedRunner` (TEST MACHINERY: it
-  only sleeps), with its Redis probe when ``cfg.simulated.probe`` is set; no node cleaner.
-* ``docker`` / ``bwrap``: the real runner, :class:`sandbox_worker.sandbox_runner.
-  SandboxTrajectoryRunner`, wired from ``cfg.rollout``: the sandbox backend with one shared relay
-  hub, the agent-server bundle (this process's own Python and venv, mounted read-only into
-  sandboxes), the adapter client, the task instances and the image naming rule.
+  only sleeps), with its Redis probe when ``cfg.simulated.probe`` is set; no node cleaner. It
+  runs tasks of every kind.
+* ``docker`` / ``bwrap``: a :class:`KindRouter` that runs each task with the runner of its
+  ``kind`` (``cfg.kinds`` says which are built):
+
+  - ``swe``: the real runner, :class:`sandbox_worker.sandbox_runner.SandboxTrajectoryRunner`,
+    wired from ``cfg.rollout``: the sandbox backend with one shared relay hub, the agent-server
+    bundle (this process's own Python and venv, mounted read-only into sandboxes), the adapter
+    client, the task instances and the image naming rule;
+  - ``toy``: :class:`sandbox_worker.toy.ToyTrajectoryRunner` (no container): the adapter client
+    and the adapter's per-trajectory chat URL.
+
+  A task of a kind this worker does not run is aborted with a reason naming ``worker.kinds``,
+  final (no retry).
 
 Anything missing is a :class:`~sandbox_worker.runner.RunnerUnavailableError` with what to do
 (the worker then exits with status 2).
@@ -34,14 +43,48 @@ from sandbox_worker.backends.base import SandboxLimits
 from sandbox_worker.config import SandboxLimitsConfig, TrajectoryRunnerConfig, WorkerConfig
 from sandbox_worker.evaluation import EvalConfig
 from sandbox_worker.openhands.server import AgentServerBundle, AgentServerError
+from sandbox_worker.outcomes import aborted
 from sandbox_worker.relay.host_relay import RelayHub
-from sandbox_worker.runner import NodeCleaner, RunnerUnavailableError, TrajectoryRunner
+from sandbox_worker.runner import (
+    NodeCleaner,
+    RunContext,
+    RunnerUnavailableError,
+    TrajectoryRunner,
+)
 from sandbox_worker.sandbox_names import sandbox_node_name
 from sandbox_worker.sandbox_runner import RunnerSettings, SandboxTrajectoryRunner
 from sandbox_worker.testing.probe import SimulatedProbe
 from sandbox_worker.testing.simulated import SimulatedRunner
+from sandbox_worker.toy import ChatEndpoint, ToyTrajectoryRunner
 from services.datasets import DatasetError, load_instances
 from services.protocol.instance import SWEInstance
+from services.protocol.tasks import RolloutTask
+from services.protocol.trajectory import Outcome
+
+
+class KindRouter:
+    """Runs each task with the runner of its ``kind`` (thread-safe if the runners are)."""
+
+    def __init__(self, runners: Mapping[str, TrajectoryRunner]) -> None:
+        if not runners:
+            raise ValueError("a KindRouter needs at least one runner")
+        self.runners = dict(runners)
+
+    def runner_for(self, kind: str) -> TrajectoryRunner:
+        """The runner of ``kind``; KeyError naming the kinds served when there is none."""
+        if kind not in self.runners:
+            raise KeyError(f"no {kind!r} runner on this worker (kinds: {sorted(self.runners)})")
+        return self.runners[kind]
+
+    def run(self, task: RolloutTask, ctx: RunContext) -> Outcome:
+        runner = self.runners.get(task.kind)
+        if runner is None:
+            return aborted(
+                f"this worker runs no {task.kind!r} tasks (worker.kinds = "
+                f"{sorted(self.runners)}; SWERL_WORKER__KINDS)",
+                retryable=False,
+            )
+        return runner.run(task, ctx)
 
 
 class NodeCleanup:
@@ -128,14 +171,38 @@ def build_runner(
     adapter: TrajectoryRecords | None = None,
     bundle: AgentServerBundle | None = None,
 ) -> tuple[TrajectoryRunner, NodeCleaner | None]:
-    """The runner and node cleaner for ``cfg.backend`` (see the module docstring).
+    """The runner and node cleaner for ``cfg.backend`` and ``cfg.kinds`` (see the module
+    docstring).
 
     ``client`` is the worker's Redis connection (the simulated runner's probe writes there).
-    The keyword arguments replace the parts of the real runner built from ``cfg`` (tests,
+    The keyword arguments replace the parts of the real runners built from ``cfg`` (tests,
     embedding); a backend passed in must use the given ``hub`` for its relays.
     """
     if cfg.backend == "simulated":
         return _simulated_runner(cfg, client), None
+    rc = cfg.rollout
+    adapter = adapter or _adapter_client(rc)
+    runners: dict[str, TrajectoryRunner] = {}
+    cleaner: NodeCleanup | None = None
+    if "swe" in cfg.kinds:
+        runners["swe"], cleaner = _swe_runner(
+            cfg, backend=backend, hub=hub, instances=instances, adapter=adapter, bundle=bundle
+        )
+    if "toy" in cfg.kinds:
+        chat = ChatEndpoint(rc.adapter_url, timeout_s=rc.toy_call_timeout_s)
+        runners["toy"] = ToyTrajectoryRunner(adapter, chat)
+    return KindRouter(runners), cleaner
+
+
+def _swe_runner(
+    cfg: WorkerConfig,
+    *,
+    backend: SandboxBackend | None,
+    hub: RelayHub | None,
+    instances: Mapping[str, SWEInstance] | None,
+    adapter: TrajectoryRecords,
+    bundle: AgentServerBundle | None,
+) -> tuple[SandboxTrajectoryRunner, NodeCleanup]:
     rc = cfg.rollout
     bundle = _checked_bundle(bundle)
     task_instances = _task_instances(rc, instances)
@@ -148,7 +215,7 @@ def build_runner(
         backend,
         hub,
         bundle,
-        adapter or _adapter_client(rc),
+        adapter,
         task_instances,
         runner_settings(rc),
         image_for=_image_naming(rc, task_instances),

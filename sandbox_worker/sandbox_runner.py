@@ -37,13 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from sandbox_worker.adapter_client import (
-    AdapterError,
-    CloseResult,
-    OpenReplyLostError,
-    TrajectoryExistsError,
-    TrajectoryRecords,
-)
+from sandbox_worker.adapter_client import AdapterError, CloseResult, TrajectoryRecords
 from sandbox_worker.backends.base import (
     ImageNotFoundError,
     LlmRelay,
@@ -59,18 +53,14 @@ from sandbox_worker.openhands.config import OpenHandsConfig
 from sandbox_worker.openhands.prompt import build_swe_prompt
 from sandbox_worker.openhands.result import AgentRunResult, EndReason
 from sandbox_worker.openhands.server import AgentServerBundle, run_agent_in_sandbox
-from sandbox_worker.outcomes import (
-    abort_reason_of_end,
-    aborted,
-    graded,
-    with_counts,
-)
+from sandbox_worker.outcomes import abort_reason_of_end, aborted, graded
+from sandbox_worker.records import OpenFailedError, close_record, open_record, trajectory_meta
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CANCELLED, RunContext
 from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
 from services.protocol.instance import SWEInstance
 from services.protocol.tasks import RolloutTask
-from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
+from services.protocol.trajectory import Outcome, OutcomeStatus
 
 _log = logging.getLogger("swerl.worker.trajectory")
 
@@ -274,32 +264,12 @@ class SandboxTrajectoryRunner:
         )
 
     def _open(self, run: _Run) -> None:
-        task = run.task
-        meta = TrajectoryMeta(
-            trajectory_id=task.trajectory_id,
-            task_id=task.task_id,
-            batch_id=task.batch_id,
-            group_id=task.group_id,
-            instance_id=task.instance_id,
-            extra={
-                "job_id": task.job_id,
-                "attempt": task.attempt,
-                "sample_index": task.sample_index,
-                "policy_version": task.policy_version,
-                "node": run.ctx.node,
-            },
-        )
         t0 = time.monotonic()
         try:
-            run.token = self.adapter.open(meta)
-        except OpenReplyLostError as exc:
-            run.opened = True  # ours: closed as aborted like any other failed run
-            raise _Abort(f"LLM endpoint: {exc}") from exc
-        except TrajectoryExistsError as exc:
-            # A previous run of this very attempt left a record; its tokens are not ours.
-            raise _Abort(f"{exc}; not reusing it") from exc
-        except AdapterError as exc:
-            raise _Abort(f"LLM endpoint: cannot open the trajectory: {exc}") from exc
+            run.token = open_record(self.adapter, trajectory_meta(run.task, run.ctx.node))
+        except OpenFailedError as exc:
+            run.opened = exc.opened
+            raise _Abort(exc.reason) from exc
         run.opened = True
         run.timed("open", t0)
 
@@ -445,29 +415,9 @@ class SandboxTrajectoryRunner:
     def _close(self, run: _Run, outcome: Outcome) -> Outcome:
         """Close the record with the outcome; what the adapter kept has the last word."""
         t0 = time.monotonic()
-        try:
-            result = self.adapter.close(run.task.trajectory_id, outcome)
-        except AdapterError as exc:
-            run.timed("close", t0)
-            if outcome.status is OutcomeStatus.ABORTED:
-                return outcome
-            # The record's completeness is not confirmed: never train on it.
-            return aborted(
-                f"could not record the outcome at the adapter: {exc}",
-                patch=outcome.patch,
-                test_report=outcome.test_report,
-            )
+        outcome = close_record(self.adapter, run.task.trajectory_id, outcome)
         run.timed("close", t0)
-        kept = result.outcome
-        adapter_aborted = kept is not None and kept.status is OutcomeStatus.ABORTED
-        if adapter_aborted and outcome.status is not OutcomeStatus.ABORTED:
-            assert kept is not None
-            outcome = aborted(
-                f"adapter: {kept.abort_reason}",
-                patch=outcome.patch,
-                test_report=outcome.test_report,
-            )
-        return with_counts(outcome, result.n_turns, result.n_tokens)
+        return outcome
 
     def close(self) -> None:
         """Release the adapter connection pool (the hub and backend belong to the caller)."""

@@ -99,3 +99,59 @@ class LocalStack:
         for name in reversed(list(self.procs)):
             self.procs[name].stop()
         self.procs.clear()
+
+
+@dataclass(frozen=True)
+class ToyServices:
+    """Where the toy-task stack of :func:`start_toy_services` listens."""
+
+    redis_url: str
+    engine_url: str
+    adapter_url: str
+    node: str
+
+
+def start_toy_services(
+    stack: LocalStack,
+    model: Path,
+    worker_token: str,
+    *,
+    slots: int = 4,
+    node: str = "toy-node",
+    engine_args: tuple[str, ...] = (),
+) -> ToyServices:
+    """Redis, a reference engine sampling ``model`` (the warm-started toy model,
+    docs/toy-task.md), the adapter in training mode (``worker_token``) and a toy-only sandbox
+    worker (``--kinds toy``: no container, no sandbox backend is used). The caller brings the
+    rollout manager (``RolloutManager(redis_url).start()``) and submits requests of kind toy."""
+    from services.queue.config import QueueConfig
+    from services.queue.submitter import SubmitterQueue
+
+    redis_url = stack.start_redis()
+    port = free_port()
+    engine_url = f"http://127.0.0.1:{port}"
+    stack.python("engine", "services.reference_engine.server",
+                 ["--model", str(model), "--port", str(port), *engine_args],
+                 http_ok(f"{engine_url}/health"))  # fmt: skip
+    port = free_port()
+    adapter_url = f"http://127.0.0.1:{port}"
+    stack.python("adapter", "adapter",
+                 ["--engines", engine_url, "--model", str(model), "--redis", redis_url,
+                  "--port", str(port)],
+                 http_ok(f"{adapter_url}/health"),
+                 env={"SWERL_ADAPTER__WORKER_TOKEN": worker_token})  # fmt: skip
+    queue = SubmitterQueue(redis_url, QueueConfig())
+
+    def alive() -> bool:
+        return any(n.name == node and n.alive for n in queue.nodes())
+
+    env = {"SWERL_WORKER__ROLLOUT__ADAPTER_URL": adapter_url,
+           "SWERL_WORKER__ROLLOUT__ADAPTER_TOKEN": worker_token}  # fmt: skip
+    try:
+        stack.python("worker", "sandbox_worker",
+                     ["--redis", redis_url, "--node", node, "--slots", str(slots),
+                      "--backend", "bwrap", "--kinds", "toy"],
+                     alive, env=env, timeout_s=120)  # fmt: skip
+    finally:
+        queue.close()
+    return ToyServices(redis_url, engine_url, adapter_url, node)

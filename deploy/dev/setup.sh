@@ -61,7 +61,8 @@ step_python() {
 
 step_model() {
   if [ -f "$CACHE/tiny-model/config.json" ] && [ -f "$CACHE/tiny-model-coder/config.json" ] \
-    && [ -f "$CACHE/tiny-model-moe/config.json" ]; then
+    && [ -f "$CACHE/tiny-model-moe/config.json" ] \
+    && [ -f "$CACHE/tiny-model-toy/swerl_warm_start.json" ]; then
     log "tiny models cached"; return
   fi
   log "building the tiny models"
@@ -71,6 +72,9 @@ step_model() {
     || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-coder" --coder
   [ -f "$CACHE/tiny-model-moe/config.json" ] \
     || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-moe" --moe
+  # The toy task's format warm-start of tiny-model (docs/toy-task.md; ~40 CPU-seconds).
+  [ -f "$CACHE/tiny-model-toy/swerl_warm_start.json" ] \
+    || .venv/bin/python -m services.tiny_model.warm_start "$CACHE/tiny-model-toy"
 }
 
 step_docker() { deploy/dev/dockerd.sh start; }

@@ -51,6 +51,7 @@ def tasks_for_request(request: RolloutRequest) -> list[RolloutTask]:
             max_attempts=request.max_attempts,
             limits=request.limits,
             sampling=request.sampling,
+            kind=request.kind,
         )
         for i, instance_id in enumerate(request.instance_ids)
         for s in range(request.n_samples)

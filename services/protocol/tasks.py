@@ -4,21 +4,42 @@ The trainer asks the rollout manager for a :class:`RolloutRequest`; the manager 
 one :class:`RolloutTask` per trajectory and puts them on Redis streams; a sandbox worker runs a
 task and reports a :class:`TaskResult`. All are pydantic models that travel as JSON; a payload
 that does not validate is rejected with a clear message (and dead-lettered, never lost).
+
+Every request and task has a ``kind`` (:data:`TASK_KINDS`): ``"swe"`` (the default: a SWE-bench
+instance run by an agent in a sandbox) or ``"toy"`` (the toy task "lookup then answer",
+:mod:`services.protocol.toy`, run without a container). A toy request or task must name toy
+instance ids (``toy-lookup-<n>``); an unknown kind is a validation error naming the field.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.protocol.ids import Ident
+from services.protocol.toy import ToyTaskError, instance_number
 from services.protocol.trajectory import Outcome
+
+TaskKind = Literal["swe", "toy"]
+TASK_KINDS: tuple[str, ...] = get_args(TaskKind)
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def check_instances_of_kind(kind: str, instance_ids: list[str]) -> None:
+    """A toy request or task names only toy instance ids (ValueError naming the first bad one)."""
+    if kind != "toy":
+        return
+    for instance_id in instance_ids:
+        try:
+            instance_number(instance_id)
+        except ToyTaskError as exc:
+            raise ValueError(f"kind 'toy': {exc}") from None
 
 
 class AgentLimits(Message):
@@ -46,9 +67,11 @@ class RolloutRequest(Message):
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     max_attempts: int = Field(3, ge=1, le=20)  # infrastructure retries per task
+    kind: TaskKind = "swe"
 
     @model_validator(mode="after")
     def _groups_match(self) -> RolloutRequest:
+        check_instances_of_kind(self.kind, self.instance_ids)
         if self.group_ids is not None and len(self.group_ids) != len(self.instance_ids):
             raise ValueError(
                 f"group_ids has {len(self.group_ids)} entries for "
@@ -74,6 +97,12 @@ class RolloutTask(Message):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     image: str | None = None  # default: the instance image naming rule of the node
     created_at: float = Field(default_factory=time.time)
+    kind: TaskKind = "swe"
+
+    @model_validator(mode="after")
+    def _instance_of_kind(self) -> RolloutTask:
+        check_instances_of_kind(self.kind, [self.instance_id])
+        return self
 
     @property
     def trajectory_id(self) -> str:

@@ -291,17 +291,22 @@ def build_tiny_model(
         _write_model(staging, spec, vocab_size, eos_id, pad_id)
         stamp = {**asdict(spec), "vocab_size": vocab_size, "eos_token_id": eos_id}
         (staging / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-        # Readable by everyone (sandboxes and engine containers mount it), whatever the umask.
-        for item in staging.iterdir():
-            item.chmod(0o644)
-        staging.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        publish_build(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def publish_build(staging: Path, target: Path) -> None:
+    """Move a finished build from its sibling ``staging`` directory to ``target`` (replacing
+    it), readable by everyone (sandboxes and engine containers mount it) whatever the umask."""
+    for item in staging.iterdir():
+        item.chmod(0o644)
+    staging.chmod(0o755)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
 
 
 def read_stamp(directory: str | os.PathLike[str]) -> dict[str, object] | None:

@@ -31,7 +31,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from sandbox_worker.config import WorkerConfig
-from sandbox_worker.factory import build_runner
+from sandbox_worker.factory import KindRouter, build_runner
 from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, SandboxTrajectoryRunner
 from sandbox_worker.tasks.scripted import build_script
 from services.manager import ManagerConfig, RolloutManager
@@ -69,9 +69,11 @@ def make_runner(
             "openhands": {"num_retries": 0},
         },
     )
-    runner, _ = build_runner(
+    router, _ = build_runner(
         cfg, backend=stack.backends[backend], hub=stack.hub, instances=stack.instances
     )
+    assert isinstance(router, KindRouter)
+    runner = router.runner_for("swe")
     assert isinstance(runner, SandboxTrajectoryRunner)
     return runner
 

@@ -23,6 +23,7 @@ import pytest
 
 from sandbox_worker.config import WorkerConfig
 from sandbox_worker.factory import build_runner
+from sandbox_worker.sandbox_runner import SandboxTrajectoryRunner
 from services.protocol.trajectory import Outcome, OutcomeStatus, TrajectoryMeta
 from tests.e2e.conftest import WORKER_TOKEN, AdapterProcess, RolloutStack
 from tests.e2e.test_rollout_docker import SCRIPTED_INSTANCE, task
@@ -141,9 +142,11 @@ def test_a_sandbox_reaches_only_its_own_trajectory(
     cfg = WorkerConfig(
         backend=backend, rollout={"adapter_url": adapter.url, "adapter_token": WORKER_TOKEN}
     )
-    runner, _ = build_runner(
+    router, _ = build_runner(
         cfg, backend=stack.backends[backend], hub=stack.hub, instances=stack.instances
     )
+    runner = router.runner_for("swe")  # type: ignore[attr-defined]
+    assert isinstance(runner, SandboxTrajectoryRunner)
     node = stack.node()
     t = task(f"e2e-isolation-{backend}", SCRIPTED_INSTANCE)
     mine = t.trajectory_id

@@ -80,6 +80,16 @@ def tiny_moe_dir_fixture() -> Iterator[Path]:
         yield path
 
 
+@pytest.fixture(scope="session", name="toy_model_dir")
+def toy_model_dir_fixture() -> Iterator[Path]:
+    """``toy_model_dir``: the tiny model after the toy task's format warm-start
+    (services/tiny_model/warm_start.py; ~40 CPU-seconds to build when not cached)."""
+    from services.tiny_model.warm_start import DEFAULT_DIR_NAME, ensure_warm_start
+
+    with tiny_model_for_session() as base:
+        yield ensure_warm_start(base.parent / DEFAULT_DIR_NAME, base)
+
+
 @pytest.fixture(scope="session", name="tiny_coder_dir")
 def tiny_coder_dir_fixture() -> Iterator[Path]:
     """``tiny_coder_dir``: the tiny model with the coder chat template, once per session."""

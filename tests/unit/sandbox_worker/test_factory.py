@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sandbox_worker.config import WorkerConfig
 from sandbox_worker.factory import (
+    KindRouter,
     NodeCleanup,
     backend_kwargs,
     build_runner,
@@ -20,12 +23,19 @@ from sandbox_worker.factory import (
 )
 from sandbox_worker.openhands.server import AgentServerBundle
 from sandbox_worker.relay.host_relay import RelayHub
-from sandbox_worker.runner import RunnerUnavailableError, TrajectoryRunner
+from sandbox_worker.runner import (
+    CancelToken,
+    RunContext,
+    RunnerUnavailableError,
+    TrajectoryRunner,
+)
 from sandbox_worker.sandbox_names import sandbox_node_name
 from sandbox_worker.sandbox_runner import SandboxTrajectoryRunner
 from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from sandbox_worker.testing.simulated import SimulatedRunner
+from sandbox_worker.toy import ToyTrajectoryRunner
 from services.datasets import DatasetError
+from services.protocol.trajectory import OutcomeStatus
 from tests.support.paths import REPO_ROOT
 from tests.unit.sandbox_worker.conftest import INSTANCES, make_task
 
@@ -94,7 +104,8 @@ def test_build_runner_builds_the_simulated_runner() -> None:
 def test_build_runner_sends_the_worker_token(tmp_path: Path) -> None:
     backend, hub = _local(tmp_path)
     try:
-        runner, _ = build_runner(cfg(adapter_token="t" * 24), backend=backend, hub=hub)
+        router, _ = build_runner(cfg(adapter_token="t" * 24), backend=backend, hub=hub)
+        runner = router.runner_for("swe")  # type: ignore[attr-defined]
         headers = runner.adapter._client.headers  # type: ignore[attr-defined]
         assert headers["authorization"] == "Bearer " + "t" * 24
     finally:
@@ -104,9 +115,12 @@ def test_build_runner_sends_the_worker_token(tmp_path: Path) -> None:
 def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) -> None:
     backend, hub = _local(tmp_path)
     try:
-        runner, cleaner = build_runner(cfg(image_namespace="swebench"), backend=backend, hub=hub)
+        router, cleaner = build_runner(cfg(image_namespace="swebench"), backend=backend, hub=hub)
+        assert isinstance(router, KindRouter) and isinstance(router, TrajectoryRunner)
+        runner = router.runner_for("swe")
         assert isinstance(runner, SandboxTrajectoryRunner) and isinstance(cleaner, NodeCleanup)
-        assert isinstance(runner, TrajectoryRunner)
+        assert isinstance(router.runner_for("toy"), ToyTrajectoryRunner)
+        assert router.runner_for("toy").adapter is runner.adapter  # one adapter client
         assert runner.image_for("django__django-11099") == (
             "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
         )
@@ -138,6 +152,38 @@ def test_build_runner_refusals(tmp_path: Path) -> None:
             build_runner(cfg(), backend=backend)
     finally:
         hub.close()
+
+
+def test_a_toy_only_worker_needs_no_sandbox_backend_nor_agent_bundle() -> None:
+    """kinds ["toy"]: nothing of the SWE runner is built (no backend, bundle or instances)."""
+    toy_only = WorkerConfig(
+        backend="docker",
+        kinds=["toy"],
+        rollout={"instances": ["/nonexistent.jsonl"], "adapter_url": "http://127.0.0.1:9"},
+    )
+    router, cleaner = build_runner(toy_only, bundle=AgentServerBundle("/nope", "/nope-venv"))
+    assert cleaner is None and isinstance(router, KindRouter)
+    assert isinstance(router.runner_for("toy"), ToyTrajectoryRunner)
+    with pytest.raises(KeyError, match="no 'swe' runner on this worker"):
+        router.runner_for("swe")
+
+
+def test_the_router_aborts_a_task_of_a_kind_it_does_not_run_for_good() -> None:
+    toy_only = WorkerConfig(backend="bwrap", kinds=["toy"])
+    router, _ = build_runner(toy_only)
+    outcome = router.run(make_task(), RunContext("n", CancelToken(), logging.getLogger("t")))
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.retryable is False
+    assert outcome.abort_reason is not None
+    assert "runs no 'swe' tasks" in outcome.abort_reason and "worker.kinds" in outcome.abort_reason
+
+
+def test_worker_kinds_are_validated() -> None:
+    with pytest.raises(ValidationError, match="distinct"):
+        WorkerConfig(kinds=["toy", "toy"])
+    with pytest.raises(ValidationError, match="kinds"):
+        WorkerConfig(kinds=["math"])
+    with pytest.raises(ValidationError, match="kinds"):
+        WorkerConfig(kinds=[])
 
 
 @pytest.mark.slow  # starts the worker CLI

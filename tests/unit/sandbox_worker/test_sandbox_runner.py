@@ -107,6 +107,7 @@ def test_gold_patch_is_completed_with_reward_1(harness: Harness) -> None:
     assert (meta.trajectory_id, meta.task_id, meta.batch_id, meta.group_id, meta.instance_id) == (
         task.trajectory_id, task.task_id, task.batch_id, task.group_id, task.instance_id
     )  # fmt: skip
+    assert meta.extra["kind"] == "swe" and meta.extra["node"] == "node-1"
     assert [c[1] is None for c in harness.adapter.closes] == [True, False]
     final = harness.adapter.closes[1][1]
     assert final is not None and final.reward == 1.0 and final.n_turns == COUNTERS["turns"]

@@ -7,6 +7,7 @@ and record their starts and ends through an independent probe in Redis.
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import threading
 import time
@@ -201,6 +202,9 @@ def test_poison_payloads_are_dead_lettered_and_the_worker_survives(
     queue.redis.xadd(stream, {"task_id": "t", "attempt": "one", "payload": "{}"})
     queue.redis.xadd(stream, {"task_id": "t", "attempt": "1", "payload": '{"task_id": "t"}'})
     queue.redis.xadd(stream, {"task_id": "t", "attempt": "1", "payload": b"\xff\xfe"})
+    unknown_kind = {"task_id": "t", "batch_id": "b", "group_id": "g", "instance_id": "i",
+                    "kind": "math"}  # fmt: skip
+    queue.redis.xadd(stream, {"task_id": "t", "attempt": "1", "payload": json.dumps(unknown_kind)})
     queue.redis.lpush(queue.keys.pending, "no-such-task")
     # A real task whose stored payload got corrupted: dead-lettered AND reported aborted.
     batch = manager.submit(RolloutRequest(instance_ids=["ok.sleep10", "bad"], n_samples=1))
@@ -220,7 +224,8 @@ def test_poison_payloads_are_dead_lettered_and_the_worker_survives(
     assert any("attempt is not an integer" in r for r in reasons)
     assert any("payload is not a valid task" in r for r in reasons)
     assert "unknown task id in the pending list" in reasons
-    assert len(reasons) == 7, reasons
+    assert any("kind: Input should be 'swe' or 'toy'" in r for r in reasons), reasons
+    assert len(reasons) == 8, reasons
     junk = next(d for d in queue.dead_letters() if "missing field" in d.reason)
     assert '"junk": "1"' in junk.fields["fields"]  # the original entry is kept, not lost
     assert proc.poll() is None, "the worker died on a poison payload"

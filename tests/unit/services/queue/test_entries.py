@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.protocol import RolloutTask
@@ -42,3 +44,17 @@ def test_invalid_entries_are_rejected_with_the_reason(fields: dict, message: str
     with pytest.raises(PayloadError) as err:
         decode_task_entry("1-0", fields)
     assert message in str(err.value)
+
+
+def test_a_payload_of_an_unknown_kind_is_refused_naming_the_field() -> None:
+    task = RolloutTask(task_id="b:0:0", batch_id="b", group_id="g", instance_id="i", attempt=1)
+    payload = json.loads(task_payload(task))
+    fields = {"task_id": "b:0:0", "attempt": "1", "payload": json.dumps({**payload, "kind": "x"})}
+    with pytest.raises(PayloadError, match=r"payload is not a valid task: kind: .*'swe' or 'toy'"):
+        decode_task_entry("1-0", fields)
+    toy = {**payload, "kind": "toy"}  # a toy task must name a toy instance
+    fields["payload"] = json.dumps(toy)
+    with pytest.raises(PayloadError, match="kind 'toy': 'i' is not a toy instance id"):
+        decode_task_entry("1-0", fields)
+    fields["payload"] = json.dumps({**toy, "instance_id": "toy-lookup-2"})
+    assert decode_task_entry("1-0", fields).task.kind == "toy"

@@ -1,0 +1,240 @@
+"""The toy runner's agent loop against a scripted OpenAI server (tests/support/fake_llm.py, a
+real HTTP server standing in for the adapter's per-trajectory route) and the record double."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from sandbox_worker.adapter_client import AdapterUnavailableError
+from sandbox_worker.runner import CancelToken
+from sandbox_worker.toy import ChatEndpoint, ToyTrajectoryRunner
+from sandbox_worker.toy.runner import lookup_call
+from services.processes import free_port
+from services.protocol import AgentLimits, RolloutTask, SamplingConfig
+from services.protocol.toy import CODES, SYSTEM_PROMPT, draw_code
+from services.protocol.trajectory import Outcome, OutcomeStatus
+from tests.support.fake_llm import FakeLLM, Reply, call
+from tests.unit.sandbox_worker.conftest import FakeAdapter, make_ctx
+
+LOOKUP = call("lookup", {}, "call_1")
+
+
+def toy_task(**kw: Any) -> RolloutTask:
+    return RolloutTask(
+        task_id=kw.pop("task_id", "b1:0:0"),
+        batch_id="b1",
+        group_id="b1:0",
+        instance_id="toy-lookup-5",
+        kind="toy",
+        **kw,
+    )
+
+
+def observed_code(body: dict[str, Any]) -> str | None:
+    """The code in the request's tool message, as the policy would see it."""
+    tools = [m for m in body["messages"] if m["role"] == "tool"]
+    return tools[-1]["content"].split("\n")[0] if tools else None
+
+
+def copy_the_code(body: dict[str, Any]) -> Reply | None:
+    code = observed_code(body)
+    return Reply(content=code) if code else None
+
+
+def wrong_code(body: dict[str, Any]) -> Reply | None:
+    code = observed_code(body)
+    return Reply(content=next(c for c in CODES if c != code)) if code else None
+
+
+@pytest.fixture
+def adapter() -> FakeAdapter:
+    return FakeAdapter()
+
+
+def play(llm: FakeLLM, adapter: FakeAdapter, task: RolloutTask, **ctx: Any) -> Outcome:
+    runner = ToyTrajectoryRunner(adapter, ChatEndpoint(f"http://127.0.0.1:{llm.port}"))
+    return runner.run(task, make_ctx(**ctx))
+
+
+@pytest.fixture
+def copier() -> Iterator[FakeLLM]:
+    with FakeLLM([Reply(tool_calls=[LOOKUP])], choose=copy_the_code) as llm:
+        yield llm
+
+
+def test_a_correct_answer_earns_1_through_two_tool_turns(
+    copier: FakeLLM, adapter: FakeAdapter
+) -> None:
+    task = toy_task(sampling=SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=24))
+    outcome = play(copier, adapter, task)
+    assert outcome.status is OutcomeStatus.COMPLETED and outcome.reward == 1.0
+    assert outcome.test_report["ending"] == "answered"
+    first, second = copier.requests
+    path = f"/t/{task.trajectory_id}/v1/chat/completions"
+    assert first.path == second.path == path
+    assert first.authorization == second.authorization == f"Bearer {adapter.token}"
+    assert [m["role"] for m in first.body["messages"]] == ["system", "user"]
+    assert first.body["messages"][0]["content"] == SYSTEM_PROMPT
+    assert [t["function"]["name"] for t in first.body["tools"]] == ["lookup"]
+    assert (first.body["temperature"], first.body["top_p"], first.body["max_tokens"]) == (
+        0.7,
+        0.9,
+        24,
+    )
+    assert "top_k" not in first.body  # -1: engine default, not sent
+    roles = [m["role"] for m in second.body["messages"]]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assistant, tool = second.body["messages"][2:]
+    assert assistant["tool_calls"] == [LOOKUP] and tool["tool_call_id"] == "call_1"
+    code = tool["content"].split("\n")[0]
+    assert tool["content"].split("\n") == [code] * 8 and code in CODES
+    # The code is the task's reproducible draw; the record is opened and closed with the outcome.
+    assert code == outcome.test_report["code"] == draw_code(task.task_id, task.attempt)
+    [meta] = adapter.opened
+    assert meta.trajectory_id == task.trajectory_id and meta.extra["kind"] == "toy"
+    [(closed_id, closed)] = adapter.closes
+    assert closed_id == task.trajectory_id and closed is not None and closed.reward == 1.0
+    assert outcome.n_turns == adapter.counters["turns"]
+    assert {"turn1", "turn2", "total"} <= set(outcome.durations)
+
+
+def test_codes_differ_between_tasks_and_a_wrong_answer_earns_0(adapter: FakeAdapter) -> None:
+    with FakeLLM([Reply(tool_calls=[LOOKUP])], choose=wrong_code) as llm:
+        outcomes = [play(llm, adapter, toy_task(task_id=f"b1:0:{s}")) for s in range(12)]
+        seen = {observed_code(r.body) for r in llm.requests if observed_code(r.body)}
+    assert all(o.status is OutcomeStatus.COMPLETED and o.reward == 0.0 for o in outcomes)
+    assert len(seen) > 1  # one draw per task, not one code for all
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        Reply(content="red"),  # answers without looking up
+        Reply(tool_calls=[call("search", {}, "c1")]),  # another tool
+        Reply(tool_calls=[LOOKUP, call("lookup", {}, "c2")]),  # two calls
+    ],
+)
+def test_a_malformed_first_turn_is_the_policys_fault_reward_0(
+    first: Reply, adapter: FakeAdapter
+) -> None:
+    with FakeLLM([first, Reply(content="red")]) as llm:
+        outcome = play(llm, adapter, toy_task())
+        assert len(llm.requests) == 1  # no second turn
+    assert outcome.status is OutcomeStatus.ERROR and outcome.reward == 0.0
+    assert outcome.test_report["ending"] == "no_tool_call" and outcome.trainable
+
+
+def test_a_tool_call_instead_of_an_answer_earns_0(adapter: FakeAdapter) -> None:
+    with FakeLLM([Reply(tool_calls=[LOOKUP])]) as llm:  # calls lookup again and again
+        outcome = play(llm, adapter, toy_task())
+    assert outcome.status is OutcomeStatus.ERROR and outcome.reward == 0.0
+    assert outcome.test_report["ending"] == "tool_call_as_answer"
+
+
+def test_an_engine_failure_is_an_abort_never_a_0(adapter: FakeAdapter) -> None:
+    replies = [Reply(tool_calls=[LOOKUP]), Reply(status=503, error_message="no engine")]
+    with FakeLLM(replies) as llm:
+        outcome = play(llm, adapter, toy_task())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None
+    assert outcome.abort_reason is not None and "503" in outcome.abort_reason
+    assert outcome.retryable  # another attempt may find an engine
+    [(_, closed)] = adapter.closes
+    assert closed is not None and closed.status is OutcomeStatus.ABORTED
+
+
+def test_an_unreachable_adapter_is_an_abort(adapter: FakeAdapter) -> None:
+    runner = ToyTrajectoryRunner(adapter, ChatEndpoint(f"http://127.0.0.1:{free_port()}"))
+    outcome = runner.run(toy_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED
+    assert outcome.abort_reason is not None and "chat completion failed" in outcome.abort_reason
+
+
+def test_a_refused_request_is_an_abort(adapter: FakeAdapter) -> None:
+    refused = Reply(status=400, error_message="prompt exceeds the context", error_code="ctx")
+    with FakeLLM([refused]) as llm:
+        outcome = play(llm, adapter, toy_task())
+    assert outcome.status is OutcomeStatus.ABORTED and "400" in (outcome.abort_reason or "")
+
+
+class _NotJSON(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", "8")
+        self.end_headers()
+        self.wfile.write(b"not json")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_unreadable_answer_is_an_abort(adapter: FakeAdapter) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotJSON)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = ChatEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
+        outcome = ToyTrajectoryRunner(adapter, endpoint).run(toy_task(), make_ctx())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcome.status is OutcomeStatus.ABORTED
+    assert "unreadable chat completion" in (outcome.abort_reason or "")
+
+
+def test_a_cancelled_task_stops_before_calling_the_model(
+    copier: FakeLLM, adapter: FakeAdapter
+) -> None:
+    cancel = CancelToken()
+    cancel.cancel("cancelled")
+    outcome = play(copier, adapter, toy_task(), cancel=cancel)
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.abort_reason == "cancelled"
+    assert copier.requests == [] and len(adapter.closes) == 1
+
+
+def test_a_single_step_budget_ends_after_the_tool_call_as_a_timeout(
+    copier: FakeLLM, adapter: FakeAdapter
+) -> None:
+    outcome = play(copier, adapter, toy_task(limits=AgentLimits(max_steps=1)))
+    assert outcome.status is OutcomeStatus.TIMEOUT and outcome.reward == 0.0
+    assert len(copier.requests) == 1
+
+
+def test_a_failed_open_is_an_abort_without_model_calls(copier: FakeLLM) -> None:
+    adapter = FakeAdapter(open_error=AdapterUnavailableError("adapter down"))
+    outcome = play(copier, adapter, toy_task())
+    assert outcome.status is OutcomeStatus.ABORTED and "adapter down" in (
+        outcome.abort_reason or ""
+    )
+    assert copier.requests == [] and adapter.closes == []
+
+
+def test_a_swe_task_is_refused_for_good(copier: FakeLLM, adapter: FakeAdapter) -> None:
+    swe = RolloutTask(task_id="t", batch_id="b", group_id="g", instance_id="swerl__spanlib-1")
+    outcome = play(copier, adapter, swe)
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.retryable is False
+    assert copier.requests == [] and adapter.opened == []
+
+
+@pytest.mark.parametrize(
+    ("message", "ok"),
+    [
+        ({"tool_calls": [LOOKUP]}, True),
+        ({"tool_calls": [call("lookup", {"q": "x"}, "c")]}, True),
+        ({"tool_calls": []}, False),
+        ({"content": "lookup"}, False),
+        ({"tool_calls": [{**LOOKUP, "id": ""}]}, False),
+        ({"tool_calls": [{"id": "c", "function": {"name": "lookup", "arguments": "{"}}]}, False),
+        ({"tool_calls": [{"id": "c", "function": {"name": "lookup", "arguments": "[1]"}}]}, False),
+    ],
+)
+def test_lookup_call_accepts_exactly_one_well_formed_lookup(
+    message: dict[str, Any], ok: bool
+) -> None:
+    assert (lookup_call(message) is not None) is ok, json.dumps(message)
