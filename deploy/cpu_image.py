@@ -1,23 +1,26 @@
 """The one image of every CPU service of compose.yaml's ``cpu`` profile, without a registry.
 
-``python deploy/cpu_image.py build [--env-out FILE]`` streams one tar into ``docker import``:
+``python deploy/cpu_image.py build [--env-out FILE]`` makes two images:
 
-* the sandbox base root filesystem (``deploy/images/build_base.sh``'s debootstrap tree),
-* the set-up Python runtime and venv (``deploy/dev/setup.sh python``) at their host paths: the
-  venv's ``bin/python`` and ``pyvenv.cfg`` name the runtime by absolute path, and the sandbox
-  worker hands the same paths to the host's Docker as the agent-server bundle,
-* ``redis-server`` and the shared libraries it needs,
-* the repository's files (git's tracked and unignored ones) at ``/opt/swerl/src``.
+* ``swerl/cpu-runtime:<r>``: one tar streamed into ``docker import``: the sandbox base root
+  filesystem (``deploy/images/build_base.sh``'s debootstrap tree), the set-up Python runtime and
+  venv (``deploy/dev/setup.sh python``) at their host paths (the venv's ``bin/python`` and
+  ``pyvenv.cfg`` name the runtime by absolute path, and the sandbox worker hands the same paths
+  to the host's Docker as the agent-server bundle), and ``redis-server`` with the shared
+  libraries the base tree lacks. Gigabytes (torch): imported only when ``<r>`` changes, a hash of
+  the base image's id, the runtime's file list (names, sizes, times), the venv's identity (its
+  directory is named by the hash of the dependency files; plus its completion stamp) and
+  redis-server's bytes.
+* ``swerl/cpu:<r>-<c>``: the repository's files (git's tracked and unignored ones) at
+  ``/opt/swerl/src``, a thin ``docker build`` layer on the runtime (``FROM`` a local image, so
+  no registry), ``<c>`` a hash of every file's name and bytes.
 
-The tag is a content hash of those inputs (``swerl/cpu:<hash>``): the base image's id, the
-runtime's file list (names, sizes, times), the venv's identity (its directory is named by the
-hash of the dependency files; plus its completion stamp), redis-server's bytes and every
-repository file's bytes. The image lives in the Docker engine, outside the clone, so a rerun
-with the same inputs (CI) reuses it instead of re-importing gigabytes; a changed file gives a new
-tag. ``tag`` prints the tag without building; ``env`` prints the compose variables.
-
-``--env-out FILE`` writes ``deploy/nodes/cpu.env`` with this machine's values (image tag,
-runtime and venv paths, the model cache) for ``docker-compose --env-file FILE up -d``.
+Both live in the Docker engine, outside the clone: a rerun with the same inputs (CI) reuses them,
+a code change costs seconds, an environment change one import. The tiny model is not copied in:
+the services mount the model cache (``SWERL_MODELS_DIR``) at ``/models`` as on a cluster.
+``tag`` prints the service image's tag without building; ``env`` prints the compose variables;
+``--env-out FILE`` writes ``deploy/nodes/cpu.env`` with this machine's values (image tag, runtime
+and venv paths, the model cache) for ``docker-compose --env-file FILE up -d``.
 """
 
 from __future__ import annotations
