@@ -14,6 +14,9 @@ there is one. Rules (each a function below, each tested in tests/unit/deploy/):
   ``condition: service_healthy`` (no v2-only ``required`` / ``restart``), on a service with a
   healthcheck that is active in every profile the dependent one is (a dependency across
   profiles breaks ``up`` of a node that runs one without the other);
+* the Prometheus scrape config (deploy/prometheus/prometheus.yml) covers what the node files
+  describe (:func:`prometheus_problems`);
+* Dockerfiles of deploy/ build from pinned inputs (:func:`dockerfile_problems`);
 * node env files: every variable compose.yaml requires (``:?``) is set, every variable they set
   is one compose.yaml reads (a typo is an error), and the cluster files agree
   (:func:`cluster_problems`).
@@ -260,6 +263,36 @@ def _engine_problems(
     return []
 
 
+PROMETHEUS_FILE = REPO / "deploy" / "prometheus" / "prometheus.yml"
+
+
+def prometheus_problems(
+    files: Mapping[str, Mapping[str, str]], path: Path = PROMETHEUS_FILE
+) -> list[str]:
+    """The scrape config covers the cluster the node files describe: the API and the adapter
+    on the head node, every engine the head's adapter is given, and every node's exporters."""
+    jobs = {j["job_name"]: j for j in yaml.safe_load(path.read_text())["scrape_configs"]}
+
+    def targets(job: str) -> set[str]:
+        return {t for sc in jobs.get(job, {}).get("static_configs", []) for t in sc["targets"]}
+
+    head = next(n for n, v in files.items() if "head" in v.get("COMPOSE_PROFILES", ""))
+    addr = files[head]["NODE_ADDR"]
+    engines = yaml.safe_load(files[head].get("SWERL_ENGINES", "[]")) or []
+    expected = {
+        "swerl-api": {f"{addr}:{files[head].get('SWERL_API_PORT', '8300')}"},
+        "swerl-adapter": {f"{addr}:{files[head].get('SWERL_ADAPTER_PORT', '8100')}"},
+        "sglang": {e.removeprefix("http://") for e in engines},
+        "node": {f"{v['NODE_ADDR']}:9100" for v in files.values()},
+        "gpu": {f"{v['NODE_ADDR']}:9400" for v in files.values()},
+    }
+    return [
+        f"{path.name}: job {job} scrapes {sorted(targets(job))}, the node files say {sorted(want)}"
+        for job, want in expected.items()
+        if targets(job) != want
+    ]
+
+
 def _instructions(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined."""
     joined = re.sub(r"\\\n", " ", text)
@@ -342,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         problems += env_file_problems(env, data)
     cluster = {p.stem: read_env_file(p) for p in envs if re.fullmatch(r"node\d+", p.stem)}
     if cluster:
-        problems += cluster_problems(cluster)
+        problems += cluster_problems(cluster) + prometheus_problems(cluster)
     for dockerfile in sorted((REPO / "deploy").glob("Dockerfile.*")):
         problems += dockerfile_problems(dockerfile)
     print("\n".join(problems) or f"ok: {args.compose.name} and {len(envs)} env file(s)")

@@ -226,3 +226,14 @@ def test_unpinned_dockerfiles_are_reported(tmp_path: Path) -> None:
         "pyproject.toml's pins",
         "Dockerfile.bad: COPY no/such/file: no such file in the repo",
     ]
+
+
+def test_the_prometheus_config_scrapes_the_cluster_of_the_node_files() -> None:
+    files = _cluster()
+    assert lint.prometheus_problems(files) == []
+    files["node7"]["SGLANG_PORT_3"] = "31000"  # a moved engine the head lists...
+    engines = yaml.safe_load(files["node0"]["SWERL_ENGINES"])
+    engines[-1] = "http://10.0.0.17:31000"
+    files["node0"]["SWERL_ENGINES"] = "[" + ",".join(engines) + "]"
+    (problem,) = lint.prometheus_problems(files)  # ...and the scrape config does not
+    assert "job sglang" in problem and "10.0.0.17:31000" in problem

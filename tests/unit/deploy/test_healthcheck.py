@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -51,7 +52,7 @@ def test_http_unreachable_is_unhealthy(server: str) -> None:
 
 def test_process_check_finds_a_running_command() -> None:
     marker = "swerl-healthcheck-marker-4242"
-    proc = subprocess.Popen(["sh", "-c", f"exec sleep 30 # {marker}", marker])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
     try:
         hc.check_process(marker)
     finally:
