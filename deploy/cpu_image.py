@@ -236,15 +236,25 @@ def build(inputs: Inputs, log: Callable[[str], object] = print) -> str:
     return tag
 
 
-def compose_env(inputs: Inputs, tag: str) -> dict[str, str]:
-    """The compose variables of this machine's cpu profile."""
+def compose_env(inputs: Inputs, tag: str, data: Path | None = None) -> dict[str, str]:
+    """The compose variables of this machine's cpu profile; ``data`` (default
+    ``<model cache>/compose``) holds the checkpoints and weights volumes' directories."""
+    data = data or inputs.models / "compose"
     return {
         "SWERL_IMAGE": tag,
         "SWERL_SRC": SRC_IN_IMAGE,
         "SWERL_PYTHON_ROOT": str(inputs.python_root),
         "SWERL_VENV": str(inputs.venv),
         "SWERL_MODELS_DIR": str(inputs.models),
+        "SWERL_CHECKPOINT_DIR": str(data / "checkpoints"),
+        "SWERL_WEIGHTS_DIR": str(data / "weights"),
     }
+
+
+def make_volume_dirs(values: dict[str, str]) -> None:
+    """Create the directories the checkpoints and weights volumes bind (they must exist)."""
+    for key in ("SWERL_CHECKPOINT_DIR", "SWERL_WEIGHTS_DIR"):
+        Path(values[key]).mkdir(parents=True, exist_ok=True)
 
 
 def write_env(path: Path, values: dict[str, str], template: Path = CPU_ENV) -> None:
@@ -281,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "env":
         print("\n".join(f"{k}={v}" for k, v in compose_env(inputs, tag).items()))
     elif args.env_out:
-        write_env(args.env_out, compose_env(inputs, tag))
+        values = compose_env(inputs, tag)
+        make_volume_dirs(values)
+        write_env(args.env_out, values)
         print(args.env_out)
     else:
         print(tag)

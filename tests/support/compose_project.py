@@ -54,8 +54,15 @@ class ComposeProject:
         _check(_run(["mount", "--make-shared", str(state)]), "mount --make-shared")
         ports = {key: str(free_port()) for key in ("API", "REDIS", "ADAPTER")}
         socket = docker_host().removeprefix("unix://")
+        data = {
+            "SWERL_CHECKPOINT_DIR": str(work / "checkpoints"),
+            "SWERL_WEIGHTS_DIR": str(work / "weights"),
+        }
+        for path in data.values():
+            Path(path).mkdir()
         values = {
             **image_env,
+            **data,
             "COMPOSE_PROJECT_NAME": name,
             "NODE_NAME": node,
             "SWERL_SANDBOX_STATE": str(state),

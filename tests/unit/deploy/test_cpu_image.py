@@ -81,3 +81,4 @@ def test_the_env_file_is_cpu_env_with_this_machines_values(tmp_path: Path) -> No
     assert lines[-1] == "EXTRA=1"
     template = (DEPLOY / "nodes" / "cpu.env").read_text().splitlines()
     assert len(lines) == len(template) + 1
+    assert "SWERL_WEIGHTS_DIR=/m/compose/weights" in lines
