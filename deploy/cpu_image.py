@@ -18,7 +18,9 @@
 Both live in the Docker engine, outside the clone: a rerun with the same inputs (CI) reuses them,
 a code change costs seconds, an environment change one import. The tiny model is not copied in:
 the services mount the model cache (``SWERL_MODELS_DIR``) at ``/models`` as on a cluster.
-``tag`` prints the service image's tag without building; ``env`` prints the compose variables;
+``prune`` removes the images a newer build superseded (older runtimes, older code layers) unless
+a container uses them; ``tag`` prints the service image's tag without building; ``env`` prints
+the compose variables;
 ``--env-out FILE`` writes ``deploy/nodes/cpu.env`` with this machine's values (image tag, runtime
 and venv paths, the model cache) for ``docker-compose --env-file FILE up -d``.
 """
@@ -43,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 SRC_IN_IMAGE = "/opt/swerl/src"
 REPOSITORY = "swerl/cpu"
 RUNTIME_REPOSITORY = "swerl/cpu-runtime"
+_CODE_TAG = re.compile(r"^[0-9a-f]+-[0-9a-f]+$")  # <runtime>-<code>: the tags build() makes
 BASE_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl/base:bookworm")
 BASE_ROOTFS = Path(os.environ.get("SWERL_CACHE", "/var/cache/swerl")) / "rootfs/base-bookworm"
 CPU_ENV = REPO / "deploy" / "nodes" / "cpu.env"
@@ -236,6 +239,33 @@ def build(inputs: Inputs, log: Callable[[str], object] = print) -> str:
     return tag
 
 
+def stale_tags(tags: list[str], runtime_tag: str, tag: str) -> list[str]:
+    """The images a build of ``tag`` on ``runtime_tag`` supersedes: other runtimes, and code
+    images of other runtimes or of this runtime's earlier code (each costs disk: a runtime holds
+    gigabytes). ``tags`` are ``repository:tag`` names of the engine."""
+    stale = []
+    for name in tags:
+        repo, _, version = name.partition(":")
+        ours = repo == RUNTIME_REPOSITORY or _CODE_TAG.match(version) is not None
+        if ours and repo in (REPOSITORY, RUNTIME_REPOSITORY) and name not in (tag, runtime_tag):
+            stale.append(name)
+    return sorted(set(stale))
+
+
+def prune(inputs: Inputs, log: Callable[[str], object] = print) -> list[str]:
+    """Remove the images :func:`stale_tags` names; one still used by a container stays (the
+    engine refuses), so a concurrent run of another checkout keeps its image."""
+    runtime_tag, tag = image_tags(inputs)
+    listing = _docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}")
+    tags = [t for t in listing.stdout.split() if t.startswith((REPOSITORY, RUNTIME_REPOSITORY))]
+    removed = []
+    for name in stale_tags(tags, runtime_tag, tag):
+        if _docker("image", "rm", name).returncode == 0:
+            removed.append(name)
+            log(f"removed {name}")
+    return removed
+
+
 def compose_env(inputs: Inputs, tag: str, data: Path | None = None) -> dict[str, str]:
     """The compose variables of this machine's cpu profile; ``data`` (default
     ``<model cache>/compose``) holds the checkpoints and weights volumes' directories."""
@@ -275,12 +305,20 @@ def main(argv: list[str] | None = None) -> int:
         description="Build (docker import, cached by content hash) the image of every CPU "
         "service of compose.yaml's cpu profile from the set-up environment.",
     )
-    parser.add_argument("command", choices=("build", "tag", "env"), help="what to do")
+    parser.add_argument(
+        "command",
+        choices=("build", "tag", "env", "prune"),
+        help="build the images / print the tag / print the compose variables / remove the "
+        "images this build supersedes",
+    )
     parser.add_argument("--venv", type=Path, help="the venv to ship (default: .venv's target)")
     parser.add_argument("--env-out", type=Path, help="build: write the cpu env file here")
     args = parser.parse_args(argv)
     try:
         inputs = Inputs.from_environment(args.venv)
+        if args.command == "prune":
+            prune(inputs, log=lambda m: print(m, file=sys.stderr))
+            return 0
         if args.command == "build":
             tag = build(inputs, log=lambda m: print(m, file=sys.stderr))
         else:

@@ -63,6 +63,14 @@ def test_docker_compose_accepts_every_profile(env_file: Path) -> None:
     assert ("redis" in mine) == ("head" in own or "cpu" in own)
 
 
+def _mount(volume: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(target, long form) of a volume as docker-compose config prints it (either form)."""
+    if isinstance(volume, dict):
+        return volume["target"], volume
+    source, target, *_ = volume.split(":")
+    return target, {"source": source, "target": target}
+
+
 def _environment(service: dict[str, Any]) -> dict[str, str]:
     env = service.get("environment") or {}
     if isinstance(env, list):
@@ -84,9 +92,11 @@ def test_each_service_environment_is_a_valid_config(env_file: Path) -> None:
         WorkerConfig, section="worker", environ=_environment(services["sandbox-worker"])
     )
     assert worker.node == lint.read_env_file(env_file)["NODE_NAME"]
-    assert (
-        str(worker.rollout.backend.state_root) == services["sandbox-worker"]["volumes"][1]["target"]
-    )
+    mounts = dict(map(_mount, services["sandbox-worker"]["volumes"]))
+    state = mounts[str(worker.rollout.backend.state_root)]  # mounted at its own path
+    assert state["source"] == state["target"] and state["bind"]["propagation"] == "rshared"
+    for path in worker.rollout.instances:  # the task files are inside the datasets mount
+        assert path.startswith("/datasets/") and "/datasets" in mounts
 
 
 def test_a_misspelled_compose_key_fails_the_service_config(tmp_path: Path) -> None:

@@ -82,3 +82,21 @@ def test_the_env_file_is_cpu_env_with_this_machines_values(tmp_path: Path) -> No
     template = (DEPLOY / "nodes" / "cpu.env").read_text().splitlines()
     assert len(lines) == len(template) + 1
     assert "SWERL_WEIGHTS_DIR=/m/compose/weights" in lines
+
+
+def test_stale_tags_are_older_runtimes_and_code_layers() -> None:
+    runtime, tag = "swerl/cpu-runtime:aaaaaaaaaaaaaaaa", "swerl/cpu:aaaaaaaaaa-cccc"
+    tags = [
+        runtime,
+        tag,
+        "swerl/cpu-runtime:bbbbbbbbbbbbbbbb",  # an older environment
+        "swerl/cpu:aaaaaaaaaa-dddd",  # older code on this runtime
+        "swerl/cpu:bbbbbbbbbb-cccc",  # code on the older runtime
+        "swerl/cpu:latest",  # a hand-made tag: not ours to remove
+        "swerl/base:bookworm",
+    ]
+    assert ci.stale_tags(tags, runtime, tag) == [
+        "swerl/cpu-runtime:bbbbbbbbbbbbbbbb",
+        "swerl/cpu:aaaaaaaaaa-dddd",
+        "swerl/cpu:bbbbbbbbbb-cccc",
+    ]
