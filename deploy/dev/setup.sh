@@ -16,6 +16,9 @@ step_system() {
   local missing=()
   command -v redis-server >/dev/null || missing+=(redis-server)
   command -v dockerd >/dev/null || missing+=(docker.io)
+  # compose.yaml (docs/deploy.md); v1.29 is what Debian 12 packages, the file stays in the
+  # subset v1.29 and `docker compose` v2 share (deploy/compose_lint.py)
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
   command -v prlimit >/dev/null || missing+=(util-linux)
