@@ -41,6 +41,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeProject
     build_task_images()  # cached
     inputs = cpu_image.Inputs.from_environment()
     tag = cpu_image.build(inputs)  # cached by content hash: seconds unless the env changed
+    cpu_image.prune(inputs, log=lambda _: None)  # keep one runtime (gigabytes), not one per env
     work = tmp_path_factory.mktemp("compose")
     proj = ComposeProject.create(work, cpu_image.compose_env(inputs, tag), cpu_image.write_env)
     try:
