@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from trainer.backends.base import BackendError
 from trainer.backends.critic import freeze_attention
@@ -69,13 +69,7 @@ class MegatronBackend(TorchBackend):
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         from trainer.backends.megatron import convert
-        from trainer.backends.megatron.model import (
-            MegatronScorer,
-            MegatronValueModel,
-            build_gpt,
-            check_supported,
-            init_parallel,
-        )
+        from trainer.backends.megatron.model import check_supported, init_parallel
 
         source = model_dir if model_dir is not None else config.model
         if not source:
@@ -93,34 +87,7 @@ class MegatronBackend(TorchBackend):
         self._check_world(tp)
         torch.manual_seed(config.seed)
         self.tp_rank = self._tp_rank()
-        weights = convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp)
-        self.actor = build_gpt(hf_config)
-        convert.load_into(self.actor, weights)
-        body = build_gpt(hf_config)
-        convert.load_into(body, weights)
-        generator = torch.Generator().manual_seed(config.seed)  # the torch critic's head init
-        critic = MegatronValueModel(
-            body,
-            int(hf_config.hidden_size),
-            config.critic.head,
-            config.critic.head_init_std,
-            generator,
-        )
-        try:
-            self.frozen_critic_params = freeze_attention(critic)
-        except ValueError as exc:
-            raise BackendError(str(exc)) from exc
-        self.actor = self.actor.to(self.device)
-        self.critic = critic.to(self.device)
-        self.scorer = MegatronScorer(self.actor)
-        self.reference = None
-        if config.kl_coef > 0:
-            ref = build_gpt(hf_config)
-            convert.load_into(ref, weights)
-            ref.requires_grad_(False)
-            self.reference = MegatronScorer(ref.to(self.device).eval())
-        self.actor.train()
-        self.critic.train()
+        self._build_models(convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp))
         self.fingerprint = _fingerprint(self.actor, self.critic)
         self.dp = DataParallel()  # TP ranks hold the same rows; data parallel is not built yet
         self._init_optimizers()
@@ -129,6 +96,35 @@ class MegatronBackend(TorchBackend):
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else 0)
         self.vocab_size = int(hf_config.vocab_size)
+
+    def _build_models(self, weights: dict[str, Tensor]) -> None:
+        """Actor, critic (attention and embeddings frozen) and, with a KL term, the frozen
+        reference policy, each a ``GPTModel`` holding this rank's ``weights``."""
+        from trainer.backends.megatron import convert
+        from trainer.backends.megatron.model import MegatronScorer, MegatronValueModel, build_gpt
+
+        config, hf_config = self.config, self.hf_config
+
+        def gpt() -> nn.Module:
+            model = build_gpt(hf_config)
+            convert.load_into(model, weights)
+            return model.to(self.device)
+
+        self.actor = gpt()
+        generator = torch.Generator().manual_seed(config.seed)  # the torch critic's head init
+        head, std = config.critic.head, config.critic.head_init_std
+        critic = MegatronValueModel(gpt(), int(hf_config.hidden_size), head, std, generator)
+        try:
+            self.frozen_critic_params = freeze_attention(critic)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        self.critic = critic.to(self.device)
+        self.scorer = MegatronScorer(self.actor)
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
+        self.actor.train()
+        self.critic.train()
 
     @staticmethod
     def _check_settings(config: TrainerConfig) -> None:

@@ -1,0 +1,167 @@
+"""The megatron backend against the torch backend on the tiny dense model, fp32: the same
+per-token logprobs, entropies and values, the same step (objective metrics, exported weights
+after one AdamW step at lr 1e-2), the critic's frozen parts, the HF export, clear errors.
+
+One megatron backend per check, all in this module: importing megatron-core costs seconds once
+per process, a backend on the tiny model a fraction of that."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.support.trajectory_records import record, turn
+from trainer.backends import BackendError, StepObjective, create_backend
+from trainer.backends.megatron.backend import MegatronBackend
+from trainer.backends.torch_backend import PolicyScorer, TorchBackend
+from trainer.config import TrainerConfig
+from trainer.data import TrainBatch, build_batch, pack_inputs
+
+pytestmark = pytest.mark.slow  # megatron-core's import and set-up take seconds
+
+LR = 1e-2  # a large step: at lr 1e-6 a tolerance of 1e-5 would pass with no step at all
+
+
+def make(model_dir: Path, name: str, **overrides) -> TorchBackend:
+    config = TrainerConfig(model=str(model_dir), backend=name, **overrides)
+    return create_backend(config)
+
+
+def parity_batch(reference: TorchBackend) -> TrainBatch:
+    """Six rows of different lengths in three groups (packed into shared lanes), rewards 1/0,
+    behaviour logprobs the reference's (ratio 1)."""
+    records = []
+    for i in range(6):
+        prompt = [3, 4, 5 + i] + [9 + i] * (2 * i)
+        turns = [turn([], [30 + i, 31, 32], 0), turn([6, 7], [40, 41 + i, 50 + i], 0)]
+        records.append(record(f"r{i}", [(prompt, turns)], reward=float(i % 2), group=f"g{i // 2}"))
+    batch, _ = build_batch(records, trainer_version=0)
+    return replace(batch, behavior_logp=reference.logprobs_and_values(batch).logprobs)
+
+
+def test_a_megatron_backend_is_created_by_name(tiny_model_dir: Path) -> None:
+    b = make(tiny_model_dir, "megatron")
+    assert isinstance(b, MegatronBackend) and b.version == 0
+    names = {n for n, _ in b.actor.named_parameters()}
+    assert "decoder.layers.0.self_attention.linear_qkv.weight" in names  # a real GPTModel
+
+
+def test_named_weights_round_trip_the_checkpoint_bit_exactly(tiny_model_dir: Path) -> None:
+    hf = load_file(tiny_model_dir / "model.safetensors")
+    weights = dict(make(tiny_model_dir, "megatron").named_weights())
+    assert weights.keys() == hf.keys()  # tied lm_head omitted, as in the file
+    assert all(torch.equal(weights[name], hf[name]) for name in hf)
+
+
+def test_logprobs_entropy_and_values_equal_the_torch_backend(tiny_model_dir: Path) -> None:
+    torch_b = make(tiny_model_dir, "torch", batch={"lane_factor": 4.0})
+    mega = make(tiny_model_dir, "megatron", batch={"lane_factor": 4.0})
+    batch = parity_batch(torch_b)
+    plan = mega._plan(batch)
+    assert any(len(lane) > 1 for m in plan for lane in m.lanes)  # rows do share lanes
+    want, got = torch_b.logprobs_and_values(batch), mega.logprobs_and_values(batch)
+    mask = batch.action_mask
+    assert int(mask.sum()) == 36
+    assert float((want.logprobs - got.logprobs)[mask].abs().max()) < 1e-5
+    assert float((want.entropy - got.entropy)[mask].abs().max()) < 1e-5
+    assert want.values is not None and got.values is not None
+    assert float((want.values - got.values)[mask].abs().max()) < 1e-5
+    assert float(got.logprobs[mask].abs().min()) > 0 and float(got.values[mask].abs().min()) > 0
+    assert not bool(got.logprobs[~mask].any())  # 0 off the action tokens
+
+
+def test_packed_lanes_see_what_a_row_sees_alone(tiny_model_dir: Path) -> None:
+    mega = make(tiny_model_dir, "megatron")
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    with torch.no_grad():
+        packed = mega.scorer(pack_inputs(batch, [(0, 1, 2), (3, 4), (5,)]))
+        alone = mega.scorer(pack_inputs(batch, [(r,) for r in range(batch.num_rows)]))
+    mask = batch.action_mask
+    assert float((packed - alone)[mask].abs().max()) < 1e-5
+
+
+def adam_parity(want: torch.Tensor, got: torch.Tensor, start: torch.Tensor) -> None:
+    """Equal within 1e-5, except where Adam's epsilon dominates: an element whose gradient is
+    ~1e-8 moves by less than lr and its step amplifies float rounding of that gradient (few
+    elements; they still agree within 1e-4, 1% of the step)."""
+    diff = (want - got).abs()
+    eps_dominated = (want - start).abs() < 0.99 * LR
+    assert float(torch.where(eps_dominated, 0.0, diff).max()) < 1e-5
+    assert float(diff.max()) < 1e-4
+    assert int((diff > 1e-5).sum()) <= max(1, diff.numel() // 1000)
+
+
+def test_one_step_equals_the_torch_backend(tiny_model_dir: Path) -> None:
+    lrs = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+    torch_b = make(tiny_model_dir, "torch", **lrs)
+    mega = make(tiny_model_dir, "megatron", **lrs)
+    batch = parity_batch(torch_b)
+    start = load_file(tiny_model_dir / "model.safetensors")
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    want, got = torch_b.train_step(batch, objective), mega.train_step(batch, objective)
+    assert mega.version == torch_b.version == 1
+    for key in ("actor/loss", "critic/loss", "actor/grad_norm", "critic/grad_norm_pass0"):
+        assert key in want and abs(want[key] - got[key]) <= 1e-5 * max(1.0, abs(want[key]))
+    torch_w, mega_w = dict(torch_b.named_weights()), dict(mega.named_weights())
+    assert torch_w.keys() == mega_w.keys()
+    moved = 0
+    for name, tensor in torch_w.items():
+        adam_parity(tensor, mega_w[name], start[name])
+        moved += int((tensor - start[name]).abs().gt(0.5 * LR).sum())
+    assert moved > 10_000  # the step did move the weights
+    assert torch.allclose(torch_b.critic.value_head.weight, mega.critic.value_head.weight,
+                          atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_critic_attention_and_embeddings_stay_frozen(tiny_model_dir: Path) -> None:
+    mega = make(tiny_model_dir, "megatron", critic={"optimizer": {"lr": 1e-3}})
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    before = {n: p.detach().clone() for n, p in mega.critic.named_parameters()}
+    mega.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    changed = {n for n, p in mega.critic.named_parameters() if not torch.equal(before[n], p)}
+    frozen = set(mega.frozen_critic_params)
+    assert "body.embedding.word_embeddings.weight" in frozen
+    assert "body.decoder.layers.0.self_attention.linear_qkv.weight" in frozen
+    assert "body.decoder.layers.1.self_attention.q_layernorm.weight" in frozen
+    assert not changed & frozen
+    assert {"value_head.weight", "body.decoder.layers.0.mlp.linear_fc1.weight"} <= changed
+    assert "body.decoder.layers.1.input_layernorm.weight" in changed
+
+
+def test_the_export_loads_in_transformers_with_the_same_logprobs(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    mega = make(tiny_model_dir, "megatron", actor={"lr": LR}, kl_coef=0.1)
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    metrics = mega.train_step(batch, StepObjective(algorithm="grpo"))
+    assert abs(metrics["actor/kl_ref"]) < 1e-6  # the reference is the initial actor
+    assert mega.train_step(batch, StepObjective(algorithm="grpo"))["actor/kl_ref"] > 1e-4
+    out = mega.export_hf(tmp_path / "export")
+    assert (out / "tokenizer.json").is_file() and (out / "swerl_export.json").is_file()
+    lm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    inputs = pack_inputs(batch, [(r,) for r in range(batch.num_rows)])
+    with torch.no_grad():
+        want = torch.log_softmax(PolicyScorer(lm)(inputs), -1)
+        got = torch.log_softmax(mega.scorer(inputs), -1)
+    assert float((want - got)[batch.action_mask].abs().max()) < 1e-5
+    exported = load_file(out / "model.safetensors")
+    original = load_file(tiny_model_dir / "model.safetensors")
+    assert not torch.equal(exported["model.norm.weight"], original["model.norm.weight"])
+
+
+def test_unsupported_models_and_settings_are_named(
+    tiny_model_dir: Path, tiny_moe_dir: Path
+) -> None:
+    with pytest.raises(BackendError, match="model_type 'qwen3_moe'"):
+        make(tiny_moe_dir, "megatron")
+    with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
+        make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
+    with pytest.raises(BackendError, match="activation recompute"):
+        make(tiny_model_dir, "megatron", activation_checkpointing=True)
+    with pytest.raises(BackendError, match="checkpoints of the megatron backend"):
+        make(tiny_model_dir, "megatron").save(tiny_model_dir / "never")
