@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from trainer.backends.base import BackendError
+from trainer.backends.base import BackendError, StepObjective
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
@@ -38,6 +38,7 @@ from trainer.backends.torch_backend import (
 )
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
+from trainer.data import TrainBatch
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -147,6 +148,16 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state
 
         return int(parallel_state.get_tensor_model_parallel_rank())
+
+    def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
+        """One step of the algorithm's plan (the torch backend's engine); TP=1 only so far
+        (grad-norm clipping over tensor-parallel shards is not built)."""
+        if self.config.megatron.tensor_parallel > 1:
+            raise BackendError(
+                "train_step under tensor parallel is not built in the megatron backend yet "
+                "(forward, named_weights and export_hf are)"
+            )
+        return super().train_step(batch, objective)
 
     # ------------------------------------------------------------------ weights out
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from services.processes import free_port
 from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
 from trainer.data import PackedInputs
@@ -126,7 +127,7 @@ def init_parallel(tensor_parallel: int = 1) -> None:
     cpu_compat.install()
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group(
             "gloo",
             rank=int(os.environ.get("RANK", "0")),
@@ -144,14 +145,6 @@ def init_parallel(tensor_parallel: int = 1) -> None:
     if world % tensor_parallel:
         raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def packed_attention_mask(position_ids: Tensor) -> Tensor:

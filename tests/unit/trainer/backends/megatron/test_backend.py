@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tests.support.ranks import run_ranks
 from tests.support.trajectory_records import record, turn
 from trainer.backends import BackendError, StepObjective, create_backend
 from trainer.backends.megatron.backend import MegatronBackend
@@ -165,3 +166,42 @@ def test_unsupported_models_and_settings_are_named(
         make(tiny_model_dir, "megatron", activation_checkpointing=True)
     with pytest.raises(BackendError, match="checkpoints of the megatron backend"):
         make(tiny_model_dir, "megatron").save(tiny_model_dir / "never")
+
+
+def gqa_model_dir(tiny_model_dir: Path, directory: Path) -> Path:
+    """A tiny Qwen3 with 2 key/value heads (TP=2 needs whole groups per rank) and untied
+    embeddings (the output layer splits too), random weights, the tiny model's tokenizer."""
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16
+    config.tie_word_embeddings = False
+    torch.manual_seed(3)
+    Qwen3ForCausalLM(config).save_pretrained(directory)
+    for item in tiny_model_dir.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens_map", "chat_template")):
+            (directory / item.name).write_bytes(item.read_bytes())
+    return directory
+
+
+def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
+    one = make(model, "megatron")
+    batch = parity_batch(one)
+    torch.save(batch, tmp_path / "batch.pt")
+    out, export = tmp_path / "tp.pt", tmp_path / "export"
+    args = [str(model), str(tmp_path / "batch.pt"), str(out), str(export)]
+    run_ranks("tests.support.megatron_tp_worker", args)
+    two = torch.load(out, weights_only=False)
+    assert two["shard"]["decoder.layers.0.self_attention.linear_qkv.weight"] == (64, 64)  # half
+    assert two["shard"]["output_layer.weight"] == (1024, 64)  # half the vocabulary
+    want, mask = one.logprobs_and_values(batch), batch.action_mask
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(two["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    hf = load_file(model / "model.safetensors")
+    assert "lm_head.weight" in hf and two["weights"].keys() == hf.keys()
+    assert all(torch.equal(two["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
+    exported = load_file(export / "model.safetensors")
+    assert exported.keys() == hf.keys() and all(torch.equal(exported[n], hf[n]) for n in hf)
+    assert "tensor parallel is not built" in two["train_refused"]
