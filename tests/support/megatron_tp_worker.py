@@ -1,9 +1,10 @@
 """One rank of the megatron tensor-parallel test: ``python -m tests.support.megatron_tp_worker``.
 
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE EXPORT_DIR. Joins a gloo group on
-loopback, builds the megatron backend with TP = WORLD, scores the batch, gathers the HF weights
-and exports the actor (every rank calls; rank 0 writes), and rank 0 saves the outputs, the
-gathered weights and its own shard's shapes to OUT_FILE. One process pair serves every check
+loopback, builds the megatron backend with TP = WORLD (:data:`CONFIG`), scores the batch,
+gathers the HF weights and exports the actor (every rank calls; rank 0 writes), takes one
+Li2SAO step, and rank 0 saves the outputs, the weights before and after the step, the step's
+metrics and its own shard's shapes to OUT_FILE. One process pair serves every check
 (each process pays seconds of megatron-core import).
 """
 
@@ -16,25 +17,31 @@ import torch.distributed as dist
 
 from tests.support.ranks import join_group
 from trainer.backends import StepObjective
-from trainer.backends.base import BackendError
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.config import TrainerConfig
 
+LR = 1e-2  # the parity step's learning rate (actor and critic)
+CONFIG = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+
 
 def run(model_dir: str, batch_file: str, export_dir: str, world: int) -> dict:
-    config = TrainerConfig(model=model_dir, backend="megatron", megatron={"tensor_parallel": world})
+    config = TrainerConfig(
+        model=model_dir, backend="megatron", megatron={"tensor_parallel": world}, **CONFIG
+    )
     backend = MegatronBackend(config)
     batch = torch.load(batch_file, weights_only=False)
     fwd = backend.logprobs_and_values(batch)
     weights = dict(backend.named_weights())
     backend.export_hf(export_dir)
-    try:
-        backend.train_step(batch, StepObjective())
-        refused = ""
-    except BackendError as exc:
-        refused = str(exc)
-    shard = {n: tuple(p.shape) for n, p in backend.actor.named_parameters()}
-    return {"forward": fwd, "weights": weights, "shard": shard, "train_refused": refused}
+    metrics = backend.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    return {
+        "forward": fwd,
+        "weights": weights,
+        "shard": {n: tuple(p.shape) for n, p in backend.actor.named_parameters()},
+        "metrics": metrics,
+        "stepped": dict(backend.named_weights()),
+        "value_head": backend.critic.value_head.weight.detach().clone(),
+    }
 
 
 def main() -> int:

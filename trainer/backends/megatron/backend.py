@@ -10,7 +10,9 @@ checkpoint by :mod:`trainer.backends.megatron.convert`), the HF export and
 the linear/sigmoid value head, attention and embeddings frozen like the torch critic's.
 
 Parallelism: megatron's ``parallel_state`` over gloo; tensor parallel ranks compute the same
-per-token outputs (logits gathered over the vocabulary). Data parallel (more ranks than TP),
+per-token outputs (logits gathered over the vocabulary) and the same objective; the q/k
+layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
+shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). Data parallel (more ranks than TP),
 pipeline parallel, the distributed optimizer, checkpoints (``save`` / ``load``), MoE models,
 bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from trainer.backends.base import BackendError, StepObjective
+from trainer.backends.base import BackendError
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
@@ -38,7 +40,6 @@ from trainer.backends.torch_backend import (
 )
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
-from trainer.data import TrainBatch
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -63,6 +64,38 @@ def _read_source(model_dir: Path) -> tuple[Any, Any, dict[str, Tensor]]:
     for file in files:
         weights.update({k: v.float() for k, v in load_file(file).items()})
     return hf_config, tokenizer, weights
+
+
+def tp_grad_norm(params: list[nn.Parameter]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over all tensor-parallel ranks (a collective when
+    TP > 1): Megatron's rule, duplicates of a replicated parameter count on TP rank 0 only.
+    Each rank's part is torch's ``get_total_norm`` (at TP=1: the torch backend's figure)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    grads = [
+        p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+    ]
+    local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    if parallel_state.get_tensor_model_parallel_world_size() <= 1:
+        return local.float().cpu()
+    square = local.float().cpu().pow(2)
+    dist.all_reduce(square, group=parallel_state.get_tensor_model_parallel_group())
+    return square.sqrt()
+
+
+def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
+    """Sum over the tensor-parallel ranks the gradients of replicated parameters that each rank
+    sees only part of: the q/k layernorms, applied per head to the rank's own heads (what
+    Megatron's ``finalize_model_grads`` does for them)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() <= 1:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+    for p in params:
+        if id(p) in partial and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
 
 
 class MegatronBackend(TorchBackend):
@@ -126,6 +159,12 @@ class MegatronBackend(TorchBackend):
             self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
         self.actor.train()
         self.critic.train()
+        self.partial_grads = {
+            id(p)
+            for model in (self.actor, self.critic)
+            for name, p in model.named_parameters()
+            if "q_layernorm" in name or "k_layernorm" in name
+        }
 
     @staticmethod
     def _check_settings(config: TrainerConfig) -> None:
@@ -149,15 +188,27 @@ class MegatronBackend(TorchBackend):
 
         return int(parallel_state.get_tensor_model_parallel_rank())
 
-    def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
-        """One step of the algorithm's plan (the torch backend's engine); TP=1 only so far
-        (grad-norm clipping over tensor-parallel shards is not built)."""
-        if self.config.megatron.tensor_parallel > 1:
-            raise BackendError(
-                "train_step under tensor parallel is not built in the megatron backend yet "
-                "(forward, named_weights and export_hf are)"
-            )
-        return super().train_step(batch, objective)
+    def _clip_and_step(  # type: ignore[override]
+        self,
+        params: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        max_norm: float,
+    ) -> float:
+        """The torch backend's clip-and-step with the global grad norm over tensor-parallel
+        shards: each sharded parameter counts on its rank, a replicated one (norms, the value
+        head) once; the clip coefficient is torch's ``max_norm / (norm + 1e-6)``, at most 1."""
+        sum_partial_grads(params, self.partial_grads)
+        norm = tp_grad_norm(params)
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef.to(p.grad.device))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     # ------------------------------------------------------------------ weights out
 

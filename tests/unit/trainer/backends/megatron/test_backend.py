@@ -204,4 +204,11 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Pat
     assert all(torch.equal(two["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
     exported = load_file(export / "model.safetensors")
     assert exported.keys() == hf.keys() and all(torch.equal(exported[n], hf[n]) for n in hf)
-    assert "tensor parallel is not built" in two["train_refused"]
+    # one step: the same losses, grad norms (over both ranks' shards) and weights
+    one = make(model, "megatron", actor={"lr": LR}, critic={"optimizer": {"lr": LR}})
+    metrics = one.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    for key in ("actor/loss", "critic/loss", "actor/grad_norm", "critic/grad_norm_pass1"):
+        assert abs(two["metrics"][key] - metrics[key]) <= 1e-5 * max(1.0, abs(metrics[key])), key
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, two["stepped"][name], hf[name])
+    assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
