@@ -37,8 +37,8 @@ in one invocation so the ratios compare like with like:
   ``torch.save``, fsync, sha256 manifest, rename; the load checks every checksum first) of the
   stepped backend (optimizer states included), MB/s over the manifest's bytes. The load reads
   files the save just wrote (page cache): it measures checksum + deserialisation, not the disk.
-  A backend whose checkpoints are not built yet (megatron: its ``save`` raises) is reported as
-  ``not built``.
+  A backend whose ``save`` raises :class:`BackendError` (a setting whose checkpoints are not
+  built yet, e.g. megatron under tensor parallel) is reported as ``not built``.
 * **padding**: :func:`trainer.data.plan_micro_batches` on a batch built from synthetic
   trajectories shaped like OpenHands runs on the mini task set (no real recorded runs of a
   trained model exist yet): a per-task prompt of ~7k tokens (the OpenHands system prompt and
@@ -571,16 +571,6 @@ def print_memory(memory: dict[str, Any], models: Sequence[str]) -> None:
     print("linear memory: a line fits (small residual); the slope is the per-token cost")
 
 
-def checkpoints_built(backend: TrainerBackend, target: Path) -> bool:
-    """False for a backend whose ``save`` is not built yet (it raises before writing)."""
-    try:
-        backend.save(target)
-    except BackendError:
-        return False
-    shutil.rmtree(target)
-    return True
-
-
 def checkpoint_phase(runs: list[ModelRun], reps: int, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"reps": reps}
     for run in runs:
@@ -589,17 +579,20 @@ def checkpoint_phase(runs: list[ModelRun], reps: int, workdir: Path) -> dict[str
             if isinstance(backend, str):
                 per_backend[name] = {"status": backend}
                 continue
-            if not checkpoints_built(backend, workdir / f"probe-{run.name}-{name}"):
-                per_backend[name] = {"status": f"not built: {name} checkpoints"}
-                continue
             saves, loads, megabytes = [], [], 0.0
             for i in range(reps):
                 target = workdir / f"ckpt-{run.name}-{name}-{i}"
-                saves.append(timed(lambda b=backend, t=target: b.save(t), "cpu"))
+                try:
+                    saves.append(timed(lambda b=backend, t=target: b.save(t), "cpu"))
+                except BackendError as exc:  # raised before anything is written
+                    per_backend[name] = {"status": f"not built: {exc}"}
+                    break
                 manifest = json.loads((target / "manifest.json").read_text())
                 megabytes = sum(f["bytes"] for f in manifest["files"].values()) / 2**20
                 loads.append(timed(lambda b=backend, t=target: b.load(t), "cpu"))
                 shutil.rmtree(target)
+            if name in per_backend:
+                continue
             save, load = stats(saves), stats(loads)
             per_backend[name] = {
                 "status": "ok",

@@ -3,9 +3,9 @@
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE EXPORT_DIR. Joins a gloo group on
 loopback, builds the megatron backend with TP = WORLD (:data:`CONFIG`), scores the batch,
 gathers the HF weights and exports the actor (every rank calls; rank 0 writes), takes one
-Li2SAO step, and rank 0 saves the outputs, the weights before and after the step, the step's
-metrics and its own shard's shapes to OUT_FILE. One process pair serves every check
-(each process pays seconds of megatron-core import).
+Li2SAO step, tries a checkpoint (refused under TP), and rank 0 saves the outputs, the weights
+before and after the step, the step's metrics and its own shard's shapes to OUT_FILE. One
+process pair serves every check (each process pays seconds of megatron-core import).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tests.support.ranks import join_group
-from trainer.backends import StepObjective
+from trainer.backends import BackendError, StepObjective
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.config import TrainerConfig
 
@@ -34,6 +34,11 @@ def run(model_dir: str, batch_file: str, export_dir: str, world: int) -> dict:
     weights = dict(backend.named_weights())
     backend.export_hf(export_dir)
     metrics = backend.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    try:
+        backend.save(f"{export_dir}-ckpt")
+        refused = ""
+    except BackendError as exc:
+        refused = str(exc)
     return {
         "forward": fwd,
         "weights": weights,
@@ -41,6 +46,7 @@ def run(model_dir: str, batch_file: str, export_dir: str, world: int) -> dict:
         "metrics": metrics,
         "stepped": dict(backend.named_weights()),
         "value_head": backend.critic.value_head.weight.detach().clone(),
+        "save_refused": refused,
     }
 
 

@@ -216,6 +216,8 @@ def _fingerprint(*modules: nn.Module) -> str:
 class TorchBackend:
     """Actor + critic in one process per rank (CPU or GPU); see the module docstring."""
 
+    backend_name = "torch"  # recorded in checkpoints (a checkpoint loads into its own kind)
+
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         source = model_dir if model_dir is not None else config.model
         if not source:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
@@ -100,6 +101,8 @@ def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
 
 class MegatronBackend(TorchBackend):
     """Actor + critic as megatron-core models; see the module docstring."""
+
+    backend_name = "megatron"
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         from trainer.backends.megatron import convert
@@ -264,7 +267,20 @@ class MegatronBackend(TorchBackend):
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-        raise BackendError("checkpoints of the megatron backend are not built yet")
+        """Full checkpoint in the torch backend's layout (:mod:`trainer.backends.torch_checkpoint`:
+        DCP shards of actor, critic and both AdamW states under Megatron names, schedulers, RNG
+        states, manifest); one process (TP=1) only so far."""
+        self._one_process_checkpoints()
+        return torch_checkpoint.save(self, directory, extra)
 
     def load(self, directory: str | Path) -> dict[str, Any]:
-        raise BackendError("checkpoints of the megatron backend are not built yet")
+        """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
+        self._one_process_checkpoints()
+        return torch_checkpoint.load(self, directory)
+
+    def _one_process_checkpoints(self) -> None:
+        if self.config.megatron.tensor_parallel > 1:
+            raise BackendError(
+                "checkpoints of the megatron backend under tensor parallel are not built yet "
+                "(Megatron dist-checkpointing); TP=1 checkpoints are"
+            )

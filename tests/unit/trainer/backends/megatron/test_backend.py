@@ -20,6 +20,7 @@ from tests.support.trajectory_records import record, turn
 from trainer.backends import BackendError, StepObjective, create_backend
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.backends.torch_backend import PolicyScorer, TorchBackend
+from trainer.checkpoint import CheckpointError
 from trainer.config import TrainerConfig
 from trainer.data import TrainBatch, build_batch, pack_inputs
 
@@ -164,8 +165,27 @@ def test_unsupported_models_and_settings_are_named(
         make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
     with pytest.raises(BackendError, match="activation recompute"):
         make(tiny_model_dir, "megatron", activation_checkpointing=True)
-    with pytest.raises(BackendError, match="checkpoints of the megatron backend"):
-        make(tiny_model_dir, "megatron").save(tiny_model_dir / "never")
+
+
+def test_save_load_continues_with_the_identical_next_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lrs = {"actor": {"lr": 1e-3}, "critic": {"optimizer": {"lr": 1e-3}}}
+    first = make(tiny_model_dir, "megatron", **lrs)
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    first.train_step(batch, objective)  # AdamW states and the schedule have moved
+    first.save(tmp_path / "ckpt", extra={"gate": {"open": True}})
+    want = first.train_step(batch, objective)
+    resumed = make(tiny_model_dir, "megatron", **lrs)
+    assert resumed.load(tmp_path / "ckpt") == {"gate": {"open": True}}
+    assert resumed.version == 1 and resumed.steps == 1
+    got = resumed.train_step(batch, objective)
+    assert got == want  # every metric, bit for bit
+    mine, theirs = dict(first.named_weights()), dict(resumed.named_weights())
+    assert all(torch.equal(mine[n], theirs[n]) for n in mine)
+    with pytest.raises(CheckpointError, match="a 'megatron' checkpoint, not torch"):
+        make(tiny_model_dir, "torch").load(tmp_path / "ckpt")
 
 
 def gqa_model_dir(tiny_model_dir: Path, directory: Path) -> Path:
@@ -212,3 +232,4 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Pat
     for name, tensor in one.named_weights():
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
+    assert "under tensor parallel are not built" in two["save_refused"]
