@@ -3,7 +3,7 @@
 ``torch``: transformers actor + critic, AdamW, micro-batching
 (:mod:`trainer.backends.torch_backend`). ``megatron``: megatron-core ``GPTModel`` actor and
 critic on the same step engine (:mod:`trainer.backends.megatron`; dense Qwen3, tensor parallel,
-no checkpoints yet).
+checkpoints at TP=1).
 """
 
 from __future__ import annotations

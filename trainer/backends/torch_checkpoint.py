@@ -1,4 +1,5 @@
-"""Checkpoints of the torch backend, sharded with torch.distributed.checkpoint (DCP).
+"""Checkpoints of the torch backend (and of the megatron backend at TP=1, which records its own
+name), sharded with torch.distributed.checkpoint (DCP).
 
 Layout of a checkpoint directory (docs/trainer.md "Checkpoints")::
 

@@ -6,15 +6,17 @@ forwards, step-plan phases (:mod:`trainer.algorithms.step_plans`), whole-batch o
 per-token gradients, backpropagation, clipping and AdamW, and replaces what touches the
 models: building them (:mod:`trainer.backends.megatron.model`, weights converted from the HF
 checkpoint by :mod:`trainer.backends.megatron.convert`), the HF export and
-``named_weights`` (converted back). The actor is a ``GPTModel``; the critic a second one with
-the linear/sigmoid value head, attention and embeddings frozen like the torch critic's.
+``named_weights`` (converted back). Checkpoints (TP=1) are the torch backend's
+(:mod:`trainer.backends.torch_checkpoint`) over the Megatron modules. The actor is a
+``GPTModel``; the critic a second one with the linear/sigmoid value head, attention and
+embeddings frozen like the torch critic's.
 
 Parallelism: megatron's ``parallel_state`` over gloo; tensor parallel ranks compute the same
 per-token outputs (logits gathered over the vocabulary) and the same objective; the q/k
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). Data parallel (more ranks than TP),
-pipeline parallel, the distributed optimizer, checkpoints (``save`` / ``load``), MoE models,
-bf16 and activation recompute are not built yet and raise :class:`BackendError`.
+pipeline parallel, the distributed optimizer, checkpoints under TP > 1, MoE models, bf16 and
+activation recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class MegatronBackend(TorchBackend):
         check_supported(hf_config)
         tp = config.megatron.tensor_parallel
         convert.check_tensor_parallel(hf_config, tp)
-        init_parallel(tp)
+        init_parallel(tp, config.seed)
         self.hf_config = hf_config
         self._check_world(tp)
         torch.manual_seed(config.seed)

@@ -11,7 +11,9 @@ nothing else (each entry names what it replaces and why):
 2. The model-parallel RNG tracker (``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``) -> a
    tracker of CPU generator states: megatron forks "the CUDA RNG" around attention dropout and
    for tensor-parallel weight initialisation; on CPU the fork saves and restores the CPU
-   generator (same seeds per name, so dropout masks stay reproducible).
+   generator (same seeds per name, so dropout masks stay reproducible). Seeded by megatron's
+   own ``model_parallel_cuda_manual_seed`` (its ``torch.cuda.manual_seed`` is lazy: a no-op
+   without CUDA).
 
 Not needed yet (the backend drives forward and backward itself, with torch's AdamW): the
 schedules', Megatron DDP's and the DistributedOptimizer's CUDA streams, events,
@@ -69,8 +71,7 @@ class CpuRngStatesTracker:
     def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
         """Run the block on the named CPU generator state (the outer state is restored)."""
         if name not in self.states_:
-            yield  # megatron forks before any seed is added when dropout is off
-            return
+            raise ValueError(f"rng state {name} is not added")
         outer = torch.random.get_rng_state()
         torch.random.set_rng_state(self.states_[name])
         try:

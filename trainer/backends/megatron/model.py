@@ -117,10 +117,12 @@ def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
     )
 
 
-def init_parallel(tensor_parallel: int = 1) -> None:
-    """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``) and
-    megatron's ``parallel_state`` with ``tensor_parallel`` ranks; the rest is data parallel."""
+def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
+    """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
+    megatron's ``parallel_state`` with ``tensor_parallel`` ranks (the rest is data parallel)
+    and its model-parallel RNG streams from ``seed``."""
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from trainer.backends.megatron import cpu_compat
 
@@ -140,11 +142,12 @@ def init_parallel(tensor_parallel: int = 1) -> None:
                 f"megatron parallel_state is initialised with TP={have}, "
                 f"asked for {tensor_parallel}"
             )
-        return
-    world = dist.get_world_size()
-    if world % tensor_parallel:
-        raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    else:
+        world = dist.get_world_size()
+        if world % tensor_parallel:
+            raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    model_parallel_cuda_manual_seed(seed)
 
 
 def packed_attention_mask(position_ids: Tensor) -> Tensor:
