@@ -216,6 +216,8 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Pat
     assert two["shard"]["decoder.layers.0.self_attention.linear_qkv.weight"] == (64, 64)  # half
     assert two["shard"]["output_layer.weight"] == (1024, 64)  # half the vocabulary
     want, mask = one.logprobs_and_values(batch), batch.action_mask
+    untied = make(model, "torch").logprobs_and_values(batch)  # HF lm_head = output_layer
+    assert float((untied.logprobs - want.logprobs)[mask].abs().max()) < 1e-5
     for part in ("logprobs", "values", "entropy"):
         diff = (getattr(two["forward"], part) - getattr(want, part))[mask].abs()
         assert float(diff.max()) < 1e-5, part
