@@ -2,8 +2,8 @@
 
 ``torch``: transformers actor + critic, AdamW, micro-batching
 (:mod:`trainer.backends.torch_backend`). ``megatron``: megatron-core ``GPTModel`` actor and
-critic on the same step engine (:mod:`trainer.backends.megatron`; dense Qwen3, tensor parallel,
-checkpoints at TP=1).
+critic on the same step engine (:mod:`trainer.backends.megatron`; dense Qwen3, tensor or data
+parallel, one-process checkpoints).
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ embeddings frozen like the torch critic's.
 Parallelism: megatron's ``parallel_state`` over gloo; tensor parallel ranks compute the same
 per-token outputs (logits gathered over the vocabulary) and the same objective; the q/k
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
-shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). Data parallel (more ranks than TP),
-pipeline parallel, the distributed optimizer, checkpoints under TP > 1, MoE models, bf16 and
-activation recompute are not built yet and raise :class:`BackendError`.
+shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
+parallel: the torch backend's row split by group, gradients summed over the ranks before
+clipping. Tensor and data parallel together, pipeline parallel, the distributed optimizer,
+parallel checkpoints, MoE models, bf16 and activation recompute are not built yet and raise
+:class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ class MegatronBackend(TorchBackend):
         self.tp_rank = self._tp_rank()
         self._build_models(convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp))
         self.fingerprint = _fingerprint(self.actor, self.critic)
-        self.dp = DataParallel()  # TP ranks hold the same rows; data parallel is not built yet
+        # TP ranks hold the same rows; with TP=1 the world is data parallel (rows by group)
+        self.dp = DataParallel.current() if tp == 1 else DataParallel()
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -181,10 +184,10 @@ class MegatronBackend(TorchBackend):
     @staticmethod
     def _check_world(tp: int) -> None:
         world = dist.get_world_size()
-        if world != tp:
+        if world != tp and tp != 1:
             raise BackendError(
-                f"world size {world} with TP={tp}: data parallel is not built in the megatron "
-                "backend yet (run as many processes as tensor-parallel ranks)"
+                f"world size {world} with TP={tp}: tensor and data parallel together are not "
+                "built in the megatron backend yet (TP = world, or TP=1 and data parallel)"
             )
 
     @staticmethod
@@ -203,6 +206,10 @@ class MegatronBackend(TorchBackend):
         """The torch backend's clip-and-step with the global grad norm over tensor-parallel
         shards: each sharded parameter counts on its rank, a replicated one (norms, the value
         head) once; the clip coefficient is torch's ``max_norm / (norm + 1e-6)``, at most 1."""
+        if self.dp.enabled:  # each rank backpropagated its own rows' share: sum the shares
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
         sum_partial_grads(params, self.partial_grads)
         norm = tp_grad_norm(params)
         if max_norm > 0:
@@ -281,8 +288,8 @@ class MegatronBackend(TorchBackend):
         return torch_checkpoint.load(self, directory)
 
     def _one_process_checkpoints(self) -> None:
-        if self.config.megatron.tensor_parallel > 1:
+        if self.config.megatron.tensor_parallel > 1 or self.dp.enabled:
             raise BackendError(
-                "checkpoints of the megatron backend under tensor parallel are not built yet "
-                "(Megatron dist-checkpointing); TP=1 checkpoints are"
+                "checkpoints of the megatron backend under tensor or data parallel are not "
+                "built yet (Megatron dist-checkpointing); one-process checkpoints are"
             )

@@ -238,7 +238,7 @@ def gqa_model_dir(tiny_model_dir: Path, directory: Path) -> Path:
     return directory
 
 
-def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
     one = make(model, "megatron")
     batch = parity_batch(one)
@@ -268,4 +268,14 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Pat
     for name, tensor in one.named_weights():
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
-    assert "under tensor parallel are not built" in two["save_refused"]
+    assert "under tensor or data parallel are not built" in two["save_refused"]
+    # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
+    dp = two["dp"]
+    assert dp["world"] == 2
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(dp["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    close_metrics(metrics, dp["metrics"])
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, dp["stepped"][name], hf[name])
+    assert torch.allclose(dp["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
