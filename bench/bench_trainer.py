@@ -37,6 +37,8 @@ in one invocation so the ratios compare like with like:
   ``torch.save``, fsync, sha256 manifest, rename; the load checks every checksum first) of the
   stepped backend (optimizer states included), MB/s over the manifest's bytes. The load reads
   files the save just wrote (page cache): it measures checksum + deserialisation, not the disk.
+  A backend whose ``save`` raises :class:`BackendError` (a setting whose checkpoints are not
+  built yet, e.g. megatron under tensor parallel) is reported as ``not built``.
 * **padding**: :func:`trainer.data.plan_micro_batches` on a batch built from synthetic
   trajectories shaped like OpenHands runs on the mini task set (no real recorded runs of a
   trained model exist yet): a per-task prompt of ~7k tokens (the OpenHands system prompt and
@@ -580,11 +582,17 @@ def checkpoint_phase(runs: list[ModelRun], reps: int, workdir: Path) -> dict[str
             saves, loads, megabytes = [], [], 0.0
             for i in range(reps):
                 target = workdir / f"ckpt-{run.name}-{name}-{i}"
-                saves.append(timed(lambda b=backend, t=target: b.save(t), "cpu"))
+                try:
+                    saves.append(timed(lambda b=backend, t=target: b.save(t), "cpu"))
+                except BackendError as exc:  # raised before anything is written
+                    per_backend[name] = {"status": f"not built: {exc}"}
+                    break
                 manifest = json.loads((target / "manifest.json").read_text())
                 megabytes = sum(f["bytes"] for f in manifest["files"].values()) / 2**20
                 loads.append(timed(lambda b=backend, t=target: b.load(t), "cpu"))
                 shutil.rmtree(target)
+            if name in per_backend:
+                continue
             save, load = stats(saves), stats(loads)
             per_backend[name] = {
                 "status": "ok",

@@ -83,10 +83,18 @@ class CheckpointConfig(StrictModel):
     keep_last: int = Field(default=3, ge=1, description="complete checkpoints kept (newest)")
 
 
+class MegatronConfig(StrictModel):
+    """Settings of the ``megatron`` backend only (trainer.backends.megatron)."""
+
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="tensor-parallel ranks (the processes of one model replica)"
+    )
+
+
 class TrainerConfig(StrictModel):
     """Everything the trainer engine needs."""
 
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "megatron"] = "torch"
     model: str = Field(default="", description="HF model directory (actor and critic init)")
     algorithm: str = Field(default="li2sao", description=f"one of {', '.join(ALGORITHMS)}")
     objective: ObjectiveConfig = Field(
@@ -96,6 +104,7 @@ class TrainerConfig(StrictModel):
     critic: CriticConfig = CriticConfig()
     batch: BatchConfig = BatchConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    megatron: MegatronConfig = MegatronConfig()
     device: str = Field(default="cpu", description="cpu, cuda or cuda:N")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="bf16: autocast compute with fp32 master weights (GPU)"

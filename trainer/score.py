@@ -105,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--backend", choices=["torch"], default="torch")
+    parser.add_argument(
+        "--backend",
+        choices=["torch", "megatron"],
+        default="torch",
+        help="trainer backend whose forward scores (megatron: one process, TP=1)",
+    )
     parser.add_argument("--model", required=True, type=Path, help="HF model directory")
     parser.add_argument("--input", required=True, type=Path, help="JSONL of input_ids + start")
     parser.add_argument("--output", required=True, type=Path, help="JSONL written here")

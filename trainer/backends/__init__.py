@@ -1,7 +1,9 @@
 """Trainer backends behind one interface (:class:`TrainerBackend`); ``create_backend`` picks one.
 
 ``torch``: transformers actor + critic, AdamW, micro-batching
-(:mod:`trainer.backends.torch_backend`). The megatron backend is not written yet.
+(:mod:`trainer.backends.torch_backend`). ``megatron``: megatron-core ``GPTModel`` actor and
+critic on the same step engine (:mod:`trainer.backends.megatron`; dense Qwen3, tensor or data
+parallel, one-process checkpoints).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def create_backend(config: TrainerConfig, model_dir: str | Path | None = None) -
         from trainer.backends.torch_backend import TorchBackend
 
         return TorchBackend(config, model_dir)
+    if config.backend == "megatron":
+        from trainer.backends.megatron.backend import MegatronBackend
+
+        return MegatronBackend(config, model_dir)
     raise BackendError(f"unknown trainer backend {config.backend!r}")
 
 

@@ -23,9 +23,10 @@ from torch import Tensor, nn
 from trainer.data import PackedInputs
 
 # Parameter-name markers of the frozen parts (HF names: ``layers.N.self_attn.q_proj.weight``,
-# ``layers.N.self_attn.q_norm.weight``, ``embed_tokens.weight``).
+# ``layers.N.self_attn.q_norm.weight``, ``embed_tokens.weight``; Megatron names:
+# ``decoder.layers.N.self_attention.linear_qkv.weight``, ``embedding.word_embeddings.weight``).
 ATTENTION_MARKERS = ("self_attn.", "self_attention.")
-EMBEDDING_MARKERS = ("embed_tokens.",)
+EMBEDDING_MARKERS = ("embed_tokens.", "embedding.word_embeddings.")
 
 
 class ValueModel(nn.Module):

@@ -207,12 +207,16 @@ def _fingerprint(*modules: nn.Module) -> str:
     digest = hashlib.sha256()
     for module in modules:
         for name, tensor in module.state_dict().items():
+            if not isinstance(tensor, Tensor):
+                continue  # Megatron modules' ``_extra_state`` entries (None)
             digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
     return digest.hexdigest()
 
 
 class TorchBackend:
     """Actor + critic in one process per rank (CPU or GPU); see the module docstring."""
+
+    backend_name = "torch"  # recorded in checkpoints (a checkpoint loads into its own kind)
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         source = model_dir if model_dir is not None else config.model
@@ -251,6 +255,16 @@ class TorchBackend:
             if self.reference is not None:
                 ref = self.reference.lm
                 shard(self.reference, _layers(getattr(ref, ref.base_model_prefix)))
+        self._init_optimizers()
+        self.version = 0
+        self.steps = 0
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+        self.vocab_size = int(actor.config.vocab_size)
+
+    def _init_optimizers(self) -> None:
+        """AdamW and the warm-up schedule for the actor and the critic's trainable parameters."""
+        config = self.config
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
@@ -260,11 +274,6 @@ class TorchBackend:
         self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.critic_optimizer, _warmup(config.critic.optimizer)
         )
-        self.version = 0
-        self.steps = 0
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else 0)
-        self.vocab_size = int(actor.config.vocab_size)
 
     def _reference_model(self) -> PolicyScorer:
         """The frozen reference policy of the KL term: the initial weights of ``model_dir``

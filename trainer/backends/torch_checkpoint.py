@@ -1,4 +1,5 @@
-"""Checkpoints of the torch backend, sharded with torch.distributed.checkpoint (DCP).
+"""Checkpoints of the torch backend (and of the megatron backend at TP=1, which records its own
+name), sharded with torch.distributed.checkpoint (DCP).
 
 Layout of a checkpoint directory (docs/trainer.md "Checkpoints")::
 
@@ -131,7 +132,7 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
         raise BackendError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
     optimizers = {name: bool(optimizer.state) for name, _, optimizer in _units(b)}
     meta = {
-        "backend": "torch",
+        "backend": b.backend_name,
         "layout": LAYOUT,
         "policy_version": b.version,
         "steps": b.steps,
@@ -167,8 +168,10 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
 
 
 def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> None:
-    if manifest.get("backend") != "torch":
-        raise CheckpointError(f"{root}: a {manifest.get('backend')!r} checkpoint, not torch")
+    if manifest.get("backend") != b.backend_name:
+        raise CheckpointError(
+            f"{root}: a {manifest.get('backend')!r} checkpoint, not {b.backend_name}"
+        )
     if manifest.get("layout") != LAYOUT:
         raise CheckpointError(
             f"{root}: checkpoint layout {manifest.get('layout')!r}, this backend reads {LAYOUT!r}"

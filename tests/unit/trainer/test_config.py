@@ -33,6 +33,9 @@ def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
     env = {"SWERL_TRAINER__ACTOR__LR": "2e-6", "SWERL_TRAINER__OBJECTIVE__VALUE_CLIP": "0.3"}
     cfg = load_trainer_config(f, environ=env)
     assert cfg.model == "/m" and cfg.critic.updates_per_step == 3
+    env = {"SWERL_TRAINER__BACKEND": "megatron", "SWERL_TRAINER__MEGATRON__TENSOR_PARALLEL": "2"}
+    megatron = load_trainer_config(environ=env)
+    assert (megatron.backend, megatron.megatron.tensor_parallel) == ("megatron", 2)
     assert (cfg.actor.lr, cfg.objective.value_clip, cfg.objective.dis_high) == (2e-6, 0.3, 5.0)
 
 
@@ -50,6 +53,8 @@ def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
         ({"SWERL_TRAINER__BATCH__OVERLONG": "cut"}, "trainer.batch.overlong"),
         ({"SWERL_TRAINER__ALGORITHM": "pact"}, "algorithm 'pact' needs critic.head: sigmoid"),
         ({"SWERL_TRAINER__ACTOR_MINIBATCHES": "0"}, "trainer.actor_minibatches"),
+        ({"SWERL_TRAINER__BACKEND": "deepspeed"}, "trainer.backend"),
+        ({"SWERL_TRAINER__MEGATRON__TENSOR_PARALLEL": "0"}, "trainer.megatron.tensor_parallel"),
     ],
 )
 def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:

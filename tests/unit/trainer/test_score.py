@@ -17,7 +17,10 @@ def write_lines(path: Path, items: list[object]) -> Path:
     return path
 
 
-def test_score_matches_a_full_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend", ["torch", pytest.param("megatron", marks=pytest.mark.slow)]
+)  # megatron-core's import takes seconds
+def test_score_matches_a_full_forward(tiny_model_dir: Path, tmp_path: Path, backend: str) -> None:
     from transformers import AutoModelForCausalLM
 
     items = [
@@ -25,8 +28,8 @@ def test_score_matches_a_full_forward(tiny_model_dir: Path, tmp_path: Path) -> N
         {"input_ids": [10, 11, 12], "start": 1},
     ]
     source = write_lines(tmp_path / "in.jsonl", items)
-    assert main(["score", "--model", str(tiny_model_dir), "--input", str(source),
-                 "--output", str(tmp_path / "out.jsonl")]) == 0  # fmt: skip
+    assert main(["score", "--backend", backend, "--model", str(tiny_model_dir),
+                 "--input", str(source), "--output", str(tmp_path / "out.jsonl")]) == 0  # fmt: skip
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     for item, got in zip(items, out, strict=True):

@@ -1,0 +1,281 @@
+"""The megatron backend against the torch backend on the tiny dense model, fp32: the same
+per-token logprobs, entropies and values, the same step (objective metrics, exported weights
+after one AdamW step at lr 1e-2), the critic's frozen parts, the HF export, clear errors.
+
+One megatron backend per check, all in this module: importing megatron-core costs seconds once
+per process, a backend on the tiny model a fraction of that."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.support.ranks import run_ranks
+from tests.support.trajectory_records import record, turn
+from trainer.backends import BackendError, StepObjective, create_backend
+from trainer.backends.megatron.backend import MegatronBackend
+from trainer.backends.torch_backend import PolicyScorer, TorchBackend
+from trainer.checkpoint import CheckpointError
+from trainer.config import TrainerConfig
+from trainer.data import TrainBatch, build_batch, pack_inputs
+
+pytestmark = pytest.mark.slow  # megatron-core's import and set-up take seconds
+
+LR = 1e-2  # a large step: at lr 1e-6 a tolerance of 1e-5 would pass with no step at all
+
+
+def make(model_dir: Path, name: str, **overrides) -> TorchBackend:
+    config = TrainerConfig(model=str(model_dir), backend=name, **overrides)
+    return create_backend(config)
+
+
+def parity_batch(reference: TorchBackend) -> TrainBatch:
+    """Six rows of different lengths in three groups (packed into shared lanes), rewards 1/0,
+    behaviour logprobs the reference's (ratio 1)."""
+    records = []
+    for i in range(6):
+        prompt = [3, 4, 5 + i] + [9 + i] * (2 * i)
+        turns = [turn([], [30 + i, 31, 32], 0), turn([6, 7], [40, 41 + i, 50 + i], 0)]
+        records.append(record(f"r{i}", [(prompt, turns)], reward=float(i % 2), group=f"g{i // 2}"))
+    batch, _ = build_batch(records, trainer_version=0)
+    return replace(batch, behavior_logp=reference.logprobs_and_values(batch).logprobs)
+
+
+def test_a_megatron_backend_is_created_by_name(tiny_model_dir: Path) -> None:
+    b = make(tiny_model_dir, "megatron")
+    assert isinstance(b, MegatronBackend) and b.version == 0
+    names = {n for n, _ in b.actor.named_parameters()}
+    assert "decoder.layers.0.self_attention.linear_qkv.weight" in names  # a real GPTModel
+
+
+def test_named_weights_round_trip_the_checkpoint_bit_exactly(tiny_model_dir: Path) -> None:
+    hf = load_file(tiny_model_dir / "model.safetensors")
+    weights = dict(make(tiny_model_dir, "megatron").named_weights())
+    assert weights.keys() == hf.keys()  # tied lm_head omitted, as in the file
+    assert all(torch.equal(weights[name], hf[name]) for name in hf)
+
+
+def test_logprobs_entropy_and_values_equal_the_torch_backend(tiny_model_dir: Path) -> None:
+    torch_b = make(tiny_model_dir, "torch", batch={"lane_factor": 4.0})
+    mega = make(tiny_model_dir, "megatron", batch={"lane_factor": 4.0})
+    batch = parity_batch(torch_b)
+    plan = mega._plan(batch)
+    assert any(len(lane) > 1 for m in plan for lane in m.lanes)  # rows do share lanes
+    want, got = torch_b.logprobs_and_values(batch), mega.logprobs_and_values(batch)
+    mask = batch.action_mask
+    assert int(mask.sum()) == 36
+    assert float((want.logprobs - got.logprobs)[mask].abs().max()) < 1e-5
+    assert float((want.entropy - got.entropy)[mask].abs().max()) < 1e-5
+    assert want.values is not None and got.values is not None
+    assert float((want.values - got.values)[mask].abs().max()) < 1e-5
+    assert float(got.logprobs[mask].abs().min()) > 0 and float(got.values[mask].abs().min()) > 0
+    assert not bool(got.logprobs[~mask].any())  # 0 off the action tokens
+
+
+def test_packed_lanes_see_what_a_row_sees_alone(tiny_model_dir: Path) -> None:
+    mega = make(tiny_model_dir, "megatron")
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    with torch.no_grad():
+        packed = mega.scorer(pack_inputs(batch, [(0, 1, 2), (3, 4), (5,)]))
+        alone = mega.scorer(pack_inputs(batch, [(r,) for r in range(batch.num_rows)]))
+    mask = batch.action_mask
+    assert float((packed - alone)[mask].abs().max()) < 1e-5
+
+
+def adam_parity(want: torch.Tensor, got: torch.Tensor, start: torch.Tensor) -> None:
+    """Equal within 1e-5, except where Adam's epsilon dominates: an element whose gradient is
+    ~1e-8 moves by less than lr and its step amplifies float rounding of that gradient (few
+    elements; they still agree within 1e-4, 1% of the step)."""
+    diff = (want - got).abs()
+    eps_dominated = (want - start).abs() < 0.99 * LR
+    assert float(torch.where(eps_dominated, 0.0, diff).max()) < 1e-5
+    assert float(diff.max()) < 1e-4
+    assert int((diff > 1e-5).sum()) <= max(1, diff.numel() // 1000)
+
+
+def close_metrics(
+    want: dict[str, float], got: dict[str, float], later: tuple[str, ...] = ()
+) -> None:
+    """Every metric within 1e-5 (relative above 1); ``later``: prefixes of metrics computed
+    after the actor moved (its weights agree to ~1e-5, so they agree to 1e-4)."""
+    assert want.keys() == got.keys() and "actor/grad_norm" in want and len(want) > 10
+    for key, value in want.items():  # losses, grad norms, objective metrics
+        tol = 1e-4 if key.startswith(later) else 1e-5
+        assert abs(value - got[key]) <= tol * max(1.0, abs(value)), key
+
+
+def test_one_step_equals_the_torch_backend(tiny_model_dir: Path) -> None:
+    lrs = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+    torch_b = make(tiny_model_dir, "torch", **lrs)
+    mega = make(tiny_model_dir, "megatron", **lrs)
+    batch = parity_batch(torch_b)
+    start = load_file(tiny_model_dir / "model.safetensors")
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    want, got = torch_b.train_step(batch, objective), mega.train_step(batch, objective)
+    assert mega.version == torch_b.version == 1
+    close_metrics(want, got)
+    torch_w, mega_w = dict(torch_b.named_weights()), dict(mega.named_weights())
+    assert torch_w.keys() == mega_w.keys()
+    moved = 0
+    for name, tensor in torch_w.items():
+        adam_parity(tensor, mega_w[name], start[name])
+        moved += int((tensor - start[name]).abs().gt(0.5 * LR).sum())
+    assert moved > 10_000  # the step did move the weights
+    assert torch.allclose(torch_b.critic.value_head.weight, mega.critic.value_head.weight,
+                          atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_a_pact_step_with_a_sigmoid_critic_equals_the_torch_backend(tiny_model_dir: Path) -> None:
+    # Adam's eps = 1 makes the first update ~ lr * grad: the weight deltas compare gradients
+    sgd_like = {"lr": 1.0, "eps": 1.0, "grad_clip": 0.0}
+    settings = {"algorithm": "pact", "actor": sgd_like,
+                "critic": {"optimizer": sgd_like, "head": "sigmoid"}}  # fmt: skip
+    torch_b = make(tiny_model_dir, "torch", **settings)
+    mega = make(tiny_model_dir, "megatron", **settings)
+    batch = parity_batch(torch_b)
+    start = load_file(tiny_model_dir / "model.safetensors")
+    objective = StepObjective(algorithm="pact", phase="bootstrap")
+    head_before = mega.critic.value_head.weight.detach().clone()
+    want, got = torch_b.train_step(batch, objective), mega.train_step(batch, objective)
+    close_metrics(want, got, later=("critic/",))  # PACT's critic sees the updated actor
+    largest = 0.0
+    torch_w = dict(torch_b.named_weights())
+    for name, tensor in mega.named_weights():
+        d_torch, d_mega = torch_w[name] - start[name], tensor - start[name]
+        assert torch.allclose(d_mega, d_torch, atol=3e-7, rtol=1e-3), name
+        largest = max(largest, float(d_torch.abs().max()))
+    assert largest > 1e-4  # the step moved the weights
+    head = (torch_b.critic.value_head.weight, mega.critic.value_head.weight)
+    assert torch.allclose(*head, atol=1e-6, rtol=1e-3) and not torch.equal(head[1], head_before)
+
+
+def test_critic_attention_and_embeddings_stay_frozen(tiny_model_dir: Path) -> None:
+    mega = make(tiny_model_dir, "megatron", critic={"optimizer": {"lr": 1e-3}})
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    before = {n: p.detach().clone() for n, p in mega.critic.named_parameters()}
+    mega.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    changed = {n for n, p in mega.critic.named_parameters() if not torch.equal(before[n], p)}
+    frozen = set(mega.frozen_critic_params)
+    assert "body.embedding.word_embeddings.weight" in frozen
+    assert "body.decoder.layers.0.self_attention.linear_qkv.weight" in frozen
+    assert "body.decoder.layers.1.self_attention.q_layernorm.weight" in frozen
+    assert not changed & frozen
+    assert {"value_head.weight", "body.decoder.layers.0.mlp.linear_fc1.weight"} <= changed
+    assert "body.decoder.layers.1.input_layernorm.weight" in changed
+
+
+def test_the_export_loads_in_transformers_with_the_same_logprobs(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    mega = make(tiny_model_dir, "megatron", actor={"lr": LR}, kl_coef=0.1)
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    metrics = mega.train_step(batch, StepObjective(algorithm="grpo"))
+    assert abs(metrics["actor/kl_ref"]) < 1e-6  # the reference is the initial actor
+    assert mega.train_step(batch, StepObjective(algorithm="grpo"))["actor/kl_ref"] > 1e-4
+    out = mega.export_hf(tmp_path / "export")
+    assert (out / "tokenizer.json").is_file() and (out / "swerl_export.json").is_file()
+    lm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    inputs = pack_inputs(batch, [(r,) for r in range(batch.num_rows)])
+    with torch.no_grad():
+        want = torch.log_softmax(PolicyScorer(lm)(inputs), -1)
+        got = torch.log_softmax(mega.scorer(inputs), -1)
+    assert float((want - got)[batch.action_mask].abs().max()) < 1e-5
+    exported = load_file(out / "model.safetensors")
+    original = load_file(tiny_model_dir / "model.safetensors")
+    assert not torch.equal(exported["model.norm.weight"], original["model.norm.weight"])
+
+
+def test_unsupported_models_and_settings_are_named(
+    tiny_model_dir: Path, tiny_moe_dir: Path
+) -> None:
+    with pytest.raises(BackendError, match="model_type 'qwen3_moe'"):
+        make(tiny_moe_dir, "megatron")
+    with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
+        make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
+    with pytest.raises(BackendError, match="activation recompute"):
+        make(tiny_model_dir, "megatron", activation_checkpointing=True)
+
+
+def test_save_load_continues_with_the_identical_next_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lrs = {"actor": {"lr": 1e-3}, "critic": {"optimizer": {"lr": 1e-3}}}
+    first = make(tiny_model_dir, "megatron", **lrs)
+    batch = parity_batch(make(tiny_model_dir, "torch"))
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    first.train_step(batch, objective)  # AdamW states and the schedule have moved
+    first.save(tmp_path / "ckpt", extra={"gate": {"open": True}})
+    want = first.train_step(batch, objective)
+    resumed = make(tiny_model_dir, "megatron", **lrs)
+    assert resumed.load(tmp_path / "ckpt") == {"gate": {"open": True}}
+    assert resumed.version == 1 and resumed.steps == 1
+    got = resumed.train_step(batch, objective)
+    assert got == want  # every metric, bit for bit
+    mine, theirs = dict(first.named_weights()), dict(resumed.named_weights())
+    assert all(torch.equal(mine[n], theirs[n]) for n in mine)
+    with pytest.raises(CheckpointError, match="a 'megatron' checkpoint, not torch"):
+        make(tiny_model_dir, "torch").load(tmp_path / "ckpt")
+
+
+def gqa_model_dir(tiny_model_dir: Path, directory: Path) -> Path:
+    """A tiny Qwen3 with 2 key/value heads (TP=2 needs whole groups per rank) and untied
+    embeddings (the output layer splits too), random weights, the tiny model's tokenizer."""
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16
+    config.tie_word_embeddings = False
+    torch.manual_seed(3)
+    Qwen3ForCausalLM(config).save_pretrained(directory)
+    for item in tiny_model_dir.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens_map", "chat_template")):
+            (directory / item.name).write_bytes(item.read_bytes())
+    return directory
+
+
+def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
+    one = make(model, "megatron")
+    batch = parity_batch(one)
+    torch.save(batch, tmp_path / "batch.pt")
+    out, export = tmp_path / "tp.pt", tmp_path / "export"
+    args = [str(model), str(tmp_path / "batch.pt"), str(out), str(export)]
+    run_ranks("tests.support.megatron_tp_worker", args)
+    two = torch.load(out, weights_only=False)
+    assert two["shard"]["decoder.layers.0.self_attention.linear_qkv.weight"] == (64, 64)  # half
+    assert two["shard"]["output_layer.weight"] == (1024, 64)  # half the vocabulary
+    want, mask = one.logprobs_and_values(batch), batch.action_mask
+    untied = make(model, "torch").logprobs_and_values(batch)  # HF lm_head = output_layer
+    assert float((untied.logprobs - want.logprobs)[mask].abs().max()) < 1e-5
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(two["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    hf = load_file(model / "model.safetensors")
+    assert "lm_head.weight" in hf and two["weights"].keys() == hf.keys()
+    assert all(torch.equal(two["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
+    exported = load_file(export / "model.safetensors")
+    assert exported.keys() == hf.keys() and all(torch.equal(exported[n], hf[n]) for n in hf)
+    # one step: the same losses, grad norms (over both ranks' shards) and weights
+    one = make(model, "megatron", actor={"lr": LR}, critic={"optimizer": {"lr": LR}})
+    metrics = one.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    for key in ("actor/loss", "critic/loss", "actor/grad_norm", "critic/grad_norm_pass1"):
+        assert abs(two["metrics"][key] - metrics[key]) <= 1e-5 * max(1.0, abs(metrics[key])), key
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, two["stepped"][name], hf[name])
+    assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
+    assert "under tensor or data parallel are not built" in two["save_refused"]
+    # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
+    dp = two["dp"]
+    assert dp["world"] == 2
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(dp["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    close_metrics(metrics, dp["metrics"])
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, dp["stepped"][name], hf[name])
+    assert torch.allclose(dp["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)

@@ -1,0 +1,295 @@
+"""The ``megatron`` backend: megatron-core ``GPTModel`` actor and critic behind the one interface.
+
+The models differ from the torch backend's, the step engine does not: :class:`MegatronBackend`
+reuses :class:`~trainer.backends.torch_backend.TorchBackend`'s micro-batch planning, no-grad
+forwards, step-plan phases (:mod:`trainer.algorithms.step_plans`), whole-batch objective with
+per-token gradients, backpropagation, clipping and AdamW, and replaces what touches the
+models: building them (:mod:`trainer.backends.megatron.model`, weights converted from the HF
+checkpoint by :mod:`trainer.backends.megatron.convert`), the HF export and
+``named_weights`` (converted back). Checkpoints (TP=1) are the torch backend's
+(:mod:`trainer.backends.torch_checkpoint`) over the Megatron modules. The actor is a
+``GPTModel``; the critic a second one with the linear/sigmoid value head, attention and
+embeddings frozen like the torch critic's.
+
+Parallelism: megatron's ``parallel_state`` over gloo; tensor parallel ranks compute the same
+per-token outputs (logits gathered over the vocabulary) and the same objective; the q/k
+layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
+shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
+parallel: the torch backend's row split by group, gradients summed over the ranks before
+clipping. Tensor and data parallel together, pipeline parallel, the distributed optimizer,
+parallel checkpoints, MoE models, bf16 and activation recompute are not built yet and raise
+:class:`BackendError`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from trainer.backends import torch_checkpoint
+from trainer.backends.base import BackendError
+from trainer.backends.critic import freeze_attention
+from trainer.backends.parallel import DataParallel
+from trainer.backends.torch_backend import (
+    EXPORT_STAMP,
+    TOKENIZER_FILES,
+    TorchBackend,
+    _fingerprint,
+)
+from trainer.checkpoint import atomic_directory
+from trainer.config import TrainerConfig
+
+# Files of the source model directory copied into an export beside the weights.
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def _read_source(model_dir: Path) -> tuple[Any, Any, dict[str, Tensor]]:
+    """HF config, tokenizer and float32 state dict (checkpoint names) of ``model_dir``."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (model_dir / "config.json").is_file():
+        raise BackendError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
+    try:
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        raise BackendError(f"cannot read the model in {model_dir}: {exc}") from exc
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise BackendError(f"{model_dir} has no *.safetensors weights")
+    weights: dict[str, Tensor] = {}
+    for file in files:
+        weights.update({k: v.float() for k, v in load_file(file).items()})
+    return hf_config, tokenizer, weights
+
+
+def tp_grad_norm(params: list[nn.Parameter]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over all tensor-parallel ranks (a collective when
+    TP > 1): Megatron's rule, duplicates of a replicated parameter count on TP rank 0 only.
+    Each rank's part is torch's ``get_total_norm`` (at TP=1: the torch backend's figure)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    grads = [
+        p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+    ]
+    local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    if parallel_state.get_tensor_model_parallel_world_size() <= 1:
+        return local.float().cpu()
+    square = local.float().cpu().pow(2)
+    dist.all_reduce(square, group=parallel_state.get_tensor_model_parallel_group())
+    return square.sqrt()
+
+
+def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
+    """Sum over the tensor-parallel ranks the gradients of replicated parameters that each rank
+    sees only part of: the q/k layernorms, applied per head to the rank's own heads (what
+    Megatron's ``finalize_model_grads`` does for them)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() <= 1:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+    for p in params:
+        if id(p) in partial and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+
+
+class MegatronBackend(TorchBackend):
+    """Actor + critic as megatron-core models; see the module docstring."""
+
+    backend_name = "megatron"
+
+    def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
+        from trainer.backends.megatron import convert
+        from trainer.backends.megatron.model import check_supported, init_parallel
+
+        source = model_dir if model_dir is not None else config.model
+        if not source:
+            raise BackendError("no model directory: set trainer.model or pass model_dir")
+        self._check_settings(config)
+        self.model_dir = Path(source).resolve()
+        self.config = config
+        self.device = torch.device(config.device)
+        hf_config, self.tokenizer, hf_weights = _read_source(self.model_dir)
+        check_supported(hf_config)
+        tp = config.megatron.tensor_parallel
+        convert.check_tensor_parallel(hf_config, tp)
+        init_parallel(tp, config.seed)
+        self.hf_config = hf_config
+        self._check_world(tp)
+        torch.manual_seed(config.seed)
+        self.tp_rank = self._tp_rank()
+        self._build_models(convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp))
+        self.fingerprint = _fingerprint(self.actor, self.critic)
+        # TP ranks hold the same rows; with TP=1 the world is data parallel (rows by group)
+        self.dp = DataParallel.current() if tp == 1 else DataParallel()
+        self._init_optimizers()
+        self.version = 0
+        self.steps = 0
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+        self.vocab_size = int(hf_config.vocab_size)
+
+    def _build_models(self, weights: dict[str, Tensor]) -> None:
+        """Actor, critic (attention and embeddings frozen) and, with a KL term, the frozen
+        reference policy, each a ``GPTModel`` holding this rank's ``weights``."""
+        from trainer.backends.megatron import convert
+        from trainer.backends.megatron.model import MegatronScorer, MegatronValueModel, build_gpt
+
+        config, hf_config = self.config, self.hf_config
+
+        def gpt() -> nn.Module:
+            model = build_gpt(hf_config)
+            convert.load_into(model, weights)
+            return model.to(self.device)
+
+        self.actor = gpt()
+        generator = torch.Generator().manual_seed(config.seed)  # the torch critic's head init
+        head, std = config.critic.head, config.critic.head_init_std
+        critic = MegatronValueModel(gpt(), int(hf_config.hidden_size), head, std, generator)
+        try:
+            self.frozen_critic_params = freeze_attention(critic)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        self.critic = critic.to(self.device)
+        self.scorer = MegatronScorer(self.actor)
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
+        self.actor.train()
+        self.critic.train()
+        self.partial_grads = {
+            id(p)
+            for model in (self.actor, self.critic)
+            for name, p in model.named_parameters()
+            if "q_layernorm" in name or "k_layernorm" in name
+        }
+
+    @staticmethod
+    def _check_settings(config: TrainerConfig) -> None:
+        if config.precision != "fp32":
+            raise BackendError("the megatron backend runs fp32 only so far (bf16 is not built)")
+        if config.activation_checkpointing:
+            raise BackendError("activation recompute is not built in the megatron backend yet")
+
+    @staticmethod
+    def _check_world(tp: int) -> None:
+        world = dist.get_world_size()
+        if world != tp and tp != 1:
+            raise BackendError(
+                f"world size {world} with TP={tp}: tensor and data parallel together are not "
+                "built in the megatron backend yet (TP = world, or TP=1 and data parallel)"
+            )
+
+    @staticmethod
+    def _tp_rank() -> int:
+        from megatron.core import parallel_state
+
+        return int(parallel_state.get_tensor_model_parallel_rank())
+
+    def _clip_and_step(  # type: ignore[override]
+        self,
+        params: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        max_norm: float,
+    ) -> float:
+        """The torch backend's clip-and-step with the global grad norm over tensor-parallel
+        shards: each sharded parameter counts on its rank, a replicated one (norms, the value
+        head) once; the clip coefficient is torch's ``max_norm / (norm + 1e-6)``, at most 1."""
+        if self.dp.enabled:  # each rank backpropagated its own rows' share: sum the shares
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+        sum_partial_grads(params, self.partial_grads)
+        norm = tp_grad_norm(params)
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef.to(p.grad.device))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ weights out
+
+    def _megatron_state(self) -> dict[str, Tensor]:
+        """This rank's actor parameters under Megatron names, detached."""
+        return {name: p.detach() for name, p in self.actor.named_parameters()}
+
+    def _gathered_state(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under HF checkpoint names, whole (gathered over TP ranks)."""
+        from trainer.backends.megatron import convert
+
+        local = {k: v.to("cpu") for k, v in self._megatron_state().items()}
+        tp = self.config.megatron.tensor_parallel
+        shards: list[dict[str, Tensor]] = [local]
+        if tp > 1:
+            gathered: list[Any] = [None] * tp
+            dist.all_gather_object(gathered, local)  # TP group == world (no data parallel)
+            shards = gathered
+        yield from convert.megatron_to_hf(shards, self.hf_config).items()
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The actor's tensors under their HF checkpoint names (tied ``lm_head`` omitted),
+        whole and detached; every tensor-parallel rank must iterate (one gather)."""
+        yield from self._gathered_state()
+
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the actor as a HF model directory (safetensors, config, tokenizer), atomically
+        (rank 0 writes; every rank calls)."""
+        from safetensors.torch import save_file
+
+        weights = dict(self._gathered_state())
+        target = Path(directory).resolve()
+        if dist.get_rank() == 0:
+            with atomic_directory(directory) as staging:
+                save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
+                for item in self.model_dir.iterdir():
+                    name = item.name
+                    if item.is_file() and (
+                        name in CONFIG_FILES or name.startswith(TOKENIZER_FILES)
+                    ):
+                        shutil.copy2(item, staging / name)
+                stamp = {
+                    "policy_version": self.version,
+                    "steps": self.steps,
+                    "source": str(self.model_dir),
+                    "backend": "megatron",
+                }
+                (staging / EXPORT_STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        return target
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
+        """Full checkpoint in the torch backend's layout (:mod:`trainer.backends.torch_checkpoint`:
+        DCP shards of actor, critic and both AdamW states under Megatron names, schedulers, RNG
+        states, manifest); one process (TP=1) only so far."""
+        self._one_process_checkpoints()
+        return torch_checkpoint.save(self, directory, extra)
+
+    def load(self, directory: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
+        self._one_process_checkpoints()
+        return torch_checkpoint.load(self, directory)
+
+    def _one_process_checkpoints(self) -> None:
+        if self.config.megatron.tensor_parallel > 1 or self.dp.enabled:
+            raise BackendError(
+                "checkpoints of the megatron backend under tensor or data parallel are not "
+                "built yet (Megatron dist-checkpointing); one-process checkpoints are"
+            )

@@ -1,0 +1,99 @@
+"""The one place where the megatron backend adapts megatron-core to a machine without CUDA.
+
+megatron-core 0.19.2 (pinned: this file touches its internals) assumes a GPU in a few places
+even when every module is built with ``use_cpu_initialization`` and fusions are off. On a
+machine where CUDA is unavailable, :func:`install` replaces exactly these CUDA assumptions and
+nothing else (each entry names what it replaces and why):
+
+1. ``torch.cuda.current_device`` -> ``torch.device("cpu")``: megatron allocates buffers with
+   ``device=torch.cuda.current_device()`` (the M-RoPE inverse frequencies, schedule and
+   optimizer scratch tensors); on CPU they belong on the CPU.
+2. The model-parallel RNG tracker (``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``) -> a
+   tracker of CPU generator states: megatron forks "the CUDA RNG" around attention dropout and
+   for tensor-parallel weight initialisation; on CPU the fork saves and restores the CPU
+   generator (same seeds per name, so dropout masks stay reproducible). Seeded by megatron's
+   own ``model_parallel_cuda_manual_seed`` (its ``torch.cuda.manual_seed`` is lazy: a no-op
+   without CUDA).
+
+Not needed yet (the backend drives forward and backward itself, with torch's AdamW): the
+schedules', Megatron DDP's and the DistributedOptimizer's CUDA streams, events,
+``synchronize`` and ``device="cuda"`` scratch tensors, which the feasibility spike of issue 10
+also had to replace for pipeline parallel and the distributed optimizer. They join this list
+when those parts are used.
+
+Nothing is patched while CUDA is available (the GPU path is megatron's own), and installing
+twice is a no-op. The patches are process-wide: they only replace functions that would raise
+on this machine anyway, so the torch backend in the same process is unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_INSTALLED: list[str] = []
+
+
+class CpuRngStatesTracker:
+    """Megatron's ``CudaRNGStatesTracker`` interface over CPU generator states."""
+
+    def __init__(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def is_initialized(self) -> bool:
+        return bool(self.states_)
+
+    def reset(self) -> None:
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return {name: state.clone() for name, state in self.states_.items()}
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self.states_ = {name: state.clone() for name, state in states.items()}
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise ValueError(f"seed {seed} already exists")
+        if name in self.states_:
+            raise ValueError(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        outer = torch.random.get_rng_state()
+        torch.random.manual_seed(seed)
+        self.states_[name] = torch.random.get_rng_state()
+        torch.random.set_rng_state(outer)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        """Run the block on the named CPU generator state (the outer state is restored)."""
+        if name not in self.states_:
+            raise ValueError(f"rng state {name} is not added")
+        outer = torch.random.get_rng_state()
+        torch.random.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.random.get_rng_state()
+            torch.random.set_rng_state(outer)
+
+
+def install() -> list[str]:
+    """Apply the replacements above when CUDA is unavailable; return what is replaced."""
+    if _INSTALLED or torch.cuda.is_available():
+        return list(_INSTALLED)
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
+    megatron_random._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()  # type: ignore[assignment]
+    megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _INSTALLED.extend(
+        [
+            "torch.cuda.current_device",
+            "megatron.core.tensor_parallel.random._CUDA_RNG_STATE_TRACKER",
+        ]
+    )
+    return list(_INSTALLED)

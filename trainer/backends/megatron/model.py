@@ -1,0 +1,222 @@
+"""A megatron-core ``GPTModel`` built from the Hugging Face config of a dense Qwen3 model.
+
+Qwen3 in Megatron terms (the local layer spec, no TransformerEngine): RMSNorm, grouped-query
+attention with a fused QKV projection and per-head q/k RMSNorm, a SwiGLU MLP (fused gate/up
+``linear_fc1``), RoPE with the config's theta, no linear biases, tied or untied embeddings.
+
+Packed lanes (:func:`trainer.data.pack_inputs`): rows share a forward sequence with positions
+restarting at 0 per row. Megatron's plain ``rope`` derives positions from the sequence index
+only, so positions go in through its M-RoPE (``mrope``) with one section holding every rotary
+frequency: with the same position ids on the three M-RoPE axes that is exactly 1-D RoPE at the
+given per-token positions. The attention mask is explicit and block-diagonal causal (a token
+sees the earlier tokens of its own row), the same view a packed row gets in the torch backend.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from services.processes import free_port
+from trainer.backends.base import BackendError
+from trainer.backends.critic import ValueModel
+from trainer.data import PackedInputs
+
+SUPPORTED_MODEL_TYPES = ("qwen3",)
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if (params.get("rope_type") or "default") != "default":
+        raise BackendError(f"rope scaling {params.get('rope_type')!r} is not supported yet")
+    if theta is None:
+        raise BackendError("the model config has no rope_theta")
+    return float(theta)
+
+
+def check_supported(hf_config: Any) -> None:
+    """Raise :class:`BackendError` naming what this builder cannot express."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise BackendError(
+            f"the megatron backend builds {SUPPORTED_MODEL_TYPES} models; got model_type "
+            f"{model_type!r} (architectures {getattr(hf_config, 'architectures', None)})"
+        )
+    if getattr(hf_config, "attention_bias", False):
+        raise BackendError("attention_bias=True is not supported by the megatron builder")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise BackendError(f"hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is built")
+    _rope_theta(hf_config)
+
+
+def head_dim(hf_config: Any) -> int:
+    explicit = getattr(hf_config, "head_dim", None)
+    return int(explicit or hf_config.hidden_size // hf_config.num_attention_heads)
+
+
+def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> Any:
+    """Megatron's ``TransformerConfig`` for ``hf_config`` (fusions off, CPU initialisation)."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer import TransformerConfig
+
+    check_supported(hf_config)
+    dim = head_dim(hf_config)
+    return TransformerConfig(
+        num_layers=int(hf_config.num_hidden_layers),
+        hidden_size=int(hf_config.hidden_size),
+        num_attention_heads=int(hf_config.num_attention_heads),
+        num_query_groups=int(hf_config.num_key_value_heads),
+        kv_channels=dim,
+        ffn_hidden_size=int(hf_config.intermediate_size),
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf_config.rms_norm_eps),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        mrope_section=[dim // 2, 0, 0],  # every rotary frequency on M-RoPE's first axis
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        use_cpu_initialization=True,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        params_dtype=dtype,
+    )
+
+
+def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape; load weights with
+    :func:`trainer.backends.megatron.convert.hf_to_megatron`."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(hf_config, dtype)
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    return GPTModel(
+        config,
+        spec,
+        vocab_size=int(hf_config.vocab_size),
+        max_sequence_length=int(hf_config.max_position_embeddings),
+        pre_process=True,
+        post_process=True,
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        position_embedding_type="mrope",
+        rotary_base=_rope_theta(hf_config),
+    )
+
+
+def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
+    """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
+    megatron's ``parallel_state`` with ``tensor_parallel`` ranks (the rest is data parallel)
+    and its model-parallel RNG streams from ``seed``."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from trainer.backends.megatron import cpu_compat
+
+    cpu_compat.install()
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group(
+            "gloo",
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        )
+    if parallel_state.model_parallel_is_initialized():
+        have = parallel_state.get_tensor_model_parallel_world_size()
+        if have != tensor_parallel:
+            raise BackendError(
+                f"megatron parallel_state is initialised with TP={have}, "
+                f"asked for {tensor_parallel}"
+            )
+    else:
+        world = dist.get_world_size()
+        if world % tensor_parallel:
+            raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def packed_attention_mask(position_ids: Tensor) -> Tensor:
+    """``[lanes, 1, w, w]`` bool, True where attention is masked: a token sees the earlier
+    tokens of its own row (rows start where the position ids restart at 0)."""
+    row = torch.cumsum((position_ids == 0).long(), dim=-1)  # [lanes, w]
+    same = row[:, :, None] == row[:, None, :]
+    width = position_ids.shape[-1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
+    return ~(same & causal)[:, None]
+
+
+def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+    """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
+    picks, from the ``[lanes, width]`` packed inputs."""
+    ids, positions = inputs.input_ids, inputs.position_ids
+    embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
+    rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
+    hidden = model.decoder(
+        hidden_states=embedded,
+        attention_mask=packed_attention_mask(positions),
+        rotary_pos_emb=rotary,
+    )  # [w, lanes, h]
+    flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
+    return flat[inputs.index.reshape(-1)]
+
+
+def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
+    """Full-vocabulary logits of ``hidden`` ``[m, h]`` (gathered across tensor-parallel ranks)."""
+    weight = (
+        model.shared_embedding_or_output_weight()
+        if model.share_embeddings_and_output_weights
+        else None
+    )
+    logits, _ = model.output_layer(hidden[:, None], weight=weight, runtime_gather_output=True)
+    return logits[:, 0]
+
+
+class MegatronScorer(nn.Module):
+    """The actor: logits ``[n, t, vocab]`` of the post-prompt positions (packed lanes)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: PackedInputs) -> Tensor:
+        logits = output_logits(self.model, hidden_states(self.model, inputs))
+        return logits.reshape(*inputs.index.shape, -1)
+
+
+class MegatronValueModel(ValueModel):
+    """The critic: a ``GPTModel`` body (its output layer unused and frozen) with the value
+    head of :class:`trainer.backends.critic.ValueModel` (same initialisation)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        hidden_size: int,
+        head: Literal["linear", "sigmoid"] = "linear",
+        init_std: float = 0.02,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(model, hidden_size, head, init_std, generator)
+        output = getattr(model, "output_layer", None)
+        for param in output.parameters() if output is not None else ():
+            param.requires_grad_(False)  # the critic has no vocabulary head
+
+    def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """``[n, t]`` float32 values (``raw``: a sigmoid head's logits)."""
+        picked = hidden_states(self.body, inputs)
+        out = self.value_head(picked).squeeze(-1).float().reshape(inputs.index.shape)
+        return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
