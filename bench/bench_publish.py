@@ -1,8 +1,10 @@
-"""Benchmark of weight publishing: disk vs distributed transport, tiny model, 2 engines, CPU.
+"""Benchmark of weight publishing: disk vs distributed transport, tiny and ~20M models, CPU.
 
-``python bench/bench_publish.py [--rounds N] [--buckets MB,MB,...] [--json FILE]``
+``python bench/bench_publish.py [--rounds N] [--buckets MB,MB,...] [--models tiny,qwen3-20m]
+[--json FILE]``
 
-One private Redis, two reference engine subprocesses and an adapter subprocess (``python -m
+Per model (bench_trainer's table: the tiny model and its ~20M scale-up), one private Redis, two
+reference engine subprocesses and an adapter subprocess (``python -m
 adapter``); the trainer is this process. Each round moves the trainer's weights (a stand-in for
 an actor update, the version advances) and publishes them:
 
@@ -38,7 +40,7 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.bench_adapter import ADMIN_TOKEN, start_adapter  # noqa: E402
-from services.tiny_model.build import ensure_tiny_model  # noqa: E402
+from bench.bench_trainer import MODELS, model_dir  # noqa: E402
 from tests.support.engines import launch_reference_server  # noqa: E402
 from tests.support.redis import start_redis, stop_redis  # noqa: E402
 from trainer.backends.torch_backend import TorchBackend  # noqa: E402
@@ -70,19 +72,43 @@ def summarise(results: list[PublishResult], megabytes: float) -> dict[str, float
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="publishes per transport")
-    parser.add_argument("--buckets", default="0.25,512", help="distributed bucket sizes, MB")
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = parser.parse_args(argv)
-    buckets = [float(b) for b in args.buckets.split(",") if b.strip()]
-    if args.rounds < 1 or not buckets or min(buckets) <= 0:
-        parser.error("--rounds must be >= 1 and bucket sizes > 0")
-    work = Path(tempfile.mkdtemp(prefix="swerl-bench-publish-"))
-    model_dir = ensure_tiny_model(
-        Path(os.environ.get("SWERL_CACHE_DIR", work)) / "tiny-model", coder=False, seed=0
-    )
+def publish_runs(url: str, work: Path, buckets: list[float]) -> dict[str, PublishConfig]:
+    """The transports to time: disk, then the broadcast at every bucket size."""
+    runs = {
+        "disk": PublishConfig(
+            adapter_url=url, admin_token=ADMIN_TOKEN, weights_dir=str(work / "weights")
+        )
+    }
+    for mb in buckets:
+        runs[f"distributed_{mb:g}mb"] = PublishConfig(
+            transport="distributed",
+            adapter_url=url,
+            admin_token=ADMIN_TOKEN,
+            # broadcast alone (no disk copy): the bench measures the transport itself
+            distributed={"backend": "gloo", "bucket_mb": mb, "export_to_disk": False},
+        )
+    return runs
+
+
+def time_transport(backend: TorchBackend, config: PublishConfig, rounds: int) -> list:
+    publisher = make_publisher(config)
+    try:
+        move_weights(backend, seed=backend.version + 1)
+        publisher.publish(backend)  # warm-up (the distributed group forms here)
+        results = []
+        for _ in range(rounds):
+            move_weights(backend, seed=backend.version + 1)
+            result = publisher.publish(backend)
+            assert result is not None
+            results.append(result)
+        return results
+    finally:
+        publisher.close()
+
+
+def bench_model(name: str, model_dir: Path, args: argparse.Namespace, buckets: list[float]) -> dict:
+    """One model: 2 engines + an adapter on a private Redis, every transport timed."""
+    work = Path(tempfile.mkdtemp(prefix=f"swerl-bench-publish-{name}-"))
     store = start_redis(appendonly=False)
     engines: list[Any] = []
     adapter = None
@@ -92,50 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                 pool.map(lambda _: launch_reference_server(model_dir, None, "0", (), work), [0, 1])
             )
         adapter = start_adapter([e.url for e in engines], model_dir, store.url, work)
-        url = adapter.url
         backend = TorchBackend(TrainerConfig(model=str(model_dir)))
         megabytes = sum(t.numel() * t.element_size() for _, t in backend.named_weights()) / 2**20
         figures: dict[str, Any] = {"model_mb": megabytes, "engines": 2, "rounds": args.rounds}
-        runs: dict[str, PublishConfig] = {
-            "disk": PublishConfig(
-                adapter_url=url, admin_token=ADMIN_TOKEN, weights_dir=str(work / "weights")
+        runs = publish_runs(adapter.url, work, buckets)
+        for transport, config in runs.items():
+            figures[transport] = summarise(time_transport(backend, config, args.rounds), megabytes)
+        for transport in runs:
+            figures[transport]["ratio_to_disk"] = (
+                figures[transport]["total_s"] / figures["disk"]["total_s"]
             )
-        }
-        for mb in buckets:
-            runs[f"distributed_{mb:g}mb"] = PublishConfig(
-                transport="distributed",
-                adapter_url=url,
-                admin_token=ADMIN_TOKEN,
-                # broadcast alone (no disk copy): the bench measures the transport itself
-                distributed={"backend": "gloo", "bucket_mb": mb, "export_to_disk": False},
-            )
-        for name, config in runs.items():
-            publisher = make_publisher(config)
-            move_weights(backend, seed=backend.version + 1)
-            publisher.publish(backend)  # warm-up (the distributed group forms here)
-            results = []
-            for _ in range(args.rounds):
-                move_weights(backend, seed=backend.version + 1)
-                result = publisher.publish(backend)
-                assert result is not None
-                results.append(result)
-            publisher.close()
-            figures[name] = summarise(results, megabytes)
-        disk = figures["disk"]["total_s"]
-        print(f"tiny model: {megabytes:.2f} MB of weights, 2 reference engines, CPU (gloo)")
-        print(f"{'transport':<22}{'total s':>9}{'export':>9}{'transfer':>10}{'load':>9}"
-              f"{'gate':>9}{'MB/s':>8}{'vs disk':>9}")  # fmt: skip
-        for name in runs:
-            f = figures[name]
-            f["ratio_to_disk"] = f["total_s"] / disk
-            print(
-                f"{name:<22}{f['total_s']:>9.3f}{f['export_s']:>9.3f}{f['transfer_s']:>10.3f}"
-                f"{f['engine_load_s']:>9.3f}{f['gate_closed_s']:>9.3f}{f['mb_per_s']:>8.1f}"
-                f"{f['ratio_to_disk']:>9.2f}"
-            )
-        if args.json is not None:
-            args.json.write_text(json.dumps(figures, indent=2) + "\n")
-        return 0
+        return figures
     finally:
         if adapter is not None:
             adapter.stop()
@@ -143,6 +136,48 @@ def main(argv: list[str] | None = None) -> int:
             engine.stop()
         stop_redis(store)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def print_model(name: str, figures: dict[str, Any]) -> None:
+    print(f"{name}: {figures['model_mb']:.2f} MB of weights, 2 reference engines, CPU (gloo)")
+    print(f"{'transport':<22}{'total s':>9}{'export':>9}{'transfer':>10}{'load':>9}"
+          f"{'gate':>9}{'MB/s':>8}{'vs disk':>9}")  # fmt: skip
+    for transport, f in figures.items():
+        if isinstance(f, dict):
+            print(
+                f"{transport:<22}{f['total_s']:>9.3f}{f['export_s']:>9.3f}{f['transfer_s']:>10.3f}"
+                f"{f['engine_load_s']:>9.3f}{f['gate_closed_s']:>9.3f}{f['mb_per_s']:>8.1f}"
+                f"{f['ratio_to_disk']:>9.2f}"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="publishes per transport")
+    parser.add_argument(
+        "--buckets", default="0.25,1,4,512", help="distributed bucket sizes to sweep, MB"
+    )
+    parser.add_argument(
+        "--models",
+        default="tiny,qwen3-20m",
+        help=f"comma-separated models of bench_trainer's table ({', '.join(MODELS)})",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    buckets = [float(b) for b in args.buckets.split(",") if b.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.rounds < 1 or not buckets or min(buckets) <= 0:
+        parser.error("--rounds must be >= 1 and bucket sizes > 0")
+    unknown = sorted(set(models) - set(MODELS))
+    if not models or unknown:
+        parser.error(f"--models: unknown {unknown or 'none given'}; known: {', '.join(MODELS)}")
+    figures = {}
+    for name in models:
+        figures[name] = bench_model(name, model_dir(name), args, buckets)
+        print_model(name, figures[name])
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
