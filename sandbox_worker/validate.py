@@ -16,6 +16,10 @@ broken     gold hunks aimed at missing files      not applied, not resolved
 Prints a progress line per instance (stderr) and a table (stdout); exit status 0 only if every
 check of every instance holds, 1 otherwise (including infrastructure failures), 2 for bad
 arguments or an unreadable instances file.
+
+The instances file is read collect-all (:func:`services.datasets.load_instances_collect`): a
+bad row (bad JSON, a missing field, an unparseable gold patch, a duplicate id) is that row's
+``load`` failure in the table, and every other instance is still validated.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from typing import TextIO
 from sandbox_worker.backends.base import SandboxBackend
 from sandbox_worker.evaluation.evaluate import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.tasks.checks import CheckPatchError, broken_patch, tampered_patch
-from services.datasets import DatasetError, load_instances
+from services.datasets import DatasetError, RowError, load_instances_collect
+from services.datasets.denylist import apply_denylist, load_denylist
 from services.protocol.instance import SWEInstance
 
 DEFAULT_INSTANCES = Path(__file__).resolve().parents[1] / "tests" / "data" / "instances.jsonl"
@@ -52,9 +57,12 @@ class InstanceResult:
     wanted: tuple[str, ...] = CHECKS
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
+    load_error: str | None = None  # the row could not be loaded: nothing was run
 
     @property
     def ok(self) -> bool:
+        if self.load_error is not None:
+            return False
         done = {check.name for check in self.checks}
         return done == set(self.wanted) and all(check.ok for check in self.checks)
 
@@ -179,6 +187,14 @@ def validate_all(
     return results
 
 
+def load_failures(errors: Sequence[RowError]) -> list[InstanceResult]:
+    """A failed result per bad row, named by its id (or its place when it has none)."""
+    return [
+        InstanceResult(error.instance_id or f"<{error.where}>", load_error=error.message)
+        for error in errors
+    ]
+
+
 def format_table(results: Sequence[InstanceResult]) -> str:
     """The result table, then one line per failed check with its reason."""
     width = max([len("instance"), *(len(r.instance_id) for r in results)])
@@ -186,22 +202,27 @@ def format_table(results: Sequence[InstanceResult]) -> str:
     lines = [header, "-" * len(header)]
     for result in results:
         marks = {c.name: "ok" if c.ok else "FAIL" for c in result.checks}
+        if result.load_error is not None:
+            marks = dict.fromkeys(CHECKS, "LOAD")
         cells = "  ".join(f"{marks.get(name, '-'):<8}" for name in CHECKS)
         lines.append(f"{result.instance_id:<{width}}  {cells}  {result.duration_s:.1f} s")
     valid = sum(result.ok for result in results)
     lines.append(f"{valid}/{len(results)} instances valid")
     for result in results:
+        if result.load_error is not None:
+            lines.append(f"  {result.instance_id} load: {result.load_error}")
         for check in result.checks:
             if not check.ok:
                 lines.append(f"  {result.instance_id} {check.name}: {check.detail}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.validate",
         description="Check every instance: gold resolves, empty does not, a tampered test "
-        "file is restored, a broken patch does not apply.",
+        "file is restored, a broken patch does not apply. A bad row of the instances file is "
+        "that instance's failure; the others still run.",
     )
     parser.add_argument(
         "--backend",
@@ -217,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", metavar="ID", help="validate only this id")
     parser.add_argument(
+        "--deny",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="instance deny-list (one id per line, '# reason'); those instances are skipped",
+    )
+    parser.add_argument(
         "--test-timeout",
         type=int,
         default=300,
@@ -224,12 +252,36 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds each test run may take (300)",
     )
     parser.add_argument("--node", default="validate", help="node name owning the sandboxes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _selected(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[SWEInstance], list[RowError]]:
+    """The instances and bad rows to report, after ``--only`` and ``--deny``."""
     try:
-        instances = load_instances(args.instances, only=args.only)
+        instances, bad_rows = load_instances_collect(args.instances)
+        denied = load_denylist(args.deny) if args.deny is not None else {}
     except DatasetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        parser.exit(2, f"error: {exc}\n")
+    if args.only:
+        known = {inst.instance_id for inst in instances} | {r.instance_id for r in bad_rows}
+        missing = [iid for iid in dict.fromkeys(args.only) if iid not in known]
+        if missing:
+            parser.error(f"{args.instances}: no instance with id {', '.join(map(repr, missing))}")
+        instances = [inst for inst in instances if inst.instance_id in args.only]
+        bad_rows = [row for row in bad_rows if row.instance_id in args.only]
+    instances, dropped = apply_denylist(instances, denied)
+    for inst in dropped:
+        reason = denied[inst.instance_id] or "no reason given"
+        print(f"{inst.instance_id}: skipped, on the deny-list ({reason})", file=sys.stderr)
+    return instances, [row for row in bad_rows if row.instance_id not in denied]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    instances, bad_rows = _selected(parser, args)
 
     from sandbox_worker.backends import make_backend
     from sandbox_worker.images import instance_image
@@ -240,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         f"validating {len(instances)} instance(s) with the {args.backend} backend",
         file=sys.stderr,
     )
-    results = validate_all(backend, instances, instance_image, config=config, node=args.node)
+    results = load_failures(bad_rows)
+    for failure in results:
+        print(f"{failure.instance_id}: not loaded: {failure.load_error}", file=sys.stderr)
+    results += validate_all(backend, instances, instance_image, config=config, node=args.node)
     print(format_table(results))
     return 0 if results and all(result.ok for result in results) else 1
 
