@@ -75,6 +75,8 @@ class EvaluationSettings(StrictModel):
     """The reward evaluation (``sandbox_worker.evaluation.EvalConfig``) as the worker runs it."""
 
     test_timeout_s: int = Field(1800, ge=1)  # the SWE-bench harness's default
+    # Per-repository test timeouts ("owner/name" -> seconds) over test_timeout_s.
+    test_timeout_by_repo: dict[str, int] = Field(default_factory=dict)
     step_timeout_s: float = Field(120.0, gt=0.0)
     harness_grace_s: float = Field(60.0, gt=0.0)
     limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)

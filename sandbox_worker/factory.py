@@ -150,6 +150,7 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
         evaluation=EvalConfig(
             workdir=cfg.workdir,
             test_timeout_s=cfg.evaluation.test_timeout_s,
+            test_timeout_by_repo=cfg.evaluation.test_timeout_by_repo,
             step_timeout_s=cfg.evaluation.step_timeout_s,
             harness_grace_s=cfg.evaluation.harness_grace_s,
             limits=sandbox_limits(cfg.evaluation.limits),

@@ -51,6 +51,7 @@ def test_settings_follow_the_config() -> None:
         sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64, "disk_mb": 512, "inodes": 5000},
         evaluation={
             "test_timeout_s": 60,
+            "test_timeout_by_repo": {"sympy/sympy": 3600},
             "limits": {"cpus": 0.5, "disk_mb": 300},
             "grading": "swebench",
             "infra_rules": {"o/p": {"protected_paths": ["bin/test"]}},
@@ -63,6 +64,7 @@ def test_settings_follow_the_config() -> None:
     assert (s.limits.cpus, s.limits.memory_mb, s.limits.pids) == (2.0, 1024, 64)
     assert (s.limits.disk_mb, s.limits.inodes) == (512, 5000)
     assert (s.evaluation.test_timeout_s, s.evaluation.limits.cpus) == (60, 0.5)
+    assert s.evaluation.for_repo("sympy/sympy").test_timeout_s == 3600
     assert s.evaluation.limits.disk_mb == 300
     assert s.evaluation.workdir == s.workdir == "/testbed"
     assert runner_settings(cfg(adapter_url="https://adapter").rollout).adapter_port == 443
