@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         "--instances",
         type=Path,
         default=DEFAULT_INSTANCES,
-        help="SWE-bench-format JSONL of the instances (default: the mini set)",
+        help="dataset file of the instances (JSONL/JSON/parquet; rows may name repo_path or "
+        "repo_url and setup_script, see docs/tasks-and-rewards.md; default: the mini set)",
     )
     p_build.add_argument("--no-bwrap", action="store_true", help="skip the bwrap trees")
     p_build.add_argument("--force", action="store_true", help="rebuild everything")
