@@ -319,3 +319,58 @@ def test_prepull_retries_and_reports_missing(tmp_path: Path, fake_docker: Path) 
     assert pulls.count("swebench/sweb.eval.x86_64.flaky-1:latest") == 2
     assert pulls.count("swebench/sweb.eval.x86_64.gone-1:latest") == 2
     assert "swebench/sweb.eval.x86_64.present-1:latest" not in pulls
+
+
+# -- pull a whole dataset ---------------------------------------------------------------------
+
+
+def test_pull_a_dataset_is_resumable_and_reports_missing(tmp_path: Path) -> None:
+    """Against the local engine and a loopback registry nothing listens on (so no registry is
+    ever contacted): images the engine holds are present, the others fail cleanly and are
+    listed; a rerun pulls only what is still missing."""
+    import docker
+
+    from sandbox_worker.image_pull import image_name
+    from services.datasets import load_instances
+
+    registry = "127.0.0.1:9"
+    data = REPO / "tests" / "data" / "instances.jsonl"
+    instances = load_instances(data)
+    client = docker.DockerClient(base_url=images.docker_host())
+    tagged: list[str] = []
+
+    def hold(index: int) -> None:  # the engine already has this instance's published image
+        name = image_name(instances[index], "swebench", registry)
+        local = client.images.get(images.instance_image(instances[index].instance_id))
+        repository, _, tag = name.rpartition(":")
+        local.tag(repository, tag)
+        tagged.append(name)
+
+    missing_out = tmp_path / "missing.txt"
+    cmd = [sys.executable, "-m", "sandbox_worker.images", "pull", "--instances", str(data)]
+    cmd += ["--dataset", "swebench", "--docker-host", images.docker_host()]
+    cmd += ["--registry", registry, "--parallel", "3", "--missing-out", str(missing_out)]
+    try:
+        hold(0), hold(1)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        total = len(instances)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"{total} image(s): 2 present, 0 pulled, {total - 2} missing" in res.stdout
+        assert "Traceback" not in res.stderr
+        want_missing = [inst.instance_id for inst in instances[2:]]
+        assert sorted(missing_out.read_text().split()) == sorted(want_missing)
+        assert f"missing {image_name(instances[2], 'swebench', registry)}" in res.stderr
+        hold(2)  # resumable: the rerun sees the newly held image as present
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert f"{total} image(s): 3 present, 0 pulled, {total - 3} missing" in res.stdout
+        assert instances[2].instance_id not in missing_out.read_text().split()
+    finally:
+        for name in tagged:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.remove(name)
+        client.close()
+    no_engine = [*cmd[:8], "--docker-host", f"unix://{tmp_path}/none.sock"]
+    res = subprocess.run(no_engine, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "no Docker engine at" in res.stderr, res.stderr
+    bad = subprocess.run([*cmd, "--registry", "Bad Host"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid registry 'Bad Host'" in bad.stderr, bad.stderr
