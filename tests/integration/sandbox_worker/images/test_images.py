@@ -93,6 +93,15 @@ def test_rootfs_of_built_image_is_the_same_tree(sandbox_env: SessionEnv) -> None
     assert (info.root / "usr" / "bin" / "python3").exists()
 
 
+def test_docker_backend_reads_the_labels_the_build_writes(sandbox_env: SessionEnv) -> None:
+    docker_backend = sandbox_env.backends["docker"]
+    labels = docker_backend.image_labels(sandbox_env.image)
+    assert labels is not None
+    assert labels["swerl.repo"] == sandboxes.TINY_REPO and len(labels["swerl.base_commit"]) == 40
+    assert docker_backend.image_labels("swerl/no-such-image:never") is None
+    assert sandbox_env.backends["bwrap"].image_labels(sandbox_env.image) is None  # not known
+
+
 # -- build ------------------------------------------------------------------------------------
 
 
