@@ -105,6 +105,9 @@ class TrajectoryRunnerConfig(StrictModel):
     # Image naming (sandbox_worker.images.instance_image); None: $SWERL_IMAGE_NAMESPACE or swerl.
     image_namespace: str | None = None
     image_tag: str = Field("latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+    # Published images of a dataset instead (sandbox_worker.image_pull.image_name): "swebench"
+    # (the harness's names), "swegym", "swesmith" (the row's image_name or its snapshot's).
+    image_dataset: Literal["swebench", "swegym", "swesmith"] | None = None
     workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9._\-/]+$")
     sandbox: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
     backend: BackendSettings = Field(default_factory=BackendSettings)
