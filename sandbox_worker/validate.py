@@ -247,6 +247,16 @@ def format_table(results: Sequence[InstanceResult]) -> str:
     return "\n".join(lines)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.validate",
@@ -283,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--test-timeout",
-        type=int,
+        type=_positive_int,
         default=300,
         metavar="S",
         help="seconds each test run may take (300)",

@@ -84,6 +84,11 @@ def test_cli_exit_status(
     with pytest.raises(SystemExit) as exit_info:
         validate.main(["--backend", "podman"])
     assert exit_info.value.code == 2
+    for bad in ("0", "ten"):
+        with pytest.raises(SystemExit) as exit_info:
+            validate.main(["--test-timeout", bad, "--instances", str(broken)])
+        assert exit_info.value.code == 2
+        assert "--test-timeout" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # runs the test suite three times
