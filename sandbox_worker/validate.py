@@ -41,6 +41,7 @@ from typing import TextIO
 from sandbox_worker.backends.base import SandboxBackend
 from sandbox_worker.evaluation.evaluate import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.tasks.checks import CheckPatchError, broken_patch, tampered_patch
+from services.cli import positive_int
 from services.datasets import DatasetError, RowError, load_instances_collect
 from services.datasets.denylist import apply_denylist, load_denylist
 from services.protocol.instance import SWEInstance
@@ -247,16 +248,6 @@ def format_table(results: Sequence[InstanceResult]) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 second, got {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.validate",
@@ -293,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--test-timeout",
-        type=_positive_int,
+        type=positive_int,
         default=300,
         metavar="S",
         help="seconds each test run may take (300)",
