@@ -75,6 +75,8 @@ class EvaluationSettings(StrictModel):
     """The reward evaluation (``sandbox_worker.evaluation.EvalConfig``) as the worker runs it."""
 
     test_timeout_s: int = Field(1800, ge=1)  # the SWE-bench harness's default
+    # Per-repository test timeouts ("owner/name" -> seconds) over test_timeout_s.
+    test_timeout_by_repo: dict[str, int] = Field(default_factory=dict)
     step_timeout_s: float = Field(120.0, gt=0.0)
     harness_grace_s: float = Field(60.0, gt=0.0)
     limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
@@ -103,6 +105,9 @@ class TrajectoryRunnerConfig(StrictModel):
     # Image naming (sandbox_worker.images.instance_image); None: $SWERL_IMAGE_NAMESPACE or swerl.
     image_namespace: str | None = None
     image_tag: str = Field("latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+    # Published images of a dataset instead (sandbox_worker.image_pull.image_name): "swebench"
+    # (the harness's names), "swegym", "swesmith" (the row's image_name or its snapshot's).
+    image_dataset: Literal["swebench", "swegym", "swesmith"] | None = None
     workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9._\-/]+$")
     sandbox: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
     backend: BackendSettings = Field(default_factory=BackendSettings)

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from sandbox_worker import images
+from sandbox_worker import image_pull, images
 from sandbox_worker.adapter_client import AdapterClient, TrajectoryRecords
 from sandbox_worker.backends import SandboxBackend, SandboxInfraError, make_backend
 from sandbox_worker.backends.base import SandboxLimits
@@ -150,6 +150,7 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
         evaluation=EvalConfig(
             workdir=cfg.workdir,
             test_timeout_s=cfg.evaluation.test_timeout_s,
+            test_timeout_by_repo=cfg.evaluation.test_timeout_by_repo,
             step_timeout_s=cfg.evaluation.step_timeout_s,
             harness_grace_s=cfg.evaluation.harness_grace_s,
             limits=sandbox_limits(cfg.evaluation.limits),
@@ -270,13 +271,18 @@ def _image_naming(
     rc: TrajectoryRunnerConfig, task_instances: Mapping[str, SWEInstance]
 ) -> Callable[[str], str]:
     """The instance id -> image rule; a bad namespace or tag fails here, not once per task."""
-    namespace, tag = rc.image_namespace, rc.image_tag
+    namespace, tag, dataset = rc.image_namespace, rc.image_tag, rc.image_dataset
 
     def image_for(instance_id: str) -> str:
+        if dataset is not None:
+            instance = task_instances.get(instance_id)
+            if instance is None:
+                raise ValueError(f"no instance {instance_id!r} in the task files")
+            return image_pull.image_name(instance, dataset)
         return images.instance_image(instance_id, namespace=namespace, tag=tag)
 
     try:
-        image_for(next(iter(task_instances), "probe"))
+        image_for(next(iter(task_instances)) if task_instances else "probe")
     except ValueError as exc:
         raise RunnerUnavailableError(f"bad image naming settings: {exc}") from exc
     return image_for

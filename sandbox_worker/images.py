@@ -19,6 +19,8 @@ filesystem is and, when the image is the base image plus ``/testbed`` only, wher
 
 ``python -m sandbox_worker.images build [--instances PATH]`` builds everything (base image,
 instance images, bwrap root filesystems); it is idempotent and fast when nothing changed.
+``python -m sandbox_worker.images pull --instances FILE --dataset swebench --docker-host URL``
+pulls a whole dataset's published images (:mod:`sandbox_worker.image_pull`).
 """
 
 from __future__ import annotations
@@ -279,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.images",
         description="Task images: build the base image, one image per instance and their bwrap "
-        "trees on this node's Docker engine ($DOCKER_HOST), or print image names. Images are "
-        "never pulled at run time.",
+        "trees on this node's Docker engine ($DOCKER_HOST), pull a dataset's published images "
+        "(ops, before training), or print image names. Images are never pulled at run time.",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_build = sub.add_parser(
@@ -292,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         "--instances",
         type=Path,
         default=DEFAULT_INSTANCES,
-        help="SWE-bench-format JSONL of the instances (default: the mini set)",
+        help="dataset file of the instances (JSONL/JSON/parquet; rows may name repo_path or "
+        "repo_url and setup_script, see docs/tasks-and-rewards.md; default: the mini set)",
     )
     p_build.add_argument("--no-bwrap", action="store_true", help="skip the bwrap trees")
     p_build.add_argument("--force", action="store_true", help="rebuild everything")
@@ -307,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="image namespace (default: $SWERL_IMAGE_NAMESPACE or swerl)",
     )
+    from sandbox_worker import image_pull  # the pull subcommand (ops, a whole dataset)
+
+    image_pull.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.cmd == "pull":
+        return image_pull.run(args, parser.error)
     if args.cmd == "name":
         try:
             names = [instance_image(iid, namespace=args.namespace) for iid in args.instance_ids]

@@ -6,6 +6,9 @@
 For one :class:`RolloutTask` (see docs/tasks-and-rewards.md, "Trajectory runs"):
 
 1. **open** the trajectory at the adapter with its identifiers (task, batch, group, instance);
+   Before that, the image's labels (``swerl.repo`` / ``swerl.base_commit``, written by the
+   image build) are checked against the instance: a mismatch is a wrong image, aborted
+   (not retried) with a reason naming both;
 2. **create** the agent sandbox from the instance image: no network but the LLM relay to the
    adapter, the configured limits, the read-only agent-server bundle, ownership labels;
 3. **pin the diff base**: the repository's ``HEAD`` when the sandbox starts. For the images
@@ -37,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from sandbox_worker import images
 from sandbox_worker.adapter_client import AdapterError, CloseResult, TrajectoryRecords
 from sandbox_worker.backends.base import (
     ImageNotFoundError,
@@ -236,6 +240,7 @@ class SandboxTrajectoryRunner:
                 retryable=False,
             ) from exc
         run.report["image"] = image
+        self._check_labels(image, instance)
         self._open(run)
         result = self._agent_phase(run, instance, image)
         run.report["record"] = dict(run.counts.counters) if run.counts else {}
@@ -262,6 +267,22 @@ class SandboxTrajectoryRunner:
             n_turns=counts.n_turns if counts else 0,
             n_tokens=counts.n_tokens if counts else 0,
         )
+
+    def _check_labels(self, image: str, instance: SWEInstance) -> None:
+        """An image labelled for another repository or base commit (images swerl builds carry
+        ``swerl.repo`` / ``swerl.base_commit``) is a wrong image: aborted before anything runs.
+        Images without the labels (the official ones) are checked by their HEAD instead."""
+        try:
+            labels = self.backend.image_labels(image)
+        except (SandboxInfraError, OSError) as exc:
+            raise _Abort(f"image label lookup failed: {exc}") from exc
+        if not labels or "swerl.base_commit" not in labels or not instance.base_commit:
+            return
+        problem = images.label_mismatch(
+            image, labels, repo=instance.repo, commit=instance.base_commit
+        )
+        if problem is not None:
+            raise _Abort(f"wrong image: {problem}", retryable=False)
 
     def _open(self, run: _Run) -> None:
         t0 = time.monotonic()

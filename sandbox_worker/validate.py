@@ -16,11 +16,21 @@ broken     gold hunks aimed at missing files      not applied, not resolved
 Prints a progress line per instance (stderr) and a table (stdout); exit status 0 only if every
 check of every instance holds, 1 otherwise (including infrastructure failures), 2 for bad
 arguments or an unreadable instances file.
+
+A PASS_TO_PASS test that fails on gold (while every FAIL_TO_PASS test passes) says nothing
+about a patch: it is reported, excluded from the instance (the gold check then holds and the
+later checks grade without it), and ``--write-valid FILE`` writes the valid instances with such
+tests removed, ready to train on.
+
+The instances file is read collect-all (:func:`services.datasets.load_instances_collect`): a
+bad row (bad JSON, a missing field, an unparseable gold patch, a duplicate id) is that row's
+``load`` failure in the table, and every other instance is still validated.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +41,9 @@ from typing import TextIO
 from sandbox_worker.backends.base import SandboxBackend
 from sandbox_worker.evaluation.evaluate import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.tasks.checks import CheckPatchError, broken_patch, tampered_patch
-from services.datasets import DatasetError, load_instances
+from services.cli import positive_int
+from services.datasets import DatasetError, RowError, load_instances_collect
+from services.datasets.denylist import apply_denylist, load_denylist
 from services.protocol.instance import SWEInstance
 
 DEFAULT_INSTANCES = Path(__file__).resolve().parents[1] / "tests" / "data" / "instances.jsonl"
@@ -52,9 +64,14 @@ class InstanceResult:
     wanted: tuple[str, ...] = CHECKS
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
+    load_error: str | None = None  # the row could not be loaded: nothing was run
+    excluded_p2p: tuple[str, ...] = ()  # PASS_TO_PASS tests failing on gold, left out
+    instance: SWEInstance | None = None  # as validated (without the excluded tests)
 
     @property
     def ok(self) -> bool:
+        if self.load_error is not None:
+            return False
         done = {check.name for check in self.checks}
         return done == set(self.wanted) and all(check.ok for check in self.checks)
 
@@ -79,7 +96,14 @@ def validate_instance(
         return evaluate_patch(backend, instance, patch, image, node=node, config=eval_config)
 
     if "gold" in checks:
-        result.checks.append(_check_gold("gold", run(instance.patch)))
+        gold = run(instance.patch)
+        result.excluded_p2p = p2p_failing_on_gold(gold)
+        if result.excluded_p2p:
+            kept = [t for t in instance.PASS_TO_PASS if t not in result.excluded_p2p]
+            instance = instance.model_copy(update={"PASS_TO_PASS": kept})
+            result.checks.append(CheckResult("gold", True, "", gold))
+        else:
+            result.checks.append(_check_gold("gold", gold))
     if "empty" in checks:
         empty_config = config.model_copy(update={"grade_empty_patch": True})
         result.checks.append(_check_empty(run("", empty_config)))
@@ -94,7 +118,19 @@ def validate_instance(
         except CheckPatchError as exc:
             result.checks.append(CheckResult("broken", False, f"cannot build: {exc}"))
     result.duration_s = time.monotonic() - started
+    result.instance = instance
     return result
+
+
+def p2p_failing_on_gold(report: EvalReport) -> tuple[str, ...]:
+    """The PASS_TO_PASS tests to exclude: failing on a gold run that otherwise holds (applied,
+    a valid log, no timeout, every FAIL_TO_PASS test passing); () when the run failed for
+    another reason (that is the gold check's failure, not a test to exclude)."""
+    if report.infra_error is not None or not report.applied or not report.log_valid:
+        return ()
+    if report.tests_timed_out or report.f2p_failure or report.structured_problem:
+        return ()
+    return tuple(report.p2p_failure)
 
 
 def _infra(name: str, report: EvalReport) -> CheckResult | None:
@@ -179,6 +215,14 @@ def validate_all(
     return results
 
 
+def load_failures(errors: Sequence[RowError]) -> list[InstanceResult]:
+    """A failed result per bad row, named by its id (or its place when it has none)."""
+    return [
+        InstanceResult(error.instance_id or f"<{error.where}>", load_error=error.message)
+        for error in errors
+    ]
+
+
 def format_table(results: Sequence[InstanceResult]) -> str:
     """The result table, then one line per failed check with its reason."""
     width = max([len("instance"), *(len(r.instance_id) for r in results)])
@@ -186,22 +230,30 @@ def format_table(results: Sequence[InstanceResult]) -> str:
     lines = [header, "-" * len(header)]
     for result in results:
         marks = {c.name: "ok" if c.ok else "FAIL" for c in result.checks}
+        if result.load_error is not None:
+            marks = dict.fromkeys(CHECKS, "LOAD")
         cells = "  ".join(f"{marks.get(name, '-'):<8}" for name in CHECKS)
         lines.append(f"{result.instance_id:<{width}}  {cells}  {result.duration_s:.1f} s")
     valid = sum(result.ok for result in results)
     lines.append(f"{valid}/{len(results)} instances valid")
     for result in results:
+        if result.load_error is not None:
+            lines.append(f"  {result.instance_id} load: {result.load_error}")
+        if result.excluded_p2p:
+            tests = ", ".join(result.excluded_p2p)
+            lines.append(f"  {result.instance_id} PASS_TO_PASS failing on gold, excluded: {tests}")
         for check in result.checks:
             if not check.ok:
                 lines.append(f"  {result.instance_id} {check.name}: {check.detail}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.validate",
         description="Check every instance: gold resolves, empty does not, a tampered test "
-        "file is restored, a broken patch does not apply.",
+        "file is restored, a broken patch does not apply. A bad row of the instances file is "
+        "that instance's failure; the others still run.",
     )
     parser.add_argument(
         "--backend",
@@ -217,16 +269,56 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", metavar="ID", help="validate only this id")
     parser.add_argument(
+        "--deny",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="instance deny-list (one id per line, '# reason'); those instances are skipped",
+    )
+    parser.add_argument(
+        "--write-valid",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the valid instances (PASS_TO_PASS tests failing on gold removed) as JSONL",
+    )
+    parser.add_argument(
         "--test-timeout",
-        type=int,
+        type=positive_int,
         default=300,
         metavar="S",
         help="seconds each test run may take (300)",
     )
     parser.add_argument("--node", default="validate", help="node name owning the sandboxes")
+    return parser
+
+
+def _selected(args: argparse.Namespace) -> tuple[list[SWEInstance], list[RowError]]:
+    """The instances and bad rows to report, after ``--only`` and ``--deny``; a
+    :class:`DatasetError` for an unusable file or an unknown ``--only`` id."""
+    instances, bad_rows = load_instances_collect(args.instances)
+    denied = load_denylist(args.deny) if args.deny is not None else {}
+    if args.only:
+        known = {inst.instance_id for inst in instances} | {r.instance_id for r in bad_rows}
+        missing = [iid for iid in dict.fromkeys(args.only) if iid not in known]
+        if missing:
+            raise DatasetError(
+                f"{args.instances}: no instance with id {', '.join(map(repr, missing))}"
+            )
+        instances = [inst for inst in instances if inst.instance_id in args.only]
+        bad_rows = [row for row in bad_rows if row.instance_id in args.only]
+    instances, dropped = apply_denylist(instances, denied)
+    for inst in dropped:
+        reason = denied[inst.instance_id] or "no reason given"
+        print(f"{inst.instance_id}: skipped, on the deny-list ({reason})", file=sys.stderr)
+    return instances, [row for row in bad_rows if row.instance_id not in denied]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
-        instances = load_instances(args.instances, only=args.only)
+        instances, bad_rows = _selected(args)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -240,9 +332,22 @@ def main(argv: list[str] | None = None) -> int:
         f"validating {len(instances)} instance(s) with the {args.backend} backend",
         file=sys.stderr,
     )
-    results = validate_all(backend, instances, instance_image, config=config, node=args.node)
+    results = load_failures(bad_rows)
+    for failure in results:
+        print(f"{failure.instance_id}: not loaded: {failure.load_error}", file=sys.stderr)
+    results += validate_all(backend, instances, instance_image, config=config, node=args.node)
     print(format_table(results))
+    if args.write_valid is not None:
+        write_valid(results, args.write_valid)
     return 0 if results and all(result.ok for result in results) else 1
+
+
+def write_valid(results: Sequence[InstanceResult], path: Path) -> int:
+    """The valid instances as they were validated (excluded tests removed), as JSONL."""
+    rows = [r.instance.to_swebench_dict() for r in results if r.ok and r.instance is not None]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"wrote {len(rows)} valid instance(s) to {path}", file=sys.stderr)
+    return len(rows)
 
 
 if __name__ == "__main__":

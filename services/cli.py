@@ -33,6 +33,17 @@ _KNOWN_LEVELS = frozenset(logging.getLevelNamesMapping()) - {"NOTSET"}
 COMMON_DESTS = frozenset({"config", "log_level", "print_config"})
 
 
+def positive_int(text: str) -> int:
+    """``argparse`` ``type=`` for a count or seconds >= 1: anything else is a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def service_parser(
     prog: str, description: str, epilog: str | None = None
 ) -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ ENTRY_POINTS = (
     "sandbox_worker.images",
     "sandbox_worker.validate",
     "services.api.__main__",
+    "services.datasets.overlap",
     "services.demo",
     "services.eval.main",
     "services.manager.__main__",

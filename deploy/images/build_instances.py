@@ -2,12 +2,21 @@
 
     python deploy/images/build_instances.py [--instances tests/data/instances.jsonl]
 
-For each instance of a SWE-bench-format JSONL file (``instance_id``, ``repo``, ``base_commit``
-required): materialise the repository at its base commit into a build context (outside the
-docker data root), then ``docker build`` (the classic builder through the docker SDK, never
-pulling) an image ``FROM swerl/base:bookworm`` with the repository at ``/testbed``, labelled with
-a content hash. An optional ``setup_commands`` list (shell commands) becomes ``RUN`` steps that
-install the instance's dependencies.
+The instances file is read with the dataset loader every swerl component uses
+(``services.datasets.load_instances``: JSONL, JSON or parquet, each row a full SWE-bench-style
+instance with ``base_commit``). For each instance: put the repository at its base commit into a
+build context (outside the docker data root), then ``docker build`` (the classic builder through
+the docker SDK, never pulling) an image ``FROM swerl/base:bookworm`` with the repository at
+``/testbed``, labelled with the instance, repository, base commit and a content hash.
+
+Where the repository comes from: a row's ``repo_path`` (a local git repository; relative paths
+are taken from the instances file's directory) or ``repo_url`` (any URL git clones, e.g.
+``file:///srv/git/tool.git``) is cloned whole and checked out at ``base_commit`` (history kept,
+nothing rewritten); without either, the ``--materializer`` puts it there (the mini set's).
+Environment: an optional ``setup_commands`` list (shell commands) becomes ``RUN`` steps, and an
+optional ``setup_script`` (the text of a bash script) runs once in ``/testbed``; the build has
+no network, so they install from what the base image or the repository holds (vendored wheels,
+``pip install --no-index --find-links``).
 
 Idempotent: an image whose ``swerl.content_hash`` label matches is not rebuilt, and a bwrap tree
 whose stamp names the current image id is not re-exported.
@@ -25,7 +34,9 @@ import functools
 import hashlib
 import importlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -43,13 +54,16 @@ import docker.errors  # noqa: E402
 
 from sandbox_worker import images  # noqa: E402
 from sandbox_worker.backends._common import extract_single_tree  # noqa: E402
+from services.datasets import DatasetError  # noqa: E402
+from services.datasets import load_instances as load_dataset  # noqa: E402
+from services.protocol.instance import SWEInstance  # noqa: E402
 
 # Bump when the Dockerfile recipe below changes: every image is then rebuilt once.
 RECIPE_VERSION = "1"
 DEFAULT_MATERIALIZER = "sandbox_worker.tasks.repos:materialize_repo"
-REQUIRED_FIELDS = ("instance_id", "repo", "base_commit")
 
 Materializer = Callable[[str, Path], str]
+SETUP_SCRIPT = "swerl-setup.sh"
 
 
 class BuildError(RuntimeError):
@@ -62,33 +76,68 @@ class Instance:
     repo: str
     base_commit: str
     setup_commands: tuple[str, ...]
+    source: str | None = None  # repo_path (absolute) or repo_url to clone; None: materializer
+    setup_script: str | None = None
 
 
 def load_instances(path: Path) -> list[Instance]:
-    out: list[Instance] = []
-    seen: set[str] = set()
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BuildError(f"{path}:{lineno}: not valid JSON: {exc}") from None
-        if not isinstance(rec, dict):
-            raise BuildError(f"{path}:{lineno}: expected a JSON object")
-        missing = [f for f in REQUIRED_FIELDS if not isinstance(rec.get(f), str) or not rec[f]]
-        if missing:
-            raise BuildError(f"{path}:{lineno}: missing or empty field(s): {', '.join(missing)}")
-        setup = rec.get("setup_commands") or []
-        if not isinstance(setup, list) or not all(isinstance(c, str) for c in setup):
-            raise BuildError(f"{path}:{lineno}: setup_commands must be a list of strings")
-        if rec["instance_id"] in seen:
-            raise BuildError(f"{path}:{lineno}: duplicate instance_id {rec['instance_id']}")
-        seen.add(rec["instance_id"])
-        out.append(Instance(rec["instance_id"], rec["repo"], rec["base_commit"], tuple(setup)))
-    if not out:
-        raise BuildError(f"{path}: no instances")
-    return out
+    """The build view of every row of a dataset file; errors are :class:`BuildError` messages
+    naming the file, the row and the field."""
+    try:
+        rows = load_dataset(path)
+    except DatasetError as exc:
+        raise BuildError(str(exc)) from None
+    return [_build_instance(path, row) for row in rows]
+
+
+def _build_instance(path: Path, row: SWEInstance) -> Instance:
+    extra = row.model_extra or {}
+    who = f"{path}: instance {row.instance_id!r}"
+    if not row.base_commit:
+        raise BuildError(f"{who}: an image build needs base_commit")
+    setup = extra.get("setup_commands") or []
+    if not isinstance(setup, list) or not all(isinstance(c, str) for c in setup):
+        raise BuildError(f"{who}: setup_commands must be a list of strings")
+    script = extra.get("setup_script")
+    if script is not None and (not isinstance(script, str) or not script.strip()):
+        raise BuildError(f"{who}: setup_script must be the non-empty text of a bash script")
+    repo_path, repo_url = extra.get("repo_path"), extra.get("repo_url")
+    if repo_path is not None and repo_url is not None:
+        raise BuildError(f"{who}: give repo_path or repo_url, not both")
+    source = repo_url
+    for name, value in (("repo_path", repo_path), ("repo_url", repo_url)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise BuildError(f"{who}: {name} must be a non-empty string")
+    if isinstance(repo_path, str):
+        local = Path(repo_path).expanduser()
+        local = local if local.is_absolute() else (path.parent / local)
+        if not (local / ".git").exists() and not (local / "HEAD").is_file():
+            raise BuildError(f"{who}: repo_path {repo_path!r} is not a git repository ({local})")
+        source = str(local.resolve())
+    return Instance(
+        row.instance_id, row.repo, row.base_commit, tuple(setup), source, script or None
+    )
+
+
+def clone_at(source: str, dest: Path, commit: str) -> str:
+    """Clone ``source`` whole into ``dest`` and check out ``commit`` (detached); its hash."""
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+    def git(step: str, *args: str) -> str:
+        res = subprocess.run(
+            ["git", *args], env=env, capture_output=True, text=True, timeout=1800, check=False
+        )
+        if res.returncode != 0:
+            raise BuildError(f"{step} failed: {res.stderr.strip()[-500:]}")
+        return res.stdout.strip()
+
+    git("git clone", "clone", "--quiet", "--no-hardlinks", "--no-checkout", source, str(dest))
+    try:
+        full = git("", "-C", str(dest), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    except BuildError:
+        raise BuildError(f"base_commit {commit} is not a commit of the repository") from None
+    git("git checkout", "-C", str(dest), "checkout", "--quiet", "--detach", full)
+    return git("git rev-parse", "-C", str(dest), "rev-parse", "HEAD")
 
 
 @functools.cache
@@ -117,12 +166,22 @@ def content_hash(inst: Instance, base_id: str) -> str:
         "base_commit": inst.base_commit,
         "setup": list(inst.setup_commands),
     }
+    # Only when set, so the images of rows without them keep their hash (no mass rebuild).
+    if inst.setup_script is not None:
+        key["setup_script"] = inst.setup_script
+    if inst.source is not None:
+        key["source"] = inst.source
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def dockerfile(inst: Instance, base: str) -> str:
     lines = [f"FROM {base}", "COPY testbed /testbed", "WORKDIR /testbed"]
     lines += [f"RUN {cmd}" for cmd in inst.setup_commands]
+    if inst.setup_script:
+        lines += [
+            f"COPY {SETUP_SCRIPT} /tmp/{SETUP_SCRIPT}",
+            f"RUN bash -eo pipefail /tmp/{SETUP_SCRIPT} && rm -f /tmp/{SETUP_SCRIPT}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -153,8 +212,16 @@ def build_image(
     build_root.mkdir(parents=True, exist_ok=True)
     ctx = Path(tempfile.mkdtemp(prefix=f"{images.rootfs_key(image)[:60]}-", dir=build_root))
     try:
-        commit = load_materializer(materializer)(inst.repo, ctx / "testbed")
-        if commit != inst.base_commit:
+        if inst.source is not None:
+            try:
+                commit = clone_at(inst.source, ctx / "testbed", inst.base_commit)
+            except BuildError as exc:
+                raise BuildError(f"{inst.instance_id}: cloning {inst.source}: {exc}") from None
+        else:
+            commit = load_materializer(materializer)(inst.repo, ctx / "testbed")
+        if inst.setup_script:
+            (ctx / SETUP_SCRIPT).write_text(inst.setup_script)
+        if not commit.startswith(inst.base_commit):
             raise BuildError(
                 f"{inst.instance_id}: materialised {inst.repo} is at {commit}, "
                 f"but the instance's base_commit is {inst.base_commit}"
@@ -167,7 +234,7 @@ def build_image(
             "swerl.repo": inst.repo,
             "swerl.base_commit": inst.base_commit,
             "swerl.content_hash": chash,
-            "swerl.has_setup": "1" if inst.setup_commands else "0",
+            "swerl.has_setup": "1" if inst.setup_commands or inst.setup_script else "0",
         }
         try:
             client.images.build(

@@ -358,6 +358,11 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def image_available(self, image: str) -> bool: ...
 
+    def image_labels(self, image: str) -> dict[str, str] | None:
+        """The image's labels, or None when this backend does not know them (or the image is
+        missing: ``create`` reports that)."""
+        return None
+
     @abc.abstractmethod
     def cleanup_node(self, node: str) -> int:
         """Remove every sandbox this node owns (left by a crashed run); return how many."""

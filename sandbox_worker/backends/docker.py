@@ -336,6 +336,14 @@ class DockerBackend(hostdir.HostDirBackend):
             raise SandboxInfraError(f"docker image lookup failed: {exc}") from exc
         return True
 
+    def image_labels(self, image: str) -> dict[str, str] | None:
+        try:
+            return dict(self.client.images.get(image).labels or {})
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise SandboxInfraError(f"docker image lookup failed: {exc}") from exc
+
     def _state_dir(self, node: str, sandbox_id: str) -> Path:
         return self.config.state_root / f"{node}.{sandbox_id}"
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox_worker.backends.base import (
     ExecResult,
@@ -104,7 +104,7 @@ from sandbox_worker.evaluation.structured_report import (
     StructuredReport,
     parse_structured_report,
 )
-from services.protocol.instance import SWEInstance
+from services.protocol.instance import REPO_PATTERN, SWEInstance
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ class EvalConfig(BaseModel):
     # grading="swebench" (the harness's script loads no structured-report plugin).
     eval_script: Literal["swerl", "harness"] = "swerl"
     test_timeout_s: int = Field(1800, ge=1)  # harness default
+    # Per-repository test timeouts ("owner/name" -> seconds) over test_timeout_s: a slow
+    # suite (sympy, astropy...) gets more time without raising it for every repository.
+    test_timeout_by_repo: dict[str, int] = Field(default_factory=dict)
     step_timeout_s: float = Field(120.0, gt=0)  # reset and each patch-apply attempt
     harness_grace_s: float = Field(60.0, gt=0)  # eval exec timeout = test timeout + grace
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
@@ -151,6 +154,23 @@ class EvalConfig(BaseModel):
     # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
     # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
+
+    @field_validator("test_timeout_by_repo")
+    @classmethod
+    def _repo_timeouts(cls, value: dict[str, int]) -> dict[str, int]:
+        for repo, seconds in value.items():
+            if not re.fullmatch(REPO_PATTERN, repo):
+                raise ValueError(f"test_timeout_by_repo: {repo!r} is not an owner/name repository")
+            if seconds < 1:
+                raise ValueError(f"test_timeout_by_repo[{repo!r}]: must be >= 1, got {seconds}")
+        return value
+
+    def for_repo(self, repo: str) -> EvalConfig:
+        """This config with the test timeout of ``repo`` (its test_timeout_by_repo entry)."""
+        seconds = self.test_timeout_by_repo.get(repo)
+        if seconds is None or seconds == self.test_timeout_s:
+            return self
+        return self.model_copy(update={"test_timeout_s": seconds})
 
     @model_validator(mode="after")
     def _consistent(self) -> EvalConfig:
@@ -564,6 +584,7 @@ def _run_tests(
     report_dir: str | None,
     canary: str | None,
 ) -> str:
+    config = config.for_repo(instance.repo)
     if config.eval_script == "harness":
         return _run_harness_script(sandbox, instance, config, transcript)
     test_patch_path = None

@@ -159,6 +159,7 @@ class LocalDirBackend(SandboxBackend):
         self.scratch_dir = scratch_dir
         self.live: dict[str, LocalDirSandbox] = {}
         self.created: list[LocalDirSandbox] = []
+        self.labels: dict[str, dict[str, str]] = {}  # image -> its labels (none by default)
 
     def create(self, spec: SandboxSpec) -> Sandbox:
         template = self.templates.get(spec.image)
@@ -178,6 +179,9 @@ class LocalDirBackend(SandboxBackend):
 
     def image_available(self, image: str) -> bool:
         return image in self.templates
+
+    def image_labels(self, image: str) -> dict[str, str] | None:
+        return self.labels.get(image)
 
     def cleanup_node(self, node: str) -> int:
         doomed = [s for s in self.live.values() if s.spec.node == node]

@@ -1,5 +1,11 @@
 """Task datasets: SWE-bench-shaped files (``loader``) and weighted mixtures (``mixture``)."""
 
-from services.datasets.loader import SUFFIXES, DatasetError, load_instances
+from services.datasets.loader import (
+    SUFFIXES,
+    DatasetError,
+    RowError,
+    load_instances,
+    load_instances_collect,
+)
 
-__all__ = ["SUFFIXES", "DatasetError", "load_instances"]
+__all__ = ["SUFFIXES", "DatasetError", "RowError", "load_instances", "load_instances_collect"]

@@ -6,12 +6,18 @@ Formats, chosen by the file suffix: ``.jsonl`` (one instance per line, blank lin
 first bad row stops loading with a :class:`DatasetError` naming the file, the line (JSONL) or
 row (parquet/JSON), the instance and every offending field, because a dataset with a broken row
 is almost always a dataset built wrongly, and training on the rest would hide it.
+
+:func:`load_instances_collect` is the collect-all form ``validate`` uses: every row is read, a
+bad row (bad JSON on its line, a missing field, an unparseable gold ``patch``, a duplicate id)
+becomes a :class:`RowError` of that row and the rest still load; only file-level problems
+(missing file, unknown format, a ``.json`` file that is not a list) raise.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,15 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 
 class DatasetError(ValueError):
     """A dataset file is missing, unreadable or holds an invalid instance."""
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One bad row of a collect-all load: where it is, its id when it has one, and why."""
+
+    where: str  # "line N" / "row N"
+    instance_id: str | None
+    message: str  # the full message, naming file, place and field
 
 
 def load_instances(path: str | Path, only: Iterable[str] | None = None) -> list[SWEInstance]:
@@ -51,7 +66,35 @@ def load_instances(path: str | Path, only: Iterable[str] | None = None) -> list[
     return instances
 
 
-def _records(path: Path) -> Iterator[tuple[str, Any]]:
+def load_instances_collect(path: str | Path) -> tuple[list[SWEInstance], list[RowError]]:
+    """Every valid instance of ``path`` and a :class:`RowError` for every bad row."""
+    path = Path(path)
+    instances: list[SWEInstance] = []
+    errors: list[RowError] = []
+    seen: dict[str, str] = {}
+    for where, record in _records(path, collect=True):
+        iid = record.get("instance_id") if isinstance(record, dict) else None
+        iid = iid if isinstance(iid, str) and iid else None
+        try:
+            if isinstance(record, DatasetError):
+                raise record
+            instance = _validate(path, where, record)
+            if instance.instance_id in seen:
+                raise DatasetError(
+                    f"{path}:{where}: duplicate instance_id {instance.instance_id!r} "
+                    f"(first at {seen[instance.instance_id]})"
+                )
+        except DatasetError as exc:
+            errors.append(RowError(where, iid, str(exc)))
+            continue
+        seen[instance.instance_id] = where
+        instances.append(instance)
+    if not instances and not errors:
+        raise DatasetError(f"{path}: no instances in the file")
+    return instances, errors
+
+
+def _records(path: Path, *, collect: bool = False) -> Iterator[tuple[str, Any]]:
     """``(location, raw record)`` pairs; location is ``line N`` or ``row N`` (1-based)."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
@@ -73,7 +116,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         for index, row in enumerate(rows, start=1):
             yield f"row {index}", row
         return
-    yield from jsonl_records(path, text)
+    yield from jsonl_records(path, text, collect=collect)
 
 
 def read_text(path: Path) -> str:
@@ -83,15 +126,18 @@ def read_text(path: Path) -> str:
         raise DatasetError(f"{path}: cannot read: {exc}") from exc
 
 
-def jsonl_records(path: Path, text: str) -> Iterator[tuple[str, Any]]:
-    """``(line N, record)`` of each non-blank line of a JSONL text."""
+def jsonl_records(path: Path, text: str, *, collect: bool = False) -> Iterator[tuple[str, Any]]:
+    """``(line N, record)`` of each non-blank line of a JSONL text; with ``collect`` a line of
+    bad JSON yields its :class:`DatasetError` as the record instead of raising it."""
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise invalid_json(path, lineno, exc) from None
+            if not collect:
+                raise invalid_json(path, lineno, exc) from None
+            record = invalid_json(path, lineno, exc)
         yield f"line {lineno}", record
 
 

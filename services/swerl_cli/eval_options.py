@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from services.cli import positive_int
+
 EVAL_MODULE = "services.eval"
 
 EVAL_DESCRIPTION = """\
@@ -41,16 +43,6 @@ exit status:
   130  interrupted"""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _id_list(text: str) -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
@@ -80,16 +72,16 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("docker", "bwrap"), default="docker",
                    help="sandbox backend (docker: the engine at $DOCKER_HOST; bwrap: the image "
                         "trees `python -m sandbox_worker.images build` registered)")  # fmt: skip
-    p.add_argument("--workers", type=_positive_int, default=4, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=4, metavar="N",
                    help="instances graded at once, each in its own sandbox (4)")  # fmt: skip
     p.add_argument("--instances", type=_id_list, metavar="ID,ID,...",
                    help="only these instances of the dataset")  # fmt: skip
-    p.add_argument("--max-instances", type=_positive_int, metavar="N",
+    p.add_argument("--max-instances", type=positive_int, metavar="N",
                    help="only the first N instances (after --instances)")  # fmt: skip
     p.add_argument("--resume", action="store_true",
                    help="continue the run RUN_ID: instances with a report.json are not graded "
                         "again")  # fmt: skip
-    p.add_argument("--timeout", type=_positive_int, default=1800, metavar="S",
+    p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
                    help="seconds the tests of one instance may run (1800)")  # fmt: skip
     p.add_argument("--image-namespace", metavar="NS",
                    help="image namespace: 'swebench' for the official SWE-bench images (default "
@@ -111,15 +103,15 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-name", metavar="NAME",
                    help="model_name_or_path of the predictions (default: the --model "
                         "directory's name)")  # fmt: skip
-    g.add_argument("--max-steps", type=_positive_int, default=300, metavar="N",
+    g.add_argument("--max-steps", type=positive_int, default=300, metavar="N",
                    help="agent steps (LLM calls) per instance, as in training (300)")  # fmt: skip
-    g.add_argument("--wall-time", type=_positive_int, default=3600, metavar="S",
+    g.add_argument("--wall-time", type=positive_int, default=3600, metavar="S",
                    help="seconds one agent run may take, as in training (3600)")  # fmt: skip
-    g.add_argument("--max-context", type=_positive_int, default=131072, metavar="TOKENS",
+    g.add_argument("--max-context", type=positive_int, default=131072, metavar="TOKENS",
                    help="context window of the agent, as in training (131072)")  # fmt: skip
     g.add_argument("--temperature", type=float, default=1.0, metavar="T",
                    help="sampling temperature (1.0, as in training)")  # fmt: skip
-    g.add_argument("--generation-timeout", type=_positive_int, default=86400, metavar="S",
+    g.add_argument("--generation-timeout", type=positive_int, default=86400, metavar="S",
                    help="seconds the whole generation may take before it is cancelled")  # fmt: skip
 
 

@@ -60,11 +60,14 @@ def tiny_base_commit(tmp_dir: Path) -> str:
 
 
 def write_instances(path: Path, base_commit: str) -> Path:
-    record = {
+    record = {  # a full instance row: the image build reads it with the dataset loader
         "instance_id": TINY_INSTANCE_ID,
         "repo": TINY_REPO,
         "base_commit": base_commit,
         "problem_statement": "n/a",
+        "patch": "diff --git a/a b/a\n--- a/a\n+++ b/a\n@@ -1 +1 @@\n-x\n+y\n",
+        "FAIL_TO_PASS": ["test_tiny.py::test_tiny"],
+        "PASS_TO_PASS": [],
     }
     path.write_text(json.dumps(record) + "\n")
     return path

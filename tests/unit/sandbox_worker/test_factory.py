@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import subprocess
@@ -51,6 +52,7 @@ def test_settings_follow_the_config() -> None:
         sandbox={"cpus": 2.0, "memory_mb": 1024, "pids": 64, "disk_mb": 512, "inodes": 5000},
         evaluation={
             "test_timeout_s": 60,
+            "test_timeout_by_repo": {"sympy/sympy": 3600},
             "limits": {"cpus": 0.5, "disk_mb": 300},
             "grading": "swebench",
             "infra_rules": {"o/p": {"protected_paths": ["bin/test"]}},
@@ -63,6 +65,7 @@ def test_settings_follow_the_config() -> None:
     assert (s.limits.cpus, s.limits.memory_mb, s.limits.pids) == (2.0, 1024, 64)
     assert (s.limits.disk_mb, s.limits.inodes) == (512, 5000)
     assert (s.evaluation.test_timeout_s, s.evaluation.limits.cpus) == (60, 0.5)
+    assert s.evaluation.for_repo("sympy/sympy").test_timeout_s == 3600
     assert s.evaluation.limits.disk_mb == 300
     assert s.evaluation.workdir == s.workdir == "/testbed"
     assert runner_settings(cfg(adapter_url="https://adapter").rollout).adapter_port == 443
@@ -133,6 +136,35 @@ def test_build_runner_wires_a_runner_and_a_name_mapping_cleaner(tmp_path: Path) 
         backend.create(spec)
         assert cleaner.list_sandboxes("Node_A") == [spec.sandbox_id]
         assert cleaner.cleanup_node("Node_A") == 1 and backend.live == {}
+    finally:
+        hub.close()
+
+
+def test_image_dataset_maps_rows_to_their_published_images(tmp_path: Path) -> None:
+    """SWE-Gym and SWE-smith rows in the worker's task files run in their datasets' images."""
+    patch = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
+    base = {"patch": patch, "problem_statement": "", "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": []}
+    gym = {**base, "instance_id": "Project-MONAI__MONAI-1121", "repo": "Project-MONAI/MONAI"}
+    smith = {**base, "instance_id": "oauthlib__oauthlib.1fd52536.lm_rewrite__q9ve64pd"}
+    smith |= {"repo": "swesmith/oauthlib__oauthlib.1fd52536"}
+    expected = {
+        "swegym": (gym, "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-1121:latest"),
+        "swesmith": (smith, "jyangballin/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536:latest"),
+    }
+    backend, hub = _local(tmp_path)
+    try:
+        for dataset, (row, image) in expected.items():
+            path = tmp_path / f"{dataset}.jsonl"
+            path.write_text(json.dumps(row) + "\n")
+            config = cfg(instances=[str(path)], image_dataset=dataset)
+            router, _ = build_runner(config, backend=backend, hub=hub)
+            runner = router.runner_for("swe")
+            assert isinstance(runner, SandboxTrajectoryRunner)
+            assert runner.image_for(str(row["instance_id"])) == image
+            with pytest.raises(ValueError, match="no instance 'other-1'"):
+                runner.image_for("other-1")
+        with pytest.raises(ValidationError, match="image_dataset"):
+            cfg(image_dataset="swe-other")
     finally:
         hub.close()
 

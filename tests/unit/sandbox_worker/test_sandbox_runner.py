@@ -385,6 +385,28 @@ def test_wrong_image_is_aborted_before_the_agent(harness: Harness, tmp_path: Pat
     assert calls == []
 
 
+def test_image_labelled_for_another_commit_is_aborted_before_anything_runs(
+    harness: Harness,
+) -> None:
+    inst = harness.instance
+    assert inst.base_commit is not None
+    other = "0" * 40
+    harness.backend.labels[IMAGE] = {"swerl.repo": inst.repo, "swerl.base_commit": other}
+    calls: list[dict[str, Any]] = []
+    runner = harness.runner(agent(EndReason.FINISHED, calls=calls), image_for=lambda _id: IMAGE)
+    outcome = runner.run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.retryable is False
+    reason = outcome.abort_reason or ""
+    assert reason.startswith(f"wrong image: image {IMAGE} holds {inst.repo}@{other}"), reason
+    assert f"the instance wants {inst.repo}@{inst.base_commit}" in reason
+    assert calls == [] and harness.backend.created == [] and harness.adapter.opened == []
+    # the right labels pass the check and the run goes on as usual
+    labels = {"swerl.repo": inst.repo, "swerl.base_commit": inst.base_commit}
+    harness.backend.labels[IMAGE] = labels
+    outcome = harness.runner(agent(EndReason.FINISHED)).run(make_task(), make_ctx())
+    assert outcome.status is not OutcomeStatus.ABORTED, outcome.abort_reason
+
+
 def test_worker_node_names_are_mapped_to_the_backend_alphabet(harness: Harness) -> None:
     calls: list[dict[str, Any]] = []
     runner = harness.runner(agent(EndReason.AGENT_ERROR, calls=calls))

@@ -9,8 +9,10 @@ test patch creates one; plus the CLI end to end.
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from sandbox_worker import images, validate
 from sandbox_worker.backends import SandboxBackend
@@ -68,3 +70,34 @@ def test_cli(eval_backends: dict[str, SandboxBackend]) -> None:
     assert "[1/1] swerl__spanlib-2: gold ok, empty ok, tampered ok, broken ok" in res.stderr
     assert "1/1 instances valid" in res.stdout
     assert eval_backends["bwrap"].list_sandboxes("ev-cli") == []
+
+
+def test_cli_reports_bad_rows_and_skips_denied_ones(
+    eval_backends: dict[str, SandboxBackend], instances: dict[str, SWEInstance], tmp_path: Path
+) -> None:
+    """Collect-all: a bad gold patch and a bad JSON line are those rows' failures, the good
+    row is still validated, and a deny-listed row is skipped with its reason."""
+    good = instances["swerl__spanlib-2"].to_swebench_dict()
+    denied = instances["swerl__tinyini-1"].to_swebench_dict()
+    bad_patch = {**good, "instance_id": "acme__broken-1", "patch": "garbage\n"}
+    rows = [json.dumps(bad_patch), "{oops", json.dumps(good), json.dumps(denied)]
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    deny = tmp_path / "deny.txt"
+    deny.write_text("swerl__tinyini-1  # flaky here\n")
+    cmd = [sys.executable, "-m", "sandbox_worker.validate", "--backend", "bwrap"]
+    cmd += ["--instances", str(data), "--deny", str(deny), "--node", "ev-collect"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "swerl__tinyini-1: skipped, on the deny-list (flaky here)" in res.stderr
+    assert "[1/1] swerl__spanlib-2: gold ok, empty ok, tampered ok, broken ok" in res.stderr
+    assert "1/3 instances valid" in res.stdout
+    assert f"acme__broken-1 load: {data}:line 1 (instance 'acme__broken-1'): field 'patch'" in (
+        res.stdout
+    )
+    assert f"<line 2> load: {data}:line 2: invalid JSON" in res.stdout
+    assert "Traceback" not in res.stderr
+    bad = subprocess.run(
+        [*cmd[:-4], "--deny", str(tmp_path / "none.txt")], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "no such deny-list file" in bad.stderr, bad.stderr

@@ -93,6 +93,15 @@ def test_rootfs_of_built_image_is_the_same_tree(sandbox_env: SessionEnv) -> None
     assert (info.root / "usr" / "bin" / "python3").exists()
 
 
+def test_docker_backend_reads_the_labels_the_build_writes(sandbox_env: SessionEnv) -> None:
+    docker_backend = sandbox_env.backends["docker"]
+    labels = docker_backend.image_labels(sandbox_env.image)
+    assert labels is not None
+    assert labels["swerl.repo"] == sandboxes.TINY_REPO and len(labels["swerl.base_commit"]) == 40
+    assert docker_backend.image_labels("swerl/no-such-image:never") is None
+    assert sandbox_env.backends["bwrap"].image_labels(sandbox_env.image) is None  # not known
+
+
 # -- build ------------------------------------------------------------------------------------
 
 
@@ -112,19 +121,42 @@ def test_build_is_idempotent_when_warm(sandbox_env: SessionEnv) -> None:
     assert base.returncode == 0 and "nothing to do" in base.stderr
 
 
+def _user_row(**fields: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "instance_id": "acme__calc-1",
+        "repo": "acme/calc",
+        "problem_statement": "add() subtracts",
+        "patch": "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n"
+        "-x\n+y\n",
+        "FAIL_TO_PASS": ["test_calc.py::test_add"],
+        "PASS_TO_PASS": [],
+    }
+    return {**row, **fields}
+
+
 def test_build_instances_reports_bad_records(tmp_path: Path) -> None:
     mod = _build_module()
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"instance_id": "x-1", "repo": "r"}) + "\n")
-    with pytest.raises(mod.BuildError, match="base_commit"):
+    bad.write_text(json.dumps(_user_row()) + "\n")
+    with pytest.raises(mod.BuildError, match="an image build needs base_commit"):
         mod.load_instances(bad)
     bad.write_text("{not json\n")
-    with pytest.raises(mod.BuildError, match="not valid JSON"):
+    with pytest.raises(mod.BuildError, match=r"line 1: invalid JSON"):
         mod.load_instances(bad)
-    rec = {"instance_id": "x-1", "repo": "r", "base_commit": "abc"}
+    rec = _user_row(base_commit="abc")
     bad.write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\n")
     with pytest.raises(mod.BuildError, match="duplicate"):
         mod.load_instances(bad)
+    for fields, message in (
+        ({"patch": "garbage"}, "field 'patch'"),
+        ({"repo_path": "nowhere"}, "repo_path 'nowhere' is not a git repository"),
+        ({"repo_path": str(tmp_path), "repo_url": "file:///x"}, "not both"),
+        ({"setup_script": ""}, "setup_script must be"),
+        ({"setup_commands": "make"}, "setup_commands must be a list"),
+    ):
+        bad.write_text(json.dumps(_user_row(base_commit="abc", **fields)) + "\n")
+        with pytest.raises(mod.BuildError, match=message):
+            mod.load_instances(bad)
     with pytest.raises(mod.BuildError, match="MODULE:FUNCTION"):
         mod.load_materializer("no_colon")
 
@@ -135,6 +167,73 @@ def test_build_refuses_a_repo_at_the_wrong_commit(tmp_path: Path) -> None:
     res = _run_build_instances(instances, env, "--no-bwrap")
     assert res.returncode == 1
     assert "but the instance's base_commit is 0000" in res.stderr
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo.parent), "PATH": os.environ["PATH"]}
+    env |= {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env |= {"GIT_COMMITTER_EMAIL": "t@t"}
+    res = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def _user_repo(root: Path) -> tuple[Path, str]:
+    """A repository that is not in the mini set, two commits; returns it and the first."""
+    repo = root / "calc"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "calc")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    _git(repo, "commit", "-q", "-am", "fix (after the base)")
+    return repo, base
+
+
+def test_users_own_repositories_by_path_and_file_url(tmp_path: Path) -> None:
+    """repo_path (relative to the file) and repo_url (file://) rows: cloned whole, checked out
+    at base_commit, the setup script run in the image, labelled; a bad commit is a message."""
+    import docker
+
+    namespace = "swerltestuser"
+    env = {**os.environ, "DOCKER_HOST": images.docker_host(), "SWERL_IMAGE_NAMESPACE": namespace}
+    repo, base = _user_repo(tmp_path)
+    script = "python3 -c 'import calc' && echo ok > /opt/swerl-setup-ran\n"
+    rows = [
+        _user_row(base_commit=base, repo_path="calc", setup_script=script),
+        _user_row(instance_id="acme__calc-2", base_commit=base[:12], repo_url=repo.as_uri()),
+    ]
+    instances = tmp_path / "mine.jsonl"
+    instances.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    client = docker.DockerClient(base_url=images.docker_host())
+    names = [images.instance_image(str(r["instance_id"]), namespace=namespace) for r in rows]
+    try:
+        res = _run_build_instances(instances, env, "--no-bwrap")
+        assert res.returncode == 0, res.stdout + res.stderr
+        for name, row in zip(names, rows, strict=True):
+            labels = client.images.get(name).labels
+            assert labels["swerl.base_commit"] == row["base_commit"]
+            assert labels["swerl.repo"] == "acme/calc"
+            shell = "git -C /testbed rev-parse HEAD; git -C /testbed log --all --format=%s; "
+            shell += "cat /testbed/calc.py; cat /opt/swerl-setup-ran || true"
+            cmd = ["sh", "-c", shell]
+            out = client.containers.run(name, cmd, remove=True, network_mode="none").decode()
+            assert out.splitlines()[0] == base
+            assert "fix (after the base)" in out  # history kept, not rewritten
+            assert "return a - b" in out  # the tree at the base commit
+            assert ("ok" in out.splitlines()[-1]) == ("setup_script" in row)
+        instances.write_text(json.dumps(_user_row(base_commit="0" * 40, repo_path="calc")) + "\n")
+        res = _run_build_instances(instances, env, "--no-bwrap")
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        expected = f"acme__calc-1: cloning {repo}: base_commit {'0' * 40} is not a commit"
+        assert expected in res.stderr, res.stderr
+    finally:
+        for name in names:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.remove(name)
+        client.close()
 
 
 def test_a_rebuild_leaves_no_dangling_image(tmp_path: Path) -> None:
@@ -229,3 +328,58 @@ def test_prepull_retries_and_reports_missing(tmp_path: Path, fake_docker: Path) 
     assert pulls.count("swebench/sweb.eval.x86_64.flaky-1:latest") == 2
     assert pulls.count("swebench/sweb.eval.x86_64.gone-1:latest") == 2
     assert "swebench/sweb.eval.x86_64.present-1:latest" not in pulls
+
+
+# -- pull a whole dataset ---------------------------------------------------------------------
+
+
+def test_pull_a_dataset_is_resumable_and_reports_missing(tmp_path: Path) -> None:
+    """Against the local engine and a loopback registry nothing listens on (so no registry is
+    ever contacted): images the engine holds are present, the others fail cleanly and are
+    listed; a rerun pulls only what is still missing."""
+    import docker
+
+    from sandbox_worker.image_pull import image_name
+    from services.datasets import load_instances
+
+    registry = "127.0.0.1:9"
+    data = REPO / "tests" / "data" / "instances.jsonl"
+    instances = load_instances(data)
+    client = docker.DockerClient(base_url=images.docker_host())
+    tagged: list[str] = []
+
+    def hold(index: int) -> None:  # the engine already has this instance's published image
+        name = image_name(instances[index], "swebench", registry)
+        local = client.images.get(images.instance_image(instances[index].instance_id))
+        repository, _, tag = name.rpartition(":")
+        local.tag(repository, tag)
+        tagged.append(name)
+
+    missing_out = tmp_path / "missing.txt"
+    cmd = [sys.executable, "-m", "sandbox_worker.images", "pull", "--instances", str(data)]
+    cmd += ["--dataset", "swebench", "--docker-host", images.docker_host()]
+    cmd += ["--registry", registry, "--parallel", "3", "--missing-out", str(missing_out)]
+    try:
+        hold(0), hold(1)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        total = len(instances)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"{total} image(s): 2 present, 0 pulled, {total - 2} missing" in res.stdout
+        assert "Traceback" not in res.stderr
+        want_missing = [inst.instance_id for inst in instances[2:]]
+        assert sorted(missing_out.read_text().split()) == sorted(want_missing)
+        assert f"missing {image_name(instances[2], 'swebench', registry)}" in res.stderr
+        hold(2)  # resumable: the rerun sees the newly held image as present
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert f"{total} image(s): 3 present, 0 pulled, {total - 3} missing" in res.stdout
+        assert instances[2].instance_id not in missing_out.read_text().split()
+    finally:
+        for name in tagged:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.remove(name)
+        client.close()
+    no_engine = [*cmd[:8], "--docker-host", f"unix://{tmp_path}/none.sock"]
+    res = subprocess.run(no_engine, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "no Docker engine at" in res.stderr, res.stderr
+    bad = subprocess.run([*cmd, "--registry", "Bad Host"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid registry 'Bad Host'" in bad.stderr, bad.stderr

@@ -81,6 +81,11 @@ def test_harness_script_past_the_test_timeout_is_graded_not_aborted(
     report = _grade(local_backend, config, inst, inst.patch)
     assert report.infra_error is None, report.log_tail
     assert report.tests_timed_out and not report.resolved
+    # the same through the repository's own timeout, under a default that would wait it out
+    by_repo = {"test_timeout_s": 600, "test_timeout_by_repo": {inst.repo: 1}}
+    report = _grade(local_backend, local_config.model_copy(update=by_repo), inst, inst.patch)
+    assert report.infra_error is None, report.log_tail
+    assert report.tests_timed_out and not report.resolved
 
 
 def test_row_without_script_or_spec_is_an_infrastructure_error(

@@ -181,3 +181,37 @@ def test_hanging_tests_time_out_as_reward_zero(
     assert report.applied and report.tests_timed_out
     assert report.test_exit_code == 124
     assert not report.resolved and not report.log_valid and report.reward == 0.0
+
+
+def test_a_repository_timeout_overrides_the_default(
+    grade: Grade, mini_instances: dict[str, SWEInstance]
+) -> None:
+    """The hanging patch again, with a generous default: only the repository's own short
+    timeout ends it (an entry for another repository changes nothing)."""
+    inst = mini_instances[HANG_INSTANCE]
+    other = "someone/else"
+    report = grade(
+        inst,
+        hanging_patch(inst),
+        test_timeout_s=600,
+        test_timeout_by_repo={inst.repo: 2, other: 900},
+    )
+    assert report.infra_error is None, report.infra_error
+    assert report.tests_timed_out and report.test_exit_code == 124 and report.reward == 0.0
+    gold = grade(inst, inst.patch, test_timeout_s=600, test_timeout_by_repo={inst.repo: 60})
+    assert gold.resolved and not gold.tests_timed_out
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "message"),
+    [({"not-a-repo": 5}, "not an owner/name repository"), ({"a/b": 0}, "must be >= 1")],
+)
+def test_bad_repository_timeouts_are_named(timeouts: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EvalConfig(test_timeout_by_repo=timeouts)
+
+
+def test_for_repo_picks_the_repository_entry() -> None:
+    config = EvalConfig(test_timeout_s=100, test_timeout_by_repo={"a/b": 7})
+    assert config.for_repo("a/b").test_timeout_s == 7
+    assert config.for_repo("c/d") is config

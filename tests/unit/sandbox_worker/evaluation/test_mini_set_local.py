@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_worker import validate
-from sandbox_worker.evaluation import EvalConfig
+from sandbox_worker.evaluation import EvalConfig, EvalReport
 from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
 from tests.unit.sandbox_worker.evaluation.conftest import INSTANCES, image_of
@@ -84,3 +84,55 @@ def test_cli_exit_status(
     with pytest.raises(SystemExit) as exit_info:
         validate.main(["--backend", "podman"])
     assert exit_info.value.code == 2
+    for bad in ("0", "ten"):
+        with pytest.raises(SystemExit) as exit_info:
+            validate.main(["--test-timeout", bad, "--instances", str(broken)])
+        assert exit_info.value.code == 2
+        assert "--test-timeout" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # runs the test suite three times
+def test_pass_to_pass_failing_on_gold_is_reported_and_excluded(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+    tmp_path: Path,
+) -> None:
+    """A PASS_TO_PASS test that never passes (here: absent from the suite, which counts as
+    failing) no longer sinks the instance: gold holds, the test is reported and left out of
+    the later checks and of the written dataset."""
+    good = mini_instances["swerl__tinyini-2"]
+    ghost = good.PASS_TO_PASS[0].rsplit("::", 1)[0] + "::test_not_in_the_suite"
+    with_ghost = good.model_copy(update={"PASS_TO_PASS": [*good.PASS_TO_PASS, ghost]})
+    result = validate.validate_instance(
+        local_backend,
+        with_ghost,
+        image_of(good),
+        config=local_config,
+        checks=("gold", "empty", "tampered"),
+    )
+    assert result.ok, validate.format_table([result])
+    assert result.excluded_p2p == (ghost,)
+    assert result.instance is not None and result.instance.PASS_TO_PASS == good.PASS_TO_PASS
+    table = validate.format_table([result])
+    assert f"swerl__tinyini-2 PASS_TO_PASS failing on gold, excluded: {ghost}" in table
+    out = tmp_path / "valid.jsonl"
+    assert validate.write_valid([result], out) == 1
+    (row,) = [SWEInstance.model_validate_json(line) for line in out.read_text().splitlines()]
+    assert row.PASS_TO_PASS == good.PASS_TO_PASS and row.FAIL_TO_PASS == good.FAIL_TO_PASS
+
+
+def test_only_a_gold_run_that_otherwise_holds_excludes_tests() -> None:
+    ok = EvalReport(
+        instance_id="a-1", applied=True, log_valid=True, p2p_failure=["t.py::x"], tests_run=True
+    )
+    assert validate.p2p_failing_on_gold(ok) == ("t.py::x",)
+    for broken in (
+        {"f2p_failure": ["t.py::y"]},  # the gold patch does not fix the bug
+        {"applied": False},
+        {"log_valid": False},
+        {"tests_timed_out": True},
+        {"infra_error": "sandbox died"},
+        {"structured_problem": "canary missing"},
+    ):
+        assert validate.p2p_failing_on_gold(ok.model_copy(update=broken)) == (), broken

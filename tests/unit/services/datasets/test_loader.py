@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.datasets import DatasetError, load_instances
+from services.datasets import DatasetError, load_instances, load_instances_collect
 from services.protocol.instance import SWEInstance
 from tests.support.paths import TEST_DATA
 
@@ -295,3 +295,40 @@ def test_what_the_evaluation_parser_rejects_the_loader_rejects() -> None:
     for inst in load_instances(MINI):
         for diff in (inst.patch, inst.test_patch):
             assert unified_diff_problem(diff) is None and patched_files(diff)
+
+
+def test_collect_all_reports_every_bad_row_and_keeps_the_rest(tmp_path: Path) -> None:
+    good = SWEBENCH_ROW
+    bad_patch = {**SWEBENCH_ROW, "instance_id": "octo__lib-18", "patch": "not a diff\n"}
+    no_repo = {k: v for k, v in SWEBENCH_ROW.items() if k != "repo"} | {"instance_id": "x-1"}
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps(good), json.dumps(bad_patch), "{not json", json.dumps(no_repo)]
+    lines.append(json.dumps({**SWEBENCH_ROW, "instance_id": "octo__lib-19"}))
+    lines.append(json.dumps(good))  # a duplicate of line 1
+    path.write_text("\n".join(lines) + "\n")
+    instances, errors = load_instances_collect(path)
+    assert [inst.instance_id for inst in instances] == ["octo__lib-17", "octo__lib-19"]
+    assert [(e.where, e.instance_id) for e in errors] == [
+        ("line 2", "octo__lib-18"),
+        ("line 3", None),
+        ("line 4", "x-1"),
+        ("line 6", "octo__lib-17"),
+    ]
+    assert "'patch'" in errors[0].message and "unified diff" in errors[0].message
+    assert errors[1].message.startswith(f"{path}:line 3: invalid JSON")
+    assert "missing required field 'repo'" in errors[2].message
+    assert "duplicate instance_id 'octo__lib-17' (first at line 1)" in errors[3].message
+    # the strict loader stops at the first of them
+    with pytest.raises(DatasetError, match="line 2"):
+        load_instances(path)
+
+
+def test_collect_all_still_raises_file_level_errors(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="no such dataset file"):
+        load_instances_collect(tmp_path / "missing.jsonl")
+    (tmp_path / "d.json").write_text('{"a": 1}')
+    with pytest.raises(DatasetError, match="must be a list"):
+        load_instances_collect(tmp_path / "d.json")
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(DatasetError, match="no instances"):
+        load_instances_collect(tmp_path / "e.jsonl")
