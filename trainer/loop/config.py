@@ -18,7 +18,12 @@ from pydantic import Field, model_validator
 
 from services.config import StrictModel, load_config, register_section
 from services.protocol.ids import Ident
-from services.protocol.tasks import AgentLimits, RolloutRequest, SamplingConfig
+from services.protocol.tasks import (
+    AgentLimits,
+    SamplingConfig,
+    TaskKind,
+    check_instances_of_kind,
+)
 
 SECTION = "train"
 Schedule = Literal["auto", "groups", "single", "switch"]
@@ -83,25 +88,24 @@ class GateSettings(StrictModel):
 class DatasetConfig(StrictModel):
     """Where the prompts come from: instance ids, drawn in seeded shuffled epochs.
 
-    ``kind`` is the seam for task kinds (the toy task of issue 12): passed on as the rollout
-    request's ``kind`` once the protocol has that field; until then only ``null`` is valid.
+    ``kind`` is the task kind of every rollout request (``swe`` when unset; ``toy`` for the toy
+    task of docs/toy-task.md); a toy run names only toy instance ids (checked at start-up).
     """
 
     instance_ids: list[Ident] = Field(default_factory=list, description="prompt instance ids")
     instances_file: str = Field(
         default="", description="file with one instance id per line (added after instance_ids)"
     )
-    kind: str | None = Field(default=None, description="task kind of every request (None: swe)")
+    kind: TaskKind | None = Field(
+        default=None, description="task kind of every request: swe | toy (None: swe)"
+    )
     shuffle: bool = Field(default=True, description="shuffle each epoch (seeded)")
     seed: int = Field(default=0, ge=0, description="seed of the epoch permutations")
 
     @model_validator(mode="after")
-    def _kind_needs_protocol(self) -> DatasetConfig:
-        if self.kind is not None and "kind" not in RolloutRequest.model_fields:
-            raise ValueError(
-                f"dataset.kind={self.kind!r}: this protocol's RolloutRequest has no 'kind' "
-                "field yet (task kinds arrive with the toy task of issue 12); leave it unset"
-            )
+    def _ids_of_kind(self) -> DatasetConfig:
+        if self.kind is not None:
+            check_instances_of_kind(self.kind, self.instance_ids)
         return self
 
 
