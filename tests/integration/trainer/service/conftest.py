@@ -7,12 +7,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from services.processes import ManagedProcess, launch
+from tests.integration.adapter.conftest import model_dir  # noqa: F401 (fixture)
 from tests.support.api_server import ApiServer, start_api
+from tests.support.execution import manager, probe, procs, queue  # noqa: F401 (fixtures)
 from tests.support.paths import REPO_ROOT
 
 STANDIN = "tests.support.train_driver_standin"  # run as a module from the repo root
@@ -27,19 +30,24 @@ def api(redis_url: str, tmp_path: Path) -> Iterator[ApiServer]:
 
 @pytest.fixture
 def start_service(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    """``start_service(step_s=0.3, command=None)``: a trainer service of group ``default``
-    with a 3 s lease; runs land in ``tmp_path/runs``."""
+    """``start_service(step_s=0.3, command=None, base=None)``: a trainer service of group
+    ``default`` with a 3 s lease, the driver stand-in as its training command unless
+    ``command``; ``base`` is laid over its base run file; runs land in ``tmp_path/runs``."""
     started: list[ManagedProcess] = []
 
-    def start(step_s: float = 0.3, command: list[str] | None = None) -> ManagedProcess:
+    def start(
+        step_s: float = 0.3, command: list[str] | None = None, base: dict[str, Any] | None = None
+    ) -> ManagedProcess:
         n = len(started)
-        base = tmp_path / "base-run.yaml"  # the deployment's run sections (no adapter here)
-        base.write_text(yaml.safe_dump({"train": {"publish": False},
-                                        "manager": {"redis_url": redis_url}}))  # fmt: skip
+        sections: dict[str, Any] = {"train": {"publish": False}}  # no adapter in these tests
+        sections.update(base or {})
+        sections["manager"] = {"redis_url": redis_url}
+        base_path = tmp_path / f"base-run{n}.yaml"  # the deployment's run sections
+        base_path.write_text(yaml.safe_dump(sections))
         cfg = {
             "trainer_service": {
                 "command": command or [sys.executable, "-m", STANDIN],
-                "base_config": str(base),
+                "base_config": str(base_path),
                 "lease_ttl_s": 3.0,
                 "poll_interval_s": 0.2,
                 "stop_grace_s": 5.0,
