@@ -2,7 +2,7 @@
 submitted over HTTP are claimed one at a time per group, run (the driver stand-in writes
 metrics.jsonl and real checkpoints), report progress, end succeeded / failed / cancelled, and a
 SIGKILLed service's job is resumed by the next service (attempt 2, ``--resume``, same
-checkpoint dir)."""
+checkpoint dir); a lost lease stops the training process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import yaml
 
+from services.api.claims import JobClaims
+from services.api.schemas import JobKind, JobState
 from services.processes import ManagedProcess
 from tests.support.api_server import ApiServer
 from tests.support.execution import wait_for
@@ -166,3 +169,46 @@ def test_sigkilled_service_job_resumes_on_the_next_service(
     rows = read_jsonl(tmp_path / "runs" / job_id / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step once
     assert json.loads((tmp_path / "ckpt-k" / f"step-{steps}" / "manifest.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_lost_lease_stops_the_process_and_leaves_the_job_to_its_new_holder(
+    api: ApiServer, start_service: Callable[..., ManagedProcess], tmp_path: Path, redis_url: str
+) -> None:
+    service = start_service(step_s=0.3)
+    with api.client() as http:
+        job_id = submit(http, tmp_path, "l", steps=1000)
+        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
+                 "the first step", service.log_tail)  # fmt: skip
+        pid = invocations(tmp_path, job_id)[0]["pid"]
+        os.kill(service.pid, signal.SIGSTOP)  # the service stops heartbeating; its process runs
+        try:
+            thief = JobClaims(rclient := redis.Redis.from_url(redis_url))
+            wait_for(lambda: thief.claim(JobKind.TRAIN, "default", "thief", 60), 30,
+                     "the lease to run out")  # fmt: skip
+        finally:
+            os.kill(service.pid, signal.SIGCONT)
+        wait_for(lambda: not alive(pid), 20, "the training process to stop", service.log_tail)
+        got = job(http, job_id)
+    assert got["state"] == "running" and got["attempt"] == 2  # the new holder's, untouched
+    assert thief.heartbeat(job_id, "thief", 60) == JobState.RUNNING
+    rclient.close()
+    assert "lost the lease of job" in service.log()
+    assert service.running()
+
+
+@pytest.mark.slow
+def test_a_stopped_service_gives_its_job_back(
+    api: ApiServer, start_service: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    service = start_service(step_s=0.3)
+    with api.client() as http:
+        job_id = submit(http, tmp_path, "s", steps=1000)
+        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
+                 "the first step", service.log_tail)  # fmt: skip
+        pid = invocations(tmp_path, job_id)[0]["pid"]
+        os.kill(service.pid, signal.SIGTERM)
+        assert service.popen.wait(timeout=30) == 0
+        got = job(http, job_id)
+    assert not alive(pid)
+    assert got["state"] == "queued" and got["message"] == "trainer service stopped: queued again"
