@@ -56,6 +56,16 @@ def invocations(tmp: Path, job_id: str) -> list[dict[str, Any]]:
     return read_jsonl(tmp / "runs" / job_id / "invocations.jsonl")
 
 
+def running_job(
+    http: httpx.Client, tmp: Path, name: str, service: ManagedProcess
+) -> tuple[str, int]:
+    """A long job submitted and past its first step: its id and its training process's pid."""
+    job_id = submit(http, tmp, name, steps=1000)
+    wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
+             "the first step", service.log_tail)  # fmt: skip
+    return job_id, invocations(tmp, job_id)[0]["pid"]
+
+
 @pytest.mark.slow
 def test_jobs_run_one_at_a_time_and_succeed_with_progress(
     api: ApiServer, start_service: Callable[..., ManagedProcess], tmp_path: Path
@@ -102,10 +112,7 @@ def test_cancel_stops_the_training_process(
 ) -> None:
     service = start_service(step_s=0.3)
     with api.client() as http:
-        job_id = submit(http, tmp_path, "c", steps=1000)
-        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
-                 "the first step", service.log_tail)  # fmt: skip
-        pid = invocations(tmp_path, job_id)[0]["pid"]
+        job_id, pid = running_job(http, tmp_path, "c", service)
         assert alive(pid)
         assert http.post(f"/v1/jobs/{job_id}/cancel").json()["state"] == "cancelling"
         wait_for(lambda: job(http, job_id)["state"] in TERMINAL, 30, "the cancel",
@@ -177,10 +184,7 @@ def test_a_lost_lease_stops_the_process_and_leaves_the_job_to_its_new_holder(
 ) -> None:
     service = start_service(step_s=0.3)
     with api.client() as http:
-        job_id = submit(http, tmp_path, "l", steps=1000)
-        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
-                 "the first step", service.log_tail)  # fmt: skip
-        pid = invocations(tmp_path, job_id)[0]["pid"]
+        job_id, pid = running_job(http, tmp_path, "l", service)
         os.kill(service.pid, signal.SIGSTOP)  # the service stops heartbeating; its process runs
         try:
             thief = JobClaims(rclient := redis.Redis.from_url(redis_url))
@@ -203,10 +207,7 @@ def test_a_stopped_service_gives_its_job_back(
 ) -> None:
     service = start_service(step_s=0.3)
     with api.client() as http:
-        job_id = submit(http, tmp_path, "s", steps=1000)
-        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 1, 60,
-                 "the first step", service.log_tail)  # fmt: skip
-        pid = invocations(tmp_path, job_id)[0]["pid"]
+        job_id, pid = running_job(http, tmp_path, "s", service)
         os.kill(service.pid, signal.SIGTERM)
         assert service.popen.wait(timeout=30) == 0
         got = job(http, job_id)
