@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import redis
 
@@ -106,11 +107,22 @@ class TrainerService:
                 if job is None:
                     self.stop_event.wait(self.cfg.poll_interval_s)
                     continue
-                self.run_job(job)
+                self._run_or_fail(job)
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 log.warning("Redis unreachable (%s); retrying", exc)
                 backoff_sleep(failures, self.stop_event)
+
+    def _run_or_fail(self, job: Claim) -> None:
+        """:meth:`run_job`; anything but a Redis outage fails the job with the reason instead of
+        stopping the service (an outage propagates: the lease runs out, the job is resumed)."""
+        try:
+            self.run_job(job)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            log.exception("job %s failed in the trainer service", job.job_id)
+            self._finish(job.job_id, JobState.FAILED, f"trainer service error: {exc}")
 
     def _finish(self, job_id: str, state: JobState, message: str) -> None:
         if self.claims.finish(job_id, self.holder, state, message):
@@ -132,11 +144,10 @@ class TrainerService:
         log_path = run_dir / f"attempt-{job.attempt}.log"
         self.store.log(job.job_id, f"attempt {job.attempt}: {self.holder} runs {' '.join(argv)}")
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=training_env(self.environ), start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )  # fmt: skip
+            proc = self._spawn(argv, out)
+        if isinstance(proc, str):
+            self._finish(job.job_id, JobState.FAILED, f"cannot start {argv[0]}: {proc}")
+            return
         steps = int(raw["steps"])
         report = lambda: progress_of(last_metrics(run_dir), steps)  # noqa: E731
         try:
@@ -146,6 +157,18 @@ class TrainerService:
                 self._watch(job.job_id, proc, lease, log_path)
         finally:
             self._terminate(proc)
+
+    def _spawn(self, argv: list[str], out: BinaryIO) -> subprocess.Popen[bytes] | str:
+        """The training process (its own process group, SIGTERM when the service dies), or
+        why the command cannot be executed (missing, not executable)."""
+        try:
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=training_env(self.environ), start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except OSError as exc:
+            return exc.strerror or str(exc)
 
     def _resumes(self, job: Claim, raw: Mapping[str, object]) -> bool:
         if raw.get("resume"):

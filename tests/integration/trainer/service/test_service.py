@@ -213,3 +213,18 @@ def test_a_stopped_service_gives_its_job_back(
         got = job(http, job_id)
     assert not alive(pid)
     assert got["state"] == "queued" and got["message"] == "trainer service stopped: queued again"
+
+
+@pytest.mark.slow
+def test_a_command_that_cannot_run_fails_the_job(
+    api: ApiServer, start_service: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-trainer"
+    service = start_service(command=[str(missing)])
+    with api.client() as http:
+        job_id = submit(http, tmp_path, "x")
+        wait_for(lambda: job(http, job_id)["state"] in TERMINAL, 60, "the job", service.log_tail)
+        got = job(http, job_id)
+    assert got["state"] == "failed"
+    assert got["message"] == f"cannot start {missing}: No such file or directory"
+    assert service.running()
