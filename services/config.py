@@ -53,6 +53,7 @@ SECTIONS: tuple[str, ...] = (
     "publish",
     "train",
     "trainer",
+    "trainer_service",
     "worker",
 )
 _MODELS: dict[str, type[BaseModel]] = {}

@@ -26,6 +26,7 @@ ENTRY_POINTS = (
     "services.swerl_cli.main",
     "services.tiny_model.build",
     "trainer.loop.cli",  # python -m trainer train
+    "trainer.service.cli",  # python -m trainer serve
     "services.tiny_model.warm_start",
     # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )

@@ -1,10 +1,11 @@
-"""``python -m trainer COMMAND``: the trainer's command-line tools (``score``, ``train``)."""
+"""``python -m trainer COMMAND``: the trainer's command-line tools (``score``, ``train``,
+``serve``: the trainer service that runs the job API's train jobs)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("score", "train")
+COMMANDS = ("score", "train", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.loop.cli import main as train
 
         return train(args[1:])
+    if args[0] == "serve":
+        from trainer.service.cli import main as serve
+
+        return serve(args[1:])
     from trainer.score import main as score
 
     return score(args[1:])

@@ -22,6 +22,11 @@ WHOLE_NODE: dict[str, dict[str, Any]] = {
         "weights_dir": "/weights",
     },
     "train": {"run_dir": "/runs/r1", "steps": 20, "dataset": {"instance_ids": ["i1", "i2"]}},
+    "trainer_service": {
+        "group": "g2",
+        "runs_dir": "/runs",
+        "command": ["torchrun", "-m", "trainer", "train"],
+    },
 }
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
@@ -70,13 +71,17 @@ class RunConfig:
         return yaml.safe_dump(data, sort_keys=True)
 
 
-def load_run_config(path: str | None, steps: int | None = None) -> RunConfig:
-    """Every section the run needs, validated (ConfigError names every problem)."""
+def load_run_config(
+    path: str | None, steps: int | None = None, environ: Mapping[str, str] | None = None
+) -> RunConfig:
+    """Every section the run needs, validated (ConfigError names every problem); ``environ``:
+    the environment the run will see (default: this process's)."""
     overrides = {"steps": steps} if steps is not None else None
-    train = load_config(TrainConfig, section="train", path=path, overrides=overrides)
-    trainer = load_config(TrainerConfig, section="trainer", path=path)
-    manager = load_config(ManagerConfig, section="manager", path=path)
-    publish = load_config(PublishConfig, section="publish", path=path) if train.publish else None
+    env = {"path": path, "environ": environ}
+    train = load_config(TrainConfig, section="train", overrides=overrides, **env)
+    trainer = load_config(TrainerConfig, section="trainer", **env)
+    manager = load_config(ManagerConfig, section="manager", **env)
+    publish = load_config(PublishConfig, section="publish", **env) if train.publish else None
     try:
         resolve_schedule(train, trainer.algorithm)
     except ValueError as exc:

@@ -25,6 +25,7 @@ SERVICE_CONFIGS = {
     "trainer": "trainer.config",
     "publish": "trainer.publish.config",
     "train": "trainer.loop.config",
+    "trainer_service": "trainer.service.config",
 }
 
 
