@@ -26,6 +26,7 @@ ENTRY_POINTS = (
     "services.tiny_model.build",
     "trainer.loop.cli",  # python -m trainer train
     "services.tiny_model.warm_start",
+    "services.toy_train",
     # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )
 
