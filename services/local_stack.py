@@ -101,6 +101,14 @@ class LocalStack:
         self.procs.clear()
 
 
+def adapter_env(worker_token: str, admin_token: str | None) -> dict[str, str]:
+    """The adapter's tokens as environment settings (never on a command line)."""
+    env = {"SWERL_ADAPTER__WORKER_TOKEN": worker_token}
+    if admin_token is not None:
+        env["SWERL_ADAPTER__ADMIN_TOKEN"] = admin_token
+    return env
+
+
 @dataclass(frozen=True)
 class ToyServices:
     """Where the toy-task stack of :func:`start_toy_services` listens."""
@@ -119,11 +127,13 @@ def start_toy_services(
     slots: int = 4,
     node: str = "toy-node",
     engine_args: tuple[str, ...] = (),
+    admin_token: str | None = None,
 ) -> ToyServices:
     """Redis, a reference engine sampling ``model`` (the warm-started toy model,
     docs/toy-task.md), the adapter in training mode (``worker_token``) and a toy-only sandbox
     worker (``--kinds toy``: no container, no sandbox backend is used). The caller brings the
-    rollout manager (``RolloutManager(redis_url).start()``) and submits requests of kind toy."""
+    rollout manager (``RolloutManager(redis_url).start()``) and submits requests of kind toy.
+    ``admin_token`` opens the adapter's /admin routes (a training run publishing weights)."""
     from services.queue.config import QueueConfig
     from services.queue.submitter import SubmitterQueue
 
@@ -139,7 +149,7 @@ def start_toy_services(
                  ["--engines", engine_url, "--model", str(model), "--redis", redis_url,
                   "--port", str(port)],
                  http_ok(f"{adapter_url}/health"),
-                 env={"SWERL_ADAPTER__WORKER_TOKEN": worker_token})  # fmt: skip
+                 env=adapter_env(worker_token, admin_token))  # fmt: skip
     queue = SubmitterQueue(redis_url, QueueConfig())
 
     def alive() -> bool:

@@ -28,6 +28,7 @@ ENTRY_POINTS = (
     "trainer.loop.cli",  # python -m trainer train
     "trainer.service.cli",  # python -m trainer serve
     "services.tiny_model.warm_start",
+    "services.toy_train",
     # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )
 

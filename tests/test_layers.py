@@ -18,7 +18,13 @@ PLANES = ("adapter", "sandbox_worker", "trainer")
 # Modules that start or combine planes: they may import anything; only composers import them.
 # services.eval: the evaluation script (sandbox_worker's grading behind a CLI); `swerl eval` in the
 # base runs it as a child process (python -m services.eval), never importing it.
-COMPOSERS = ("services.demo", "services.demo_objective", "services.local_stack", "services.eval")
+COMPOSERS = (
+    "services.demo",
+    "services.demo_objective",
+    "services.local_stack",
+    "services.eval",
+    "services.toy_train",
+)
 CHECKED = (*PLANES, "services")
 
 

@@ -1,0 +1,85 @@
+"""A real training run on the toy task: the whole stack on this machine, then ``python -m
+trainer train`` (a composer: it starts the planes as processes).
+
+``python -m services.toy_train --config trainer/configs/toy_grpo.yaml --run-dir DIR`` starts
+Redis, a reference engine serving the warm-started toy model (``$SWERL_CACHE_DIR/tiny-model-toy``,
+docs/toy-task.md), the adapter in training mode with an admin token (the publisher refreshes
+the weights every step), a toy-only sandbox worker, and the trainer with the manager's dispatch
+loop in its process (``train.run_dispatcher``). The run's addresses, tokens and paths reach the
+trainer through the environment (``SWERL_MANAGER__REDIS_URL``, ``SWERL_PUBLISH__*``,
+``SWERL_TRAIN__RUN_DIR``, ``SWERL_TRAINER__MODEL``); everything else is the config file's.
+Metrics: ``DIR/train/metrics.jsonl``; service logs ``DIR/*.log``. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from services.local_stack import LocalStack, StackError, start_toy_services
+
+DESCRIPTION = __doc__.split("\n\n")[1] if __doc__ else ""
+
+
+def toy_model_dir() -> Path:
+    """The warm-started toy model (built by ``deploy/dev/setup.sh model``)."""
+    cache = Path(os.environ.get("SWERL_CACHE_DIR", Path.home() / ".cache" / "swerl"))
+    model = cache / "tiny-model-toy"
+    if not (model / "config.json").is_file():
+        raise StackError(f"{model} is missing: build it with `deploy/dev/setup.sh model`")
+    return model
+
+
+def trainer_env(run_dir: Path, model: Path, redis_url: str, adapter_url: str,
+                admin_token: str) -> dict[str, str]:  # fmt: skip
+    """The run's addresses and paths as config overrides of ``python -m trainer train``."""
+    return {
+        **os.environ,
+        "SWERL_TRAIN__RUN_DIR": str(run_dir / "train"),
+        "SWERL_TRAINER__MODEL": str(model),
+        "SWERL_MANAGER__REDIS_URL": redis_url,
+        "SWERL_PUBLISH__ADAPTER_URL": adapter_url,
+        "SWERL_PUBLISH__ADMIN_TOKEN": admin_token,
+        "SWERL_PUBLISH__WEIGHTS_DIR": str(run_dir / "weights"),
+    }
+
+
+def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:
+    """Start the toy stack, run the trainer to its end, stop the stack. The trainer's exit code."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = toy_model_dir()
+    worker_token, admin_token = secrets.token_hex(16), secrets.token_hex(16)
+    stack = LocalStack(run_dir)
+    try:
+        svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token)
+        env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
+        cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
+        cmd += ["--steps", str(steps)] if steps is not None else []
+        with open(run_dir / "trainer.log", "ab") as log:
+            return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    finally:
+        stack.stop_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m services.toy_train", description=DESCRIPTION)
+    p.add_argument("--config", required=True, type=Path, help="the run's YAML (trainer/configs/)")
+    p.add_argument("--run-dir", required=True, type=Path, help="logs, metrics, weights of the run")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--slots", type=int, default=8, help="toy worker slots (8)")
+    args = p.parse_args(argv)
+    try:
+        code = run(args.config, args.run_dir, args.steps, args.slots)
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"trainer exit {code}; metrics in {args.run_dir / 'train' / 'metrics.jsonl'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
