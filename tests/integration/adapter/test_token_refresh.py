@@ -26,7 +26,9 @@ from tests.integration.adapter.test_refresh import current_version, logprobs_und
 pytestmark = [pytest.mark.engines("a", "b"), pytest.mark.slow]
 
 N_TRAJECTORIES = 16
-LONG = 96  # first-turn budget: long enough that the refresh lands mid-turn
+# First-turn budget: long enough that every agent is still decoding when the last one starts
+# and when the refresh lands (an answer of ~100 tokens could finish first on a quiet machine).
+LONG = 1000
 TOKENS_BEFORE_REFRESH = 8  # decoded per request (on average) before the refresh starts
 
 
