@@ -22,7 +22,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from services.processes import free_port
 from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
 from trainer.data import PackedInputs
@@ -128,13 +127,15 @@ def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
 
     cpu_compat.install()
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        dist.init_process_group(
-            "gloo",
-            rank=int(os.environ.get("RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        )
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size == 1 and "MASTER_PORT" not in os.environ:
+            # One process: an in-memory store, no TCP port to race another process for.
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            dist.init_process_group(
+                "gloo", rank=int(os.environ.get("RANK", "0")), world_size=world_size
+            )
     if parallel_state.model_parallel_is_initialized():
         have = parallel_state.get_tensor_model_parallel_world_size()
         if have != tensor_parallel:

@@ -25,6 +25,11 @@ from tests.support.engines import (
     tiny_model_for_session,
 )
 
+# A generation still running ~0.5 s after it starts (the in-thread engine decodes ~1000
+# tokens/s on a quiet machine; a few hundred could finish before the pause); inside the
+# engine's 4096-token context.
+LONG = 2000
+
 TOOLS = [
     {
         "type": "function",
@@ -100,6 +105,7 @@ def assert_fidelity(
 def test_multi_turn_logprobs_match_a_plain_forward_pass(
     reference_server: ThreadedReferenceServer, tokenizer: Any, hf_model: Any, temperature: float
 ) -> None:
+
     first_prompt = chat_prompt(tokenizer, f"Fix the bug (temperature {temperature}).")
     observation = tokenizer(
         "\n<|im_start|>user\n<tool_response>\nfile.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
@@ -333,7 +339,7 @@ def test_duplicate_running_rid_is_rejected(
         async with SGLangClient(reference_server.url) as client:
             task = asyncio.create_task(
                 client.generate(
-                    prompt, SamplingParams(max_new_tokens=300, ignore_eos=True), rid=rid
+                    prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True), rid=rid
                 )
             )
             await asyncio.sleep(0.3)
@@ -449,7 +455,7 @@ def test_update_waits_for_running_requests_and_holds_new_ones(
             running = asyncio.create_task(
                 timed(
                     "running",
-                    client.generate(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True)),
+                    client.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True)),
                 )
             )
             await asyncio.sleep(0.3)
@@ -478,7 +484,7 @@ def test_update_while_paused_in_place_applies_at_once(
     async def go() -> tuple[Any, bool, GenerateResult]:
         async with SGLangClient(weights_server.url) as client:
             running = asyncio.create_task(
-                client.generate(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True))
+                client.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True))
             )
             await asyncio.sleep(0.3)
             await client.pause_generation("in_place")
@@ -506,7 +512,7 @@ def test_pause_in_abort_mode_returns_partial_outputs_and_holds_new_requests(
 
     async def go() -> tuple[GenerateResult, bool, GenerateResult]:
         async with SGLangClient(weights_server.url) as client:
-            params = SamplingParams(max_new_tokens=400, ignore_eos=True)
+            params = SamplingParams(max_new_tokens=LONG, ignore_eos=True)
             running = asyncio.create_task(client.generate(prompt, params))
             await asyncio.sleep(0.3)
             await client.pause_generation("abort")
@@ -521,7 +527,7 @@ def test_pause_in_abort_mode_returns_partial_outputs_and_holds_new_requests(
             return partial, held, await late
 
     partial, held, late = run(go())
-    assert partial.aborted and 0 < len(partial.output_ids) < 400
+    assert partial.aborted and 0 < len(partial.output_ids) < LONG
     assert len(partial.output_logprobs) == len(partial.output_ids)
     assert all(lp <= 0 for lp in partial.output_logprobs)
     assert held and late.finish_reason.type == "length"
@@ -539,7 +545,7 @@ def test_update_with_abort_all_and_refused_updates(
     async def go() -> tuple[GenerateResult, EngineRequestError, str | None]:
         async with SGLangClient(weights_server.url) as client:
             running = asyncio.create_task(
-                client.generate(prompt, SamplingParams(max_new_tokens=300, ignore_eos=True))
+                client.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True))
             )
             await asyncio.sleep(0.3)
             await client.update_weights_from_disk(
