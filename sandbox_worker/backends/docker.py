@@ -435,7 +435,11 @@ class DockerBackend(hostdir.HostDirBackend):
         if node is not None:
             filters.append(f"{NODE_LABEL}={node}")
         try:
-            return self.client.containers.list(all=True, filters={"label": filters})
+            # ignore_removed: a container removed between the list and its inspect (a
+            # concurrent cleanup or cancel) is skipped instead of failing the whole listing.
+            return self.client.containers.list(
+                all=True, filters={"label": filters}, ignore_removed=True
+            )
         except docker.errors.APIError as exc:
             raise SandboxInfraError(f"docker list failed: {exc}") from exc
 
