@@ -1,11 +1,12 @@
 """``python -m trainer COMMAND``: the trainer's command-line tools (``score``, ``train``,
-``serve``: the trainer service that runs the job API's train jobs)."""
+``report``: a run's dashboard PNG and summary, ``serve``: the trainer service that runs the job
+API's train jobs)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("score", "train", "serve")
+COMMANDS = ("score", "train", "report", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.loop.cli import main as train
 
         return train(args[1:])
+    if args[0] == "report":
+        from trainer.report.cli import main as report
+
+        return report(args[1:])
     if args[0] == "serve":
         from trainer.service.cli import main as serve
 

@@ -1,7 +1,7 @@
 """``python -m trainer train`` on the real stack (Redis, ``python -m services.manager``, a
 simulated ``python -m sandbox_worker``, the torch backend on the tiny model): Li2SAO's switch,
 then a SIGKILL and ``--resume``: every step exactly once, the same phases, nothing trained twice,
-the dead run's in-flight requests cancelled.
+the dead run's in-flight requests cancelled; ``python -m trainer report`` on the finished run.
 
 The simulated worker writes no token records: the test writes every task's record into the
 trajectory store first (two turns of version 0, so ``max_policy_lag`` is raised here; the lag
@@ -28,6 +28,7 @@ from tests.support.execution import Procs, wait_for, wait_nodes
 from tests.support.loop_rollouts import records_for_run, write_records
 from tests.support.paths import REPO_ROOT
 from trainer.loop.metrics import read_jsonl
+from trainer.report.cli import main as report_main
 
 # No shuffling: request k draws p(2k), p(2k+1). Bootstrap requests r0-r3 (p0-p7) are sent by
 # step 2 whatever the timing (each taken batch frees 4 of the budget of 8), the first single
@@ -143,4 +144,14 @@ def test_li2sao_switch_kill_and_resume(
             assert not any(t.startswith(batch_id + ":") for t in after), batch_id
     finally:
         mgr.close()
+
+    # the report of the finished run: every record is of version 0, so the lag of step k is
+    # its trainer version k - 1 (steps 1-2: 0, 1; after the switch, steps 3-6: 2..5)
+    assert report_main([str(run)]) == 0
+    summary = (run / "report.txt").read_text()
+    assert "steps: 6 (steps 1-6; phases: bootstrap 2, draining 1, single 3)" in summary
+    assert "switch: after step 2" in summary
+    assert "before the switch (steps <= 2): mean 0.50, max 1 (2 steps)" in summary
+    assert "after the switch (steps > 2): mean 3.50, max 5 (4 steps)" in summary
+    assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert time.monotonic() - t0 < budget_s
