@@ -20,9 +20,10 @@ Simulated (named here so nobody mistakes it for more):
 * **Trajectory durations**: the simulated runner sleeps a duration drawn per task from a
   lognormal (``SimulatedRunnerConfig.lognormal_median_s`` / ``lognormal_sigma``, seeded by
   the task id) capped at the time limit ``max_duration_s``. Full mode: median 1.0 s, sigma
-  0.8, cap 6 s, so most runs take 0.3-3 s, about 1.3 % hit the cap (ln 6 / 0.8 = 2.24 sd),
-  and the slowest of 64 is usually near the cap: the paper's shape (most agent runs short, a
-  long tail up to the time limit), scaled from minutes to seconds.
+  0.8, cap 6 s: about 85 % of runs take 0.3-3 s, 1.25 % hit the cap (ln 6 / 0.8 = 2.24 sd),
+  and 55 % of 64-trajectory requests hold at least one run at the cap (1 - 0.9875^64): the
+  paper's shape (most agent runs short, a long tail up to the time limit), scaled from
+  minutes to seconds. Every in-flight trajectory has a worker slot (slots = 2 x B).
 * **The train step**: a fixed sleep and version + 1. One comparison per value of
   ``--train-s`` (full: 0.5 s, rollouts the bottleneck; 2 s, the train step the bottleneck).
 * **Records**: the simulated worker writes no trajectory record, so the collector's record
