@@ -25,6 +25,7 @@ from matplotlib.axes import Axes
 
 from trainer.report.summary import TIME_PARTS, rolling_mean, switch_step
 
+NO_VALUE = "no value in this run (not logged, or null on every step)"
 PHASE_COLOURS = {
     "groups": "tab:blue",
     "bootstrap": "tab:blue",
@@ -46,6 +47,10 @@ def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[f
     return xs, ys
 
 
+def _no_value(ax: Axes) -> None:
+    ax.text(0.5, 0.5, NO_VALUE, ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
 def _lines(ax: Axes, rows: Sequence[dict[str, Any]], keys: Sequence[tuple[str, str]]) -> bool:
     drawn = False
     for key, label in keys:
@@ -56,8 +61,7 @@ def _lines(ax: Axes, rows: Sequence[dict[str, Any]], keys: Sequence[tuple[str, s
     if drawn:
         ax.legend(fontsize=7, loc="best")
     else:
-        ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center",
-                transform=ax.transAxes, color="grey")  # fmt: skip
+        _no_value(ax)
     return drawn
 
 
@@ -90,8 +94,7 @@ def _time_split(ax: Axes, rows: Sequence[dict[str, Any]]) -> None:
     if drawn:
         ax.legend(fontsize=7, loc="best")
     else:
-        ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center",
-                transform=ax.transAxes, color="grey")  # fmt: skip
+        _no_value(ax)
 
 
 def draw(rows: Sequence[dict[str, Any]], output: Path, *, title: str, window: int = 10) -> Path:
