@@ -49,6 +49,7 @@ _CONFIG_VAR = re.compile(r"^SWERL_(?P<section>.*?)__(?P<path>.*)$", re.DOTALL)
 SECTIONS: tuple[str, ...] = (
     "adapter",
     "api",
+    "eval_service",
     "manager",
     "publish",
     "train",

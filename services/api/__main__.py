@@ -22,8 +22,8 @@ Job API of swerl: submit and watch train, rollout and eval jobs over HTTP (/v1, 
 State lives in Redis. Rollout jobs are driven by the job runner threads of this process
 (api.runner.concurrency) through the rollout manager; the tasks reach the sandbox workers
 through the manager's dispatch loop (python -m services.manager, or api.runner.dispatcher: true).
-Train jobs wait in Redis for a trainer service (python -m trainer serve); eval jobs are queued
-only (no evaluator yet).
+Train jobs wait in Redis for a trainer service (python -m trainer serve), eval jobs for an
+evaluator service (python -m services.eval serve).
 """
 
 EPILOG = """\

@@ -98,7 +98,7 @@ def submit_rollout(
 def submit_eval(
     request: Request, spec: EvalSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
-    """Queue an evaluation (queued only: no evaluator service exists yet)."""
+    """Queue an evaluation for an evaluator service (python -m services.eval serve)."""
     return _submit(request, JobKind.EVAL, spec, who, key)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.protocol.ids import Ident
 from services.protocol.tasks import AgentLimits, SamplingConfig
@@ -74,13 +74,33 @@ class RolloutSpec(Spec):
 
 
 class EvalSpec(Spec):
-    """A checkpoint scored on a dataset (pass@1 / resolved rate)."""
+    """A checkpoint (or existing predictions) scored on a dataset: pass@1 / resolved rate.
 
-    checkpoint: str = Ref
+    Executed by the evaluator service (``python -m services.eval serve``), which runs the
+    evaluation script on it; paths are read on the evaluator's host. Exactly one of
+    ``checkpoint`` (generate the predictions with the training scaffold, then grade) and
+    ``predictions`` (grade a SWE-bench predictions file, or ``gold``: the dataset's patches).
+    """
+
+    checkpoint: str | None = Field(
+        None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$"
+    )
+    predictions: str | None = Field(
+        None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$",
+        validate_default=True,
+    )  # fmt: skip
     dataset: str = Ref
     instance_ids: list[Ident] | None = Field(None, min_length=1, max_length=10_000)
     max_instances: int | None = Field(None, ge=1, le=100_000)
-    n_samples: int = Field(1, ge=1, le=64)
+    n_samples: int = Field(1, ge=1, le=1, description="pass@1: one prediction per instance")
+
+    @field_validator("predictions")
+    @classmethod
+    def _one_source(cls, value: str | None, info: ValidationInfo) -> str | None:
+        checkpoint = info.data.get("checkpoint")
+        if (value is None) == (checkpoint is None) and "checkpoint" in info.data:
+            raise ValueError("give exactly one of checkpoint and predictions")
+        return value
 
 
 SPECS: dict[JobKind, type[Spec]] = {

@@ -19,11 +19,11 @@ import redis
 from services.api.lua import APPEND_RESULTS, CANCEL, SUBMIT
 from services.api.schemas import Job, JobKind, JobState, LogLine, Progress
 
-# What a queued job waits for, by kind (eval jobs have no executor yet: said honestly).
+# What a queued job waits for, by kind.
 WAITING_FOR = {
     JobKind.TRAIN: "waiting for a trainer of group {group}",
     JobKind.ROLLOUT: "waiting for a rollout job runner",
-    JobKind.EVAL: "queued: no evaluator service exists yet, so eval jobs are not executed",
+    JobKind.EVAL: "waiting for an evaluator service (python -m services.eval serve)",
 }
 
 

@@ -125,15 +125,19 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     r.add_argument("--max-steps", type=int, metavar="N", help="agent steps per trajectory (300)")
     r.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (1.0)")
     e = kinds.add_parser(
-        "eval", help="score a checkpoint (queued only for now)", formatter_class=RAW,
-        description="Queue an evaluation of a checkpoint on a dataset (pass@1). No evaluator "
-        "service claims eval jobs yet: they stay queued.",
+        "eval", help="score a checkpoint or predictions (pass@1)", formatter_class=RAW,
+        description="Queue an evaluation on a dataset (pass@1, the resolved rate) for an "
+        "evaluator service (python -m services.eval serve): a checkpoint (predictions are "
+        "generated with the training scaffold, then graded) or a SWE-bench predictions file "
+        "('gold': the dataset's own patches). Paths are read on the evaluator's host.",
     )  # fmt: skip
     _submit_options(e, argparse.SUPPRESS)
-    e.add_argument("--checkpoint", required=True, help="checkpoint directory to evaluate")
+    source = e.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="checkpoint directory to evaluate")
+    source.add_argument("--predictions", help="SWE-bench predictions file to grade, or 'gold'")
     e.add_argument("--dataset", required=True, help="dataset file (e.g. SWE-bench Verified)")
+    e.add_argument("--instances", help="only these instances (comma-separated ids)")
     e.add_argument("--max-instances", type=int, help="evaluate only the first N instances")
-    e.add_argument("--samples", type=int, default=1, help="samples per instance (pass@1: 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,7 +200,13 @@ def spec_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             spec["sampling"] = {"temperature": args.temperature}
         return "rollout", spec
     if args.kind == "eval":
-        spec = {"checkpoint": args.checkpoint, "dataset": args.dataset, "n_samples": args.samples}
+        spec = {"dataset": args.dataset}
+        if args.checkpoint is not None:
+            spec["checkpoint"] = args.checkpoint
+        if args.predictions is not None:
+            spec["predictions"] = args.predictions
+        if args.instances:
+            spec["instance_ids"] = [x.strip() for x in args.instances.split(",") if x.strip()]
         if args.max_instances is not None:
             spec["max_instances"] = args.max_instances
         return "eval", spec

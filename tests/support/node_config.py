@@ -27,6 +27,12 @@ WHOLE_NODE: dict[str, dict[str, Any]] = {
         "runs_dir": "/runs",
         "command": ["torchrun", "-m", "trainer", "train"],
     },
+    "eval_service": {
+        "group": "g3",
+        "runs_dir": "/eval-runs",
+        "backend": "bwrap",
+        "engine_url": ["http://sglang-0:30000"],
+    },
 }
 
 

@@ -26,6 +26,7 @@ SERVICE_CONFIGS = {
     "publish": "trainer.publish.config",
     "train": "trainer.loop.config",
     "trainer_service": "trainer.service.config",
+    "eval_service": "services.eval.service_config",
 }
 
 

@@ -60,7 +60,7 @@ def test_filters_by_kind_and_state(store: JobStore) -> None:
     assert [j.id for j in cancelled] == [r1]
     assert store.list_jobs(kind=JobKind.TRAIN)[0] == []
     eval_job = store.get(e1)
-    assert eval_job is not None and "no evaluator" in eval_job.message
+    assert eval_job is not None and "evaluator service" in eval_job.message
 
 
 def test_cancel_unknown_and_finished_jobs(store: JobStore) -> None:
