@@ -57,6 +57,7 @@ class ComposeProject:
         data = {
             "SWERL_CHECKPOINT_DIR": str(work / "checkpoints"),
             "SWERL_WEIGHTS_DIR": str(work / "weights"),
+            "SWERL_RUNS_DIR": str(work / "runs"),
         }
         for path in data.values():
             Path(path).mkdir()

@@ -21,6 +21,7 @@ from tests.support.deploy_scripts import DEPLOY, load
 from tests.support.paths import REPO_ROOT
 from trainer.config import TrainerConfig
 from trainer.publish.config import PublishConfig
+from trainer.service.config import TrainerServiceConfig
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,12 @@ SECTIONS: dict[str, list[tuple[str, type[BaseModel]]]] = {
     "api": [("api", ApiConfig)],
     "manager": [("manager", ManagerConfig)],
     "sandbox-worker": [("worker", WorkerConfig)],
-    "trainer": [("publish", PublishConfig), ("trainer", TrainerConfig)],
+    "trainer": [
+        ("trainer_service", TrainerServiceConfig),
+        ("manager", ManagerConfig),
+        ("publish", PublishConfig),
+        ("trainer", TrainerConfig),
+    ],
 }
 
 
@@ -88,6 +94,15 @@ def test_each_service_environment_is_a_valid_config(env_file: Path) -> None:
         for section, model in sections:
             config = load_config(model, section=section, path=path, environ=env)
             assert isinstance(config, model)
+    values = lint.read_env_file(env_file)
+    if "train" in values["COMPOSE_PROFILES"].split(","):  # the trainer service: node's torchrun
+        trainer_env = _environment(services["trainer"])
+        service = load_config(TrainerServiceConfig, section="trainer_service", environ=trainer_env)
+        assert service.command[0] == "torchrun"
+        assert service.command[-3:] == ["-m", "trainer", "train"]
+        assert f"--node-rank={values['NODE_RANK']}" in service.command
+        assert f"--nnodes={values['NNODES']}" in service.command
+        assert services["trainer"]["command"][:4] == ["python", "-m", "trainer", "serve"]
     worker = load_config(
         WorkerConfig, section="worker", environ=_environment(services["sandbox-worker"])
     )

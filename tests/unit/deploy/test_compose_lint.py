@@ -57,9 +57,12 @@ def test_engines_expose_metrics_and_gpu_services_reserve_gpus(compose: dict[str,
         assert devices and all("gpu" in d["capabilities"] for d in devices)
         if name.startswith("sglang"):
             assert "--enable-metrics" in service["command"]
-    trainer = " ".join(compose["services"]["trainer"]["command"])
+    trainer = compose["services"]["trainer"]
+    assert trainer["command"][:4] == ["python", "-m", "trainer", "serve"]  # the trainer service
+    per_job = trainer["environment"]["SWERL_TRAINER_SERVICE__COMMAND"]  # its torchrun per job
+    assert per_job.startswith("[torchrun, ") and per_job.endswith(", -m, trainer, train]")
     for flag in ("--nnodes=${NNODES", "--node-rank=${NODE_RANK", "--master-addr=${MASTER_ADDR"):
-        assert flag in trainer
+        assert flag in per_job
 
 
 def test_the_sandbox_state_dir_is_the_same_path_inside_and_out(compose: dict[str, Any]) -> None:
