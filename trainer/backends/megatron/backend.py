@@ -16,9 +16,10 @@ per-token outputs (logits gathered over the vocabulary) and the same objective; 
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
 parallel: the torch backend's row split by group, gradients summed over the ranks before
-clipping. Tensor and data parallel together, pipeline parallel, the distributed optimizer,
-parallel checkpoints, MoE models, bf16 and activation recompute are not built yet and raise
-:class:`BackendError`.
+clipping. Qwen3-MoE models run at TP=1 (one process or data parallel; the Megatron MoE
+layer, :mod:`trainer.backends.megatron.model`). Tensor and data parallel together, MoE under
+tensor parallel, pipeline parallel in the backend, the distributed optimizer, parallel
+checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class MegatronBackend(TorchBackend):
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         from trainer.backends.megatron import convert
-        from trainer.backends.megatron.model import check_supported, init_parallel
+        from trainer.backends.megatron.model import check_supported, init_parallel, is_moe
 
         source = model_dir if model_dir is not None else config.model
         if not source:
@@ -123,6 +124,11 @@ class MegatronBackend(TorchBackend):
         check_supported(hf_config)
         tp = config.megatron.tensor_parallel
         convert.check_tensor_parallel(hf_config, tp)
+        if is_moe(hf_config) and tp > 1:
+            raise BackendError(
+                "a MoE model under tensor parallel is not built in the megatron backend yet "
+                "(TP=1, one process or data parallel)"
+            )
         init_parallel(tp, config.seed)
         self.hf_config = hf_config
         self._check_world(tp)

@@ -1,8 +1,12 @@
-"""A megatron-core ``GPTModel`` built from the Hugging Face config of a dense Qwen3 model.
+"""A megatron-core ``GPTModel`` built from the Hugging Face config of a Qwen3 model, dense or
+MoE.
 
 Qwen3 in Megatron terms (the local layer spec, no TransformerEngine): RMSNorm, grouped-query
 attention with a fused QKV projection and per-head q/k RMSNorm, a SwiGLU MLP (fused gate/up
 ``linear_fc1``), RoPE with the config's theta, no linear biases, tied or untied embeddings.
+Qwen3-MoE (``model_type: qwen3_moe``, Qwen3-30B-A3B's architecture): every MLP is Megatron's
+``MoELayer`` with a ``TopKRouter`` and one local SwiGLU ``MLP`` per expert (``SequentialMLP``),
+routed exactly as HF routes (:func:`moe_settings`).
 
 Packed lanes (:func:`trainer.data.pack_inputs`): rows share a forward sequence with positions
 restarting at 0 per row. Megatron's plain ``rope`` derives positions from the sequence index
@@ -26,7 +30,7 @@ from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
 from trainer.data import PackedInputs
 
-SUPPORTED_MODEL_TYPES = ("qwen3",)
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -52,6 +56,69 @@ def check_supported(hf_config: Any) -> None:
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise BackendError(f"hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is built")
     _rope_theta(hf_config)
+    if is_moe(hf_config):
+        _check_moe(hf_config)
+
+
+def is_moe(hf_config: Any) -> bool:
+    """Whether ``hf_config`` is a Qwen3-MoE (every MLP a sparse block of routed experts)."""
+    return getattr(hf_config, "model_type", None) == "qwen3_moe"
+
+
+def num_experts(hf_config: Any) -> int:
+    explicit = getattr(hf_config, "num_experts", None)
+    return int(explicit if explicit is not None else hf_config.num_local_experts)
+
+
+def _check_moe(hf_config: Any) -> None:
+    """The Qwen3-MoE routing the builder expresses: every layer sparse, softmax router with the
+    top-k probabilities renormalised, no shared expert (see :func:`moe_settings`)."""
+    layers = int(hf_config.num_hidden_layers)
+    step = int(getattr(hf_config, "decoder_sparse_step", 1))
+    dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
+    if step != 1 or dense:
+        raise BackendError(
+            f"MoE with dense layers (decoder_sparse_step={step}, mlp_only_layers={dense}) is "
+            f"not built: every one of the {layers} layers must be sparse"
+        )
+    if not getattr(hf_config, "norm_topk_prob", True):
+        raise BackendError(
+            "norm_topk_prob=False (top-k probabilities not renormalised) is not built"
+        )
+    if getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise BackendError("shared experts are not built in the megatron MoE")
+
+
+def moe_settings(hf_config: Any) -> dict[str, Any]:
+    """``TransformerConfig`` fields of a Qwen3-MoE: the HF routing exactly.
+
+    HF's ``Qwen3MoeSparseMoeBlock`` takes ``softmax`` over all experts' logits, keeps the top k
+    and renormalises them to sum to 1 (``norm_topk_prob``). Megatron's router with
+    ``moe_router_pre_softmax=False`` takes the top k logits and a softmax over those k: the same
+    weights (a softmax restricted to a subset is the renormalised full softmax). Routing runs in
+    fp32, the load-balancing loss is off (``moe_router_load_balancing_type="none"``, coefficient
+    0: the RL objective is the only loss), no capacity limit (``moe_expert_capacity_factor=None``:
+    no token is dropped), experts one local ``SequentialMLP`` each (no grouped GEMM, no fusions).
+    """
+    if not is_moe(hf_config):
+        return {}
+    return dict(
+        num_moe_experts=num_experts(hf_config),
+        moe_router_topk=int(hf_config.num_experts_per_tok),
+        moe_ffn_hidden_size=int(hf_config.moe_intermediate_size),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=False,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_z_loss_coeff=None,
+        moe_expert_capacity_factor=None,
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+        moe_shared_expert_intermediate_size=None,
+    )
 
 
 def head_dim(hf_config: Any) -> int:
@@ -92,6 +159,7 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         params_dtype=dtype,
+        **moe_settings(hf_config),
     )
 
 
@@ -102,7 +170,10 @@ def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(hf_config, dtype)
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    experts = num_experts(hf_config) if is_moe(hf_config) else None
+    spec = get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
+    )
     return GPTModel(
         config,
         spec,
