@@ -89,6 +89,11 @@ class MegatronConfig(StrictModel):
     tensor_parallel: int = Field(
         default=1, ge=1, description="tensor-parallel ranks (the processes of one model replica)"
     )
+    pipeline_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="pipeline stages (forwards only so far: logprobs, entropy and values)",
+    )
 
 
 class TrainerConfig(StrictModel):

@@ -17,9 +17,12 @@ layernorm gradients are summed over the TP ranks and the clipped grad norm spans
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
 parallel: the torch backend's row split by group, gradients summed over the ranks before
 clipping. Qwen3-MoE models run at TP=1 (one process or data parallel; the Megatron MoE
-layer, :mod:`trainer.backends.megatron.model`). Tensor and data parallel together, MoE under
-tensor parallel, pipeline parallel in the backend, the distributed optimizer, parallel
-checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
+layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
+TP=1, dense) every rank holds one stage and ``logprobs_and_values`` runs megatron's 1F1B
+schedule (:mod:`trainer.backends.megatron.pipeline`); the weights are gathered from every
+stage. Training under PP, tensor and data parallel together, MoE under tensor or pipeline
+parallel, expert parallel, the distributed optimizer, parallel checkpoints, bf16 and
+activation recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.backends import torch_checkpoint
-from trainer.backends.base import BackendError
+from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
@@ -46,6 +49,7 @@ from trainer.backends.torch_backend import (
 )
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
+from trainer.data import TrainBatch
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -124,20 +128,35 @@ class MegatronBackend(TorchBackend):
         check_supported(hf_config)
         tp = config.megatron.tensor_parallel
         convert.check_tensor_parallel(hf_config, tp)
+        pp = config.megatron.pipeline_parallel
+        if pp > 1:
+            if tp > 1:
+                raise BackendError(
+                    "tensor and pipeline parallel together are not built in the megatron "
+                    "backend yet"
+                )
+            if config.kl_coef > 0:
+                raise BackendError("a KL reference under pipeline parallel is not built yet")
+            if is_moe(hf_config):
+                raise BackendError("a MoE model under pipeline parallel is not built yet")
         if is_moe(hf_config) and tp > 1:
             raise BackendError(
                 "a MoE model under tensor parallel is not built in the megatron backend yet "
                 "(TP=1, one process or data parallel)"
             )
-        init_parallel(tp, config.seed)
+        init_parallel(tp, config.seed, pp)
         self.hf_config = hf_config
-        self._check_world(tp)
+        self.pp = pp
+        self._check_world(tp, pp)
         torch.manual_seed(config.seed)
         self.tp_rank = self._tp_rank()
-        self._build_models(convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp))
+        weights = convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp)
+        if pp > 1:
+            weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
+        self._build_models(weights)
         self.fingerprint = _fingerprint(self.actor, self.critic)
-        # TP ranks hold the same rows; with TP=1 the world is data parallel (rows by group)
-        self.dp = DataParallel.current() if tp == 1 else DataParallel()
+        # TP ranks and PP stages hold the same rows; with TP=PP=1 the world is data parallel
+        self.dp = DataParallel.current() if tp == 1 and pp == 1 else DataParallel()
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -188,12 +207,17 @@ class MegatronBackend(TorchBackend):
             raise BackendError("activation recompute is not built in the megatron backend yet")
 
     @staticmethod
-    def _check_world(tp: int) -> None:
+    def _check_world(tp: int, pp: int = 1) -> None:
         world = dist.get_world_size()
         if world != tp and tp != 1:
             raise BackendError(
                 f"world size {world} with TP={tp}: tensor and data parallel together are not "
                 "built in the megatron backend yet (TP = world, or TP=1 and data parallel)"
+            )
+        if pp > 1 and world != pp:
+            raise BackendError(
+                f"world size {world} with PP={pp}: pipeline and data parallel together are not "
+                "built in the megatron backend yet (PP = world)"
             )
 
     @staticmethod
@@ -201,6 +225,49 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state
 
         return int(parallel_state.get_tensor_model_parallel_rank())
+
+    @staticmethod
+    def _pp_rank() -> int:
+        from megatron.core import parallel_state
+
+        return int(parallel_state.get_pipeline_model_parallel_rank())
+
+    # ------------------------------------------------------------------ pipeline parallel
+
+    def logprobs_and_values(self, batch: TrainBatch) -> ForwardResult:
+        """No-grad forward of actor and critic over ``batch``; under pipeline parallel through
+        megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), the last
+        stage's outputs summed onto every stage."""
+        if self.pp == 1:
+            return super().logprobs_and_values(batch)
+        from trainer.backends.megatron.pipeline import pipeline_forward
+
+        batch = batch.to(self.device)
+        plan = self._plan(batch)
+        views = [m.view(batch) for m in plan]
+        inputs = [v[1] for v in views]
+        logits = pipeline_forward(self.actor, inputs, self.scorer.head)
+        values = pipeline_forward(self.critic.body, inputs, self.critic.head)
+        shape = tuple(batch.tokens.shape)
+        out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(3)]
+        for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
+            if not logits:  # not the last stage: it adds zeros to the sum
+                break
+            rows, width = m.rows.to(self.device), mb.tokens.shape[1]
+            logp, ent = self._token_logprobs(mb, logits[i], entropy=True)
+            value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
+            out[0][rows, :width], out[1][rows, :width], out[2][rows, :width] = logp, ent, value
+        for tensor in out:
+            dist.all_reduce(tensor)  # the pipeline group is the world (PP = world)
+        return ForwardResult(logprobs=out[0], values=out[2], entropy=out[1])
+
+    def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
+        if self.pp > 1:
+            raise BackendError(
+                "training under pipeline parallel is not built in the megatron backend yet "
+                "(forwards are: logprobs_and_values)"
+            )
+        return super().train_step(batch, objective)
 
     def _clip_and_step(  # type: ignore[override]
         self,
@@ -241,7 +308,11 @@ class MegatronBackend(TorchBackend):
         local = {k: v.to("cpu") for k, v in self._megatron_state().items()}
         tp = self.config.megatron.tensor_parallel
         shards: list[dict[str, Tensor]] = [local]
-        if tp > 1:
+        if self.pp > 1:  # the pipeline group is the world: every stage's part, then whole
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, local)
+            shards = [convert.merge_pipeline_stages(stages, self.hf_config)]
+        elif tp > 1:
             gathered: list[Any] = [None] * tp
             dist.all_gather_object(gathered, local)  # TP group == world (no data parallel)
             shards = gathered
@@ -294,8 +365,8 @@ class MegatronBackend(TorchBackend):
         return torch_checkpoint.load(self, directory)
 
     def _one_process_checkpoints(self) -> None:
-        if self.config.megatron.tensor_parallel > 1 or self.dp.enabled:
+        if self.config.megatron.tensor_parallel > 1 or self.pp > 1 or self.dp.enabled:
             raise BackendError(
-                "checkpoints of the megatron backend under tensor or data parallel are not "
-                "built yet (Megatron dist-checkpointing); one-process checkpoints are"
+                "checkpoints of the megatron backend under tensor, pipeline or data parallel are "
+                "not built yet (Megatron dist-checkpointing); one-process checkpoints are"
             )

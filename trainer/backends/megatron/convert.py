@@ -254,6 +254,59 @@ def merge_expert_parallel(ep_shards: Sequence[Mapping[str, Tensor]], hf_config: 
     return out
 
 
+def _stage_layers(hf_config: Any, pp_rank: int, pp: int) -> range:
+    layers = int(hf_config.num_hidden_layers)
+    if layers % pp:
+        raise BackendError(
+            f"num_hidden_layers={layers} does not split over pipeline parallel size {pp}"
+        )
+    per = layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def pipeline_stage(weights: Mapping[str, Tensor], hf_config: Any, pp_rank: int, pp: int) -> Weights:
+    """Pipeline stage ``pp_rank`` of ``pp``'s share of whole-model Megatron ``weights``: its
+    layers (global layer ``pp_rank*L/pp + j`` becomes the stage's ``decoder.layers.j``, the
+    even split megatron builds), the embedding on the first stage, the final norm and the
+    output layer on the last (with tied embeddings the last stage's ``output_layer`` is a copy
+    of the word embeddings, which megatron keeps equal)."""
+    layers = _stage_layers(hf_config, pp_rank, pp)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out: Weights = {}
+    for name, tensor in weights.items():
+        if name.startswith("decoder.layers."):
+            index, rest = name[len("decoder.layers.") :].split(".", 1)
+            if int(index) in layers:
+                out[f"decoder.layers.{int(index) - layers.start}.{rest}"] = tensor
+        else:
+            tail = name.startswith("decoder.final_layernorm") or name == "output_layer.weight"
+            if (first and name.startswith("embedding.")) or (last and tail):
+                out[name] = tensor
+    if last and not first and hf_config.tie_word_embeddings:
+        out["output_layer.weight"] = weights["embedding.word_embeddings.weight"]
+    return out
+
+
+def merge_pipeline_stages(stages: Sequence[Mapping[str, Tensor]], hf_config: Any) -> Weights:
+    """Whole-model Megatron weights from every pipeline stage's (``stages[s]`` being stage
+    ``s``'s): the inverse of :func:`pipeline_stage` (a tied output layer is dropped)."""
+    if not stages:
+        raise BackendError("no Megatron pipeline stages to merge")
+    pp = len(stages)
+    out: Weights = {}
+    for s, stage in enumerate(stages):
+        layers = _stage_layers(hf_config, s, pp)
+        for name, tensor in stage.items():
+            if name.startswith("decoder.layers."):
+                index, rest = name[len("decoder.layers.") :].split(".", 1)
+                out[f"decoder.layers.{layers.start + int(index)}.{rest}"] = tensor
+            elif name == "output_layer.weight" and hf_config.tie_word_embeddings:
+                continue
+            else:
+                out[name] = tensor
+    return out
+
+
 def load_into(model: torch.nn.Module, weights: Mapping[str, Tensor]) -> None:
     """Copy ``weights`` (Megatron names) into ``model``; every parameter must be given."""
     params = dict(model.named_parameters())

@@ -101,7 +101,9 @@ def moe_settings(hf_config: Any) -> dict[str, Any]:
     no token is dropped), experts one local ``SequentialMLP`` each (no grouped GEMM, no fusions).
     """
     if not is_moe(hf_config):
-        return {}
+        # unused by a dense model; megatron refuses its default (allgather) beside the
+        # variable_seq_lengths of pipeline parallel
+        return {"moe_token_dispatcher_type": "alltoall"}
     return dict(
         num_moe_experts=num_experts(hf_config),
         moe_router_topk=int(hf_config.num_experts_per_tok),
@@ -150,6 +152,10 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         attention_dropout=0.0,
         mrope_section=[dim // 2, 0, 0],  # every rotary frequency on M-RoPE's first axis
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        pipeline_dtype=dtype,
+        # micro-batches differ in width: pipeline stages exchange activation shapes first
+        variable_seq_lengths=parallel_state.get_pipeline_model_parallel_world_size() > 1,
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint
         bias_activation_fusion=False,
@@ -164,33 +170,41 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
 
 
 def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape; load weights with
-    :func:`trainer.backends.megatron.convert.hf_to_megatron`."""
+    """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape, this pipeline stage's part
+    (the embedding on the first stage, the final norm and output layer on the last, the
+    stage's share of the layers); load weights with
+    :func:`trainer.backends.megatron.convert.hf_to_megatron` (and
+    :func:`~trainer.backends.megatron.convert.pipeline_stage`)."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from trainer.backends.megatron import cpu_compat
 
     config = transformer_config(hf_config, dtype)
     experts = num_experts(hf_config) if is_moe(hf_config) else None
     spec = get_gpt_layer_local_spec(
         num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
     )
-    return GPTModel(
-        config,
-        spec,
-        vocab_size=int(hf_config.vocab_size),
-        max_sequence_length=int(hf_config.max_position_embeddings),
-        pre_process=True,
-        post_process=True,
-        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="mrope",
-        rotary_base=_rope_theta(hf_config),
-    )
+    with cpu_compat.building():
+        return GPTModel(
+            config,
+            spec,
+            vocab_size=int(hf_config.vocab_size),
+            max_sequence_length=int(hf_config.max_position_embeddings),
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+            position_embedding_type="mrope",
+            rotary_base=_rope_theta(hf_config),
+        )
 
 
-def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
+def init_parallel(tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: int = 1) -> None:
     """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
-    megatron's ``parallel_state`` with ``tensor_parallel`` ranks (the rest is data parallel)
-    and its model-parallel RNG streams from ``seed``."""
+    megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
+    model replica (the rest is data parallel) and its model-parallel RNG streams from
+    ``seed``."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -208,17 +222,26 @@ def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
                 "gloo", rank=int(os.environ.get("RANK", "0")), world_size=world_size
             )
     if parallel_state.model_parallel_is_initialized():
-        have = parallel_state.get_tensor_model_parallel_world_size()
-        if have != tensor_parallel:
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if have != (tensor_parallel, pipeline_parallel):
             raise BackendError(
-                f"megatron parallel_state is initialised with TP={have}, "
-                f"asked for {tensor_parallel}"
+                f"megatron parallel_state is initialised with TP={have[0]}, PP={have[1]}, "
+                f"asked for TP={tensor_parallel}, PP={pipeline_parallel}"
             )
     else:
-        world = dist.get_world_size()
-        if world % tensor_parallel:
-            raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+        world, per_model = dist.get_world_size(), tensor_parallel * pipeline_parallel
+        if world % per_model:
+            raise BackendError(
+                f"world size {world} is not a multiple of TP={tensor_parallel} x "
+                f"PP={pipeline_parallel}"
+            )
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+        )
     model_parallel_cuda_manual_seed(seed)
 
 
@@ -232,19 +255,33 @@ def packed_attention_mask(position_ids: Tensor) -> Tensor:
     return ~(same & causal)[:, None]
 
 
-def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
-    """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
-    picks, from the ``[lanes, width]`` packed inputs."""
+def decoder_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+    """``[width, lanes, hidden]`` output of this pipeline stage's layers on the ``[lanes,
+    width]`` packed inputs: the first stage embeds the tokens, a later one starts from the
+    input tensor megatron's schedule set (``model.set_input_tensor``); on the last stage the
+    output is normed by the final layernorm."""
     ids, positions = inputs.input_ids, inputs.position_ids
-    embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
+    embedded = None
+    if model.pre_process:
+        embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
     rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
-    hidden = model.decoder(
+    return model.decoder(
         hidden_states=embedded,
         attention_mask=packed_attention_mask(positions),
         rotary_pos_emb=rotary,
-    )  # [w, lanes, h]
+    )
+
+
+def pick(hidden: Tensor, inputs: PackedInputs) -> Tensor:
+    """``[rows * T, hidden]``: the positions ``inputs.index`` picks of ``[w, lanes, h]``."""
     flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
     return flat[inputs.index.reshape(-1)]
+
+
+def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+    """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
+    picks, from the ``[lanes, width]`` packed inputs (the whole model on this rank)."""
+    return pick(decoder_states(model, inputs), inputs)
 
 
 def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
@@ -266,7 +303,11 @@ class MegatronScorer(nn.Module):
         self.model = model
 
     def forward(self, inputs: PackedInputs) -> Tensor:
-        logits = output_logits(self.model, hidden_states(self.model, inputs))
+        return self.head(decoder_states(self.model, inputs), inputs)
+
+    def head(self, hidden: Tensor, inputs: PackedInputs) -> Tensor:
+        """Logits ``[n, t, vocab]`` from the last stage's ``[w, lanes, h]`` decoder output."""
+        logits = output_logits(self.model, pick(hidden, inputs))
         return logits.reshape(*inputs.index.shape, -1)
 
 
@@ -289,6 +330,10 @@ class MegatronValueModel(ValueModel):
 
     def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
         """``[n, t]`` float32 values (``raw``: a sigmoid head's logits)."""
-        picked = hidden_states(self.body, inputs)
+        return self.head(decoder_states(self.body, inputs), inputs, raw)
+
+    def head(self, hidden: Tensor, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """Values ``[n, t]`` from the last stage's ``[w, lanes, h]`` decoder output."""
+        picked = pick(hidden, inputs)
         out = self.value_head(picked).squeeze(-1).float().reshape(inputs.index.shape)
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out

@@ -1,0 +1,66 @@
+"""One rank of the megatron pipeline-parallel test: ``python -m tests.support.megatron_pp_worker``.
+
+Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE. Joins a gloo group on loopback,
+builds the megatron backend with PP = WORLD stages (the tiny model's layers split evenly),
+scores the batch through megatron's 1F1B schedule (forward only), gathers the HF weights from
+every stage, and tries a step and a checkpoint (refused under PP); rank 0 saves the outputs,
+the gathered weights, each stage's parameter names and the refusals to OUT_FILE. One process
+pair serves every check (each process pays seconds of megatron-core import).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tests.support.ranks import join_group
+from trainer.backends import BackendError, StepObjective
+from trainer.backends.megatron.backend import MegatronBackend
+from trainer.config import TrainerConfig
+
+# Small micro-batches: several are in flight through the 1F1B schedule at once.
+BATCH = {"micro_batch_tokens": 32, "lane_factor": 0}
+
+
+def refusal(call) -> str:
+    try:
+        call()
+    except BackendError as exc:
+        return str(exc)
+    return ""
+
+
+def run(model_dir: str, batch_file: str, world: int) -> dict:
+    config = TrainerConfig(
+        model=model_dir, backend="megatron", megatron={"pipeline_parallel": world}, batch=BATCH
+    )
+    backend = MegatronBackend(config)
+    batch = torch.load(batch_file, weights_only=False)
+    names: list = [None] * world
+    dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    return {
+        "forward": backend.logprobs_and_values(batch),
+        "weights": dict(backend.named_weights()),
+        "stage_names": names,
+        "step_refused": refusal(lambda: backend.train_step(batch, objective)),
+        "save_refused": refusal(lambda: backend.save(f"{batch_file}-ckpt")),
+    }
+
+
+def main() -> int:
+    rank, world, port, model_dir, batch_file, out_file = sys.argv[1:7]
+    join_group(rank, world, port)
+    try:
+        result = run(model_dir, batch_file, int(world))
+        if int(rank) == 0:
+            torch.save(result, out_file)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

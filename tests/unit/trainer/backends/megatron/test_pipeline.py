@@ -1,0 +1,73 @@
+"""Pipeline parallel on CPU: the megatron backend with PP=2 (two gloo processes, one layer of
+the tiny model per stage) scores a batch through megatron's 1F1B schedule like one process
+(TP=1, PP=1) and gathers the HF weights from both stages bit-exactly; what is not built under
+PP (a step, checkpoints) is refused with a clear error.
+
+One process pair serves every check (each process pays seconds of megatron-core import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.support.megatron_pp_worker import BATCH
+from tests.support.ranks import run_ranks
+from tests.unit.trainer.backends.megatron.test_backend import make, parity_batch
+from trainer.backends import BackendError
+from trainer.backends.megatron.convert import (
+    hf_to_megatron,
+    merge_pipeline_stages,
+    pipeline_stage,
+)
+
+pytestmark = pytest.mark.slow  # two processes importing megatron-core
+
+
+def test_pipeline_stages_split_and_merge_the_weights_bit_exactly(tiny_model_dir: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    whole = hf_to_megatron(load_file(tiny_model_dir / "model.safetensors"), config)
+    first, last = (pipeline_stage(whole, config, s, 2) for s in range(2))
+    layer1 = "decoder.layers.1.mlp.linear_fc1.weight"
+    assert torch.equal(last["decoder.layers.0.mlp.linear_fc1.weight"], whole[layer1])
+    assert "embedding.word_embeddings.weight" in first and "decoder.layers.1." not in str(first)
+    assert (
+        "decoder.final_layernorm.weight" in last and "decoder.final_layernorm.weight" not in first
+    )
+    tied = whole["embedding.word_embeddings.weight"]
+    assert torch.equal(last["output_layer.weight"], tied)  # the last stage's tied copy
+    merged = merge_pipeline_stages([first, last], config)
+    assert merged.keys() == whole.keys() and all(torch.equal(merged[n], whole[n]) for n in whole)
+    with pytest.raises(BackendError, match="num_hidden_layers=2 does not split over pipeline"):
+        pipeline_stage(whole, config, 0, 3)
+
+
+def test_two_pipeline_stages_score_like_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    one = make(tiny_model_dir, "megatron", batch=BATCH)
+    batch = parity_batch(one)
+    assert len(one._plan(batch)) > 2  # several micro-batches in flight through the 1F1B schedule
+    torch.save(batch, tmp_path / "batch.pt")
+    out = tmp_path / "pp.pt"
+    args = [str(tiny_model_dir), str(tmp_path / "batch.pt"), str(out)]
+    run_ranks("tests.support.megatron_pp_worker", args)
+    two = torch.load(out, weights_only=False)
+    first, last = two["stage_names"]
+    assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
+    assert (
+        "decoder.final_layernorm.weight" in last and "embedding.word_embeddings.weight" not in last
+    )
+    assert not any(n.startswith("decoder.layers.1.") for n in first + last)  # one layer each
+    want, mask = one.logprobs_and_values(batch), batch.action_mask
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(two["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    assert float(two["forward"].logprobs[mask].abs().min()) > 0
+    hf = load_file(tiny_model_dir / "model.safetensors")
+    assert two["weights"].keys() == hf.keys()
+    assert all(torch.equal(two["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
+    assert "training under pipeline parallel is not built" in two["step_refused"]
+    assert "under tensor, pipeline or data parallel are not built" in two["save_refused"]
