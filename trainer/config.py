@@ -89,6 +89,11 @@ class MegatronConfig(StrictModel):
     tensor_parallel: int = Field(
         default=1, ge=1, description="tensor-parallel ranks (the processes of one model replica)"
     )
+    expert_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="expert-parallel ranks of a MoE (EP = world; forwards only so far)",
+    )
     pipeline_parallel: int = Field(
         default=1,
         ge=1,

@@ -1,11 +1,13 @@
 """One rank of the megatron pipeline-parallel test: ``python -m tests.support.megatron_pp_worker``.
 
-Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE. Joins a gloo group on loopback,
-builds the megatron backend with PP = WORLD stages (the tiny model's layers split evenly),
-scores the batch through megatron's 1F1B schedule (forward only), gathers the HF weights from
-every stage, and tries a step and a checkpoint (refused under PP); rank 0 saves the outputs,
-the gathered weights, each stage's parameter names and the refusals to OUT_FILE. One process
-pair serves every check (each process pays seconds of megatron-core import).
+Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE MOE_DIR MOE_BATCH_FILE OUT_FILE. Joins a gloo
+group on loopback, builds the megatron backend with PP = WORLD stages (the tiny model's layers
+split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
+weights from every stage, and tries a step and a checkpoint (refused under PP). Then the same
+ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and do the same on the tiny
+MoE (key ``ep``). Rank 0 saves the outputs, the gathered weights, each rank's parameter names
+and the refusals to OUT_FILE. One process pair serves every check (each process pays seconds of
+megatron-core import).
 """
 
 from __future__ import annotations
@@ -50,11 +52,32 @@ def run(model_dir: str, batch_file: str, world: int) -> dict:
     }
 
 
+def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:
+    """The same ranks re-initialised as EP = WORLD on the tiny MoE: each holds its share of
+    the experts, every rank scores the whole batch."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    config = TrainerConfig(model=moe_dir, backend="megatron", megatron={"expert_parallel": world})
+    backend = MegatronBackend(config)
+    batch = torch.load(batch_file, weights_only=False)
+    names: list = [None] * world
+    dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    return {
+        "forward": backend.logprobs_and_values(batch),
+        "weights": dict(backend.named_weights()),
+        "rank_names": names,
+        "step_refused": refusal(lambda: backend.train_step(batch, objective)),
+    }
+
+
 def main() -> int:
-    rank, world, port, model_dir, batch_file, out_file = sys.argv[1:7]
+    rank, world, port, model_dir, batch_file, moe_dir, moe_batch_file, out_file = sys.argv[1:9]
     join_group(rank, world, port)
     try:
         result = run(model_dir, batch_file, int(world))
+        result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, int(world))
         if int(rank) == 0:
             torch.save(result, out_file)
     finally:

@@ -20,9 +20,11 @@ clipping. Qwen3-MoE models run at TP=1 (one process or data parallel; the Megatr
 layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
 TP=1, dense) every rank holds one stage and ``logprobs_and_values`` runs megatron's 1F1B
 schedule (:mod:`trainer.backends.megatron.pipeline`); the weights are gathered from every
-stage. Training under PP, tensor and data parallel together, MoE under tensor or pipeline
-parallel, expert parallel, the distributed optimizer, parallel checkpoints, bf16 and
-activation recompute are not built yet and raise :class:`BackendError`.
+stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
+of the experts and scores the whole batch (megatron's allgather dispatcher moves the tokens);
+the experts are gathered for the weights out. Training under PP or EP, tensor and data
+parallel together, MoE under tensor or pipeline parallel, the distributed optimizer, parallel
+checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -139,24 +141,33 @@ class MegatronBackend(TorchBackend):
                 raise BackendError("a KL reference under pipeline parallel is not built yet")
             if is_moe(hf_config):
                 raise BackendError("a MoE model under pipeline parallel is not built yet")
+        ep = config.megatron.expert_parallel
+        convert.check_expert_parallel(hf_config, ep)
+        if ep > 1 and (tp > 1 or pp > 1):
+            raise BackendError(
+                "expert parallel with tensor or pipeline parallel is not built in the megatron "
+                "backend yet"
+            )
         if is_moe(hf_config) and tp > 1:
             raise BackendError(
                 "a MoE model under tensor parallel is not built in the megatron backend yet "
                 "(TP=1, one process or data parallel)"
             )
-        init_parallel(tp, config.seed, pp)
+        init_parallel(tp, config.seed, pp, ep)
         self.hf_config = hf_config
-        self.pp = pp
-        self._check_world(tp, pp)
+        self.pp, self.ep = pp, ep
+        self._check_world(tp, pp, ep)
         torch.manual_seed(config.seed)
         self.tp_rank = self._tp_rank()
-        weights = convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp)
+        weights = convert.hf_to_megatron(
+            hf_weights, hf_config, self.tp_rank, tp, self._ep_rank(), ep
+        )
         if pp > 1:
             weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
         self._build_models(weights)
         self.fingerprint = _fingerprint(self.actor, self.critic)
-        # TP ranks and PP stages hold the same rows; with TP=PP=1 the world is data parallel
-        self.dp = DataParallel.current() if tp == 1 and pp == 1 else DataParallel()
+        # TP, PP and EP ranks hold the same rows; with TP=PP=EP=1 the world is data parallel
+        self.dp = DataParallel.current() if tp == pp == ep == 1 else DataParallel()
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -207,7 +218,7 @@ class MegatronBackend(TorchBackend):
             raise BackendError("activation recompute is not built in the megatron backend yet")
 
     @staticmethod
-    def _check_world(tp: int, pp: int = 1) -> None:
+    def _check_world(tp: int, pp: int = 1, ep: int = 1) -> None:
         world = dist.get_world_size()
         if world != tp and tp != 1:
             raise BackendError(
@@ -219,12 +230,23 @@ class MegatronBackend(TorchBackend):
                 f"world size {world} with PP={pp}: pipeline and data parallel together are not "
                 "built in the megatron backend yet (PP = world)"
             )
+        if ep > 1 and world != ep:
+            raise BackendError(
+                f"world size {world} with EP={ep}: expert and data parallel together are not "
+                "built in the megatron backend yet (EP = world)"
+            )
 
     @staticmethod
     def _tp_rank() -> int:
         from megatron.core import parallel_state
 
         return int(parallel_state.get_tensor_model_parallel_rank())
+
+    @staticmethod
+    def _ep_rank() -> int:
+        from megatron.core import parallel_state
+
+        return int(parallel_state.get_expert_model_parallel_rank())
 
     @staticmethod
     def _pp_rank() -> int:
@@ -262,11 +284,12 @@ class MegatronBackend(TorchBackend):
         return ForwardResult(logprobs=out[0], values=out[2], entropy=out[1])
 
     def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
-        if self.pp > 1:
-            raise BackendError(
-                "training under pipeline parallel is not built in the megatron backend yet "
-                "(forwards are: logprobs_and_values)"
-            )
+        for size, what in ((self.pp, "pipeline"), (self.ep, "expert")):
+            if size > 1:
+                raise BackendError(
+                    f"training under {what} parallel is not built in the megatron backend yet "
+                    "(forwards are: logprobs_and_values)"
+                )
         return super().train_step(batch, objective)
 
     def _clip_and_step(  # type: ignore[override]
@@ -312,6 +335,10 @@ class MegatronBackend(TorchBackend):
             stages: list[Any] = [None] * self.pp
             dist.all_gather_object(stages, local)
             shards = [convert.merge_pipeline_stages(stages, self.hf_config)]
+        elif self.ep > 1:  # the expert-parallel group is the world: every rank's experts
+            ranks: list[Any] = [None] * self.ep
+            dist.all_gather_object(ranks, local)
+            shards = [convert.merge_expert_parallel(ranks, self.hf_config)]
         elif tp > 1:
             gathered: list[Any] = [None] * tp
             dist.all_gather_object(gathered, local)  # TP group == world (no data parallel)
@@ -365,8 +392,10 @@ class MegatronBackend(TorchBackend):
         return torch_checkpoint.load(self, directory)
 
     def _one_process_checkpoints(self) -> None:
-        if self.config.megatron.tensor_parallel > 1 or self.pp > 1 or self.dp.enabled:
+        parallel = self.config.megatron.tensor_parallel * self.pp * self.ep
+        if parallel > 1 or self.dp.enabled:
             raise BackendError(
-                "checkpoints of the megatron backend under tensor, pipeline or data parallel are "
-                "not built yet (Megatron dist-checkpointing); one-process checkpoints are"
+                "checkpoints of the megatron backend under tensor, pipeline, expert or data "
+                "parallel are not built yet (Megatron dist-checkpointing); one-process "
+                "checkpoints are"
             )

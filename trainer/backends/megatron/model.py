@@ -153,6 +153,7 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         mrope_section=[dim // 2, 0, 0],  # every rotary frequency on M-RoPE's first axis
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
         pipeline_dtype=dtype,
         # micro-batches differ in width: pipeline stages exchange activation shapes first
         variable_seq_lengths=parallel_state.get_pipeline_model_parallel_world_size() > 1,
@@ -200,11 +201,13 @@ def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
         )
 
 
-def init_parallel(tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: int = 1) -> None:
+def init_parallel(
+    tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: int = 1, expert_parallel: int = 1
+) -> None:
     """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
     megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
-    model replica (the rest is data parallel) and its model-parallel RNG streams from
-    ``seed``."""
+    model replica (the rest is data parallel; ``expert_parallel`` ranks of it split a MoE's
+    experts) and its model-parallel RNG streams from ``seed``."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -225,11 +228,13 @@ def init_parallel(tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: in
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if have != (tensor_parallel, pipeline_parallel):
+        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
             raise BackendError(
                 f"megatron parallel_state is initialised with TP={have[0]}, PP={have[1]}, "
-                f"asked for TP={tensor_parallel}, PP={pipeline_parallel}"
+                f"EP={have[2]}, asked for TP={tensor_parallel}, PP={pipeline_parallel}, "
+                f"EP={expert_parallel}"
             )
     else:
         world, per_model = dist.get_world_size(), tensor_parallel * pipeline_parallel
@@ -241,6 +246,7 @@ def init_parallel(tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: in
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel,
             pipeline_model_parallel_size=pipeline_parallel,
+            expert_model_parallel_size=expert_parallel,
         )
     model_parallel_cuda_manual_seed(seed)
 

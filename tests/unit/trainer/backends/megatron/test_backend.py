@@ -266,7 +266,7 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
     for name, tensor in one.named_weights():
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
-    assert "under tensor, pipeline or data parallel are not built" in two["save_refused"]
+    assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
     # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
     dp = two["dp"]
     assert dp["world"] == 2

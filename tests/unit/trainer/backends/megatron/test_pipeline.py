@@ -1,7 +1,8 @@
-"""Pipeline parallel on CPU: the megatron backend with PP=2 (two gloo processes, one layer of
-the tiny model per stage) scores a batch through megatron's 1F1B schedule like one process
-(TP=1, PP=1) and gathers the HF weights from both stages bit-exactly; what is not built under
-PP (a step, checkpoints) is refused with a clear error.
+"""Pipeline and expert parallel on CPU: the megatron backend with PP=2 (two gloo processes, one
+layer of the tiny model per stage) scores a batch through megatron's 1F1B schedule like one
+process and gathers the HF weights from both stages bit-exactly; the same processes as EP=2 on
+the tiny MoE (two experts per rank) score like one process and gather every expert
+bit-exactly; what is not built there (a step, checkpoints) is refused with a clear error.
 
 One process pair serves every check (each process pays seconds of megatron-core import)."""
 
@@ -46,14 +47,19 @@ def test_pipeline_stages_split_and_merge_the_weights_bit_exactly(tiny_model_dir:
         pipeline_stage(whole, config, 0, 3)
 
 
-def test_two_pipeline_stages_score_like_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
+    tiny_model_dir: Path, tiny_moe_dir: Path, tmp_path: Path
+) -> None:
     one = make(tiny_model_dir, "megatron", batch=BATCH)
     batch = parity_batch(one)
     assert len(one._plan(batch)) > 2  # several micro-batches in flight through the 1F1B schedule
     torch.save(batch, tmp_path / "batch.pt")
+    one_moe = make(tiny_moe_dir, "megatron")
+    moe_batch = parity_batch(one_moe)
+    torch.save(moe_batch, tmp_path / "moe_batch.pt")
     out = tmp_path / "pp.pt"
-    args = [str(tiny_model_dir), str(tmp_path / "batch.pt"), str(out)]
-    run_ranks("tests.support.megatron_pp_worker", args)
+    args = [str(tiny_model_dir), str(tmp_path / "batch.pt"), str(tiny_moe_dir)]
+    run_ranks("tests.support.megatron_pp_worker", [*args, str(tmp_path / "moe_batch.pt"), str(out)])
     two = torch.load(out, weights_only=False)
     first, last = two["stage_names"]
     assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
@@ -70,4 +76,19 @@ def test_two_pipeline_stages_score_like_one_process(tiny_model_dir: Path, tmp_pa
     assert two["weights"].keys() == hf.keys()
     assert all(torch.equal(two["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
     assert "training under pipeline parallel is not built" in two["step_refused"]
-    assert "under tensor, pipeline or data parallel are not built" in two["save_refused"]
+    assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
+    # expert parallel: each rank holds two of the four experts, yet scores every token
+    ep = two["ep"]
+    for names in ep["rank_names"]:
+        experts = {
+            n.split("local_experts.")[1].split(".")[0] for n in names if "local_experts" in n
+        }
+        assert experts == {"0", "1"} and "decoder.layers.1.mlp.router.weight" in names
+    want, mask = one_moe.logprobs_and_values(moe_batch), moe_batch.action_mask
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(ep["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    hf = load_file(tiny_moe_dir / "model.safetensors")
+    assert ep["weights"].keys() == hf.keys()
+    assert all(torch.equal(ep["weights"][n], hf[n]) for n in hf)  # every expert, bit-exactly
+    assert "training under expert parallel is not built" in ep["step_refused"]
