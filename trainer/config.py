@@ -92,7 +92,7 @@ class MegatronConfig(StrictModel):
     expert_parallel: int = Field(
         default=1,
         ge=1,
-        description="expert-parallel ranks of a MoE (EP = world; forwards only so far)",
+        description="expert-parallel ranks of a MoE (EP = world, TP = PP = 1)",
     )
     pipeline_parallel: int = Field(
         default=1,

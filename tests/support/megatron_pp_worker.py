@@ -24,6 +24,8 @@ from trainer.config import TrainerConfig
 
 # Small micro-batches: several are in flight through the 1F1B schedule at once.
 BATCH = {"micro_batch_tokens": 32, "lane_factor": 0}
+LR = 1e-2  # the expert-parallel step's learning rate (actor and critic)
+STEP = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
 
 
 def refusal(call) -> str:
@@ -54,22 +56,27 @@ def run(model_dir: str, batch_file: str, world: int) -> dict:
 
 def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:
     """The same ranks re-initialised as EP = WORLD on the tiny MoE: each holds its share of
-    the experts, every rank scores the whole batch."""
+    the experts, every rank scores the whole batch, then one Li2SAO step (:data:`STEP`)."""
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
-    config = TrainerConfig(model=moe_dir, backend="megatron", megatron={"expert_parallel": world})
+    config = TrainerConfig(
+        model=moe_dir, backend="megatron", megatron={"expert_parallel": world}, **STEP
+    )
     backend = MegatronBackend(config)
     batch = torch.load(batch_file, weights_only=False)
     names: list = [None] * world
     dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
-    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
-    return {
+    result = {
         "forward": backend.logprobs_and_values(batch),
         "weights": dict(backend.named_weights()),
         "rank_names": names,
-        "step_refused": refusal(lambda: backend.train_step(batch, objective)),
     }
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    result["metrics"] = backend.train_step(batch, objective)
+    result["stepped"] = dict(backend.named_weights())
+    result["value_head"] = backend.critic.value_head.weight.detach().clone()
+    return result
 
 
 def main() -> int:

@@ -22,7 +22,8 @@ TP=1, dense) every rank holds one stage and ``logprobs_and_values`` runs megatro
 schedule (:mod:`trainer.backends.megatron.pipeline`); the weights are gathered from every
 stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
 of the experts and scores the whole batch (megatron's allgather dispatcher moves the tokens);
-the experts are gathered for the weights out. Training under PP or EP, tensor and data
+the experts are gathered for the weights out, and a step divides the experts' gradients by EP
+(:func:`expert_parallel_grad_norm`). Training under PP, tensor and data
 parallel together, MoE under tensor or pipeline parallel, the distributed optimizer, parallel
 checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
@@ -94,6 +95,22 @@ def tp_grad_norm(params: list[nn.Parameter]) -> Tensor:
     square = local.float().cpu().pow(2)
     dist.all_reduce(square, group=parallel_state.get_tensor_model_parallel_group())
     return square.sqrt()
+
+
+def expert_parallel_grad_norm(params: list[nn.Parameter], experts: set[int]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over the expert-parallel ranks (a collective):
+    the replicated parameters (identical on every rank) count once, the ``experts`` (each rank
+    its own) are summed over the ranks."""
+    from megatron.core import parallel_state
+
+    def square(chosen: list[Tensor]) -> Tensor:
+        norm = torch.nn.utils.get_total_norm(chosen) if chosen else torch.zeros(())
+        return norm.float().cpu().pow(2)
+
+    grads = [p for p in params if p.grad is not None]
+    own = square([p.grad for p in grads if id(p) in experts])
+    dist.all_reduce(own, group=parallel_state.get_expert_model_parallel_group())
+    return (square([p.grad for p in grads if id(p) not in experts]) + own).sqrt()
 
 
 def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
@@ -203,6 +220,12 @@ class MegatronBackend(TorchBackend):
             self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
         self.actor.train()
         self.critic.train()
+        self.expert_params = {
+            id(p)
+            for model in (self.actor, self.critic)
+            for name, p in model.named_parameters()
+            if ".mlp.experts." in name
+        }
         self.partial_grads = {
             id(p)
             for model in (self.actor, self.critic)
@@ -284,12 +307,11 @@ class MegatronBackend(TorchBackend):
         return ForwardResult(logprobs=out[0], values=out[2], entropy=out[1])
 
     def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
-        for size, what in ((self.pp, "pipeline"), (self.ep, "expert")):
-            if size > 1:
-                raise BackendError(
-                    f"training under {what} parallel is not built in the megatron backend yet "
-                    "(forwards are: logprobs_and_values)"
-                )
+        if self.pp > 1:
+            raise BackendError(
+                "training under pipeline parallel is not built in the megatron backend yet "
+                "(forwards are: logprobs_and_values)"
+            )
         return super().train_step(batch, objective)
 
     def _clip_and_step(  # type: ignore[override]
@@ -307,7 +329,15 @@ class MegatronBackend(TorchBackend):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
         sum_partial_grads(params, self.partial_grads)
-        norm = tp_grad_norm(params)
+        if self.ep > 1:
+            # Every EP rank scored the whole batch and its tokens reached every expert's owner:
+            # an expert's gradient is the sum of the EP ranks' identical copies of it
+            for p in params:
+                if id(p) in self.expert_params and p.grad is not None:
+                    p.grad.div_(self.ep)
+            norm = expert_parallel_grad_norm(params, self.expert_params)
+        else:
+            norm = tp_grad_norm(params)
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             for p in params:

@@ -2,7 +2,8 @@
 layer of the tiny model per stage) scores a batch through megatron's 1F1B schedule like one
 process and gathers the HF weights from both stages bit-exactly; the same processes as EP=2 on
 the tiny MoE (two experts per rank) score like one process and gather every expert
-bit-exactly; what is not built there (a step, checkpoints) is refused with a clear error.
+bit-exactly and take the same Li2SAO step; what is not built (a step under PP, checkpoints) is
+refused with a clear error.
 
 One process pair serves every check (each process pays seconds of megatron-core import)."""
 
@@ -14,10 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.megatron_pp_worker import BATCH
+from tests.support.megatron_pp_worker import BATCH, STEP
 from tests.support.ranks import run_ranks
-from tests.unit.trainer.backends.megatron.test_backend import make, parity_batch
-from trainer.backends import BackendError
+from tests.unit.trainer.backends.megatron.test_backend import (
+    LR,
+    adam_parity,
+    close_metrics,
+    make,
+    parity_batch,
+)
+from trainer.backends import BackendError, StepObjective
 from trainer.backends.megatron.convert import (
     hf_to_megatron,
     merge_pipeline_stages,
@@ -91,4 +98,14 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
     hf = load_file(tiny_moe_dir / "model.safetensors")
     assert ep["weights"].keys() == hf.keys()
     assert all(torch.equal(ep["weights"][n], hf[n]) for n in hf)  # every expert, bit-exactly
-    assert "training under expert parallel is not built" in ep["step_refused"]
+    # one Li2SAO step at lr 1e-2: the same metrics, weights and value head as one process
+    one_moe = make(tiny_moe_dir, "megatron", **STEP)
+    metrics = one_moe.train_step(moe_batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    close_metrics(metrics, ep["metrics"])
+    moved = 0
+    for name, tensor in one_moe.named_weights():
+        adam_parity(tensor, ep["stepped"][name], hf[name])
+        moved += int((tensor - hf[name]).abs().gt(0.5 * LR).sum())
+    assert moved > 10_000
+    head = one_moe.critic.value_head.weight
+    assert torch.allclose(ep["value_head"], head, atol=1e-5, rtol=0)
