@@ -97,7 +97,7 @@ class MegatronConfig(StrictModel):
     pipeline_parallel: int = Field(
         default=1,
         ge=1,
-        description="pipeline stages (forwards only so far: logprobs, entropy and values)",
+        description="pipeline stages (PP = world, TP = 1, dense models)",
     )
 
 

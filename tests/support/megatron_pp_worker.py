@@ -3,10 +3,11 @@
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE MOE_DIR MOE_BATCH_FILE OUT_FILE. Joins a gloo
 group on loopback, builds the megatron backend with PP = WORLD stages (the tiny model's layers
 split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
-weights from every stage, and tries a step and a checkpoint (refused under PP). Then the same
-ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and do the same on the tiny
-MoE (key ``ep``). Rank 0 saves the outputs, the gathered weights, each rank's parameter names
-and the refusals to OUT_FILE. One process pair serves every check (each process pays seconds of
+weights from every stage, tries a checkpoint (refused under PP) and takes one Li2SAO step.
+Then the same ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and score and
+step the tiny MoE (key ``ep``). Rank 0 saves the outputs, the gathered weights before and
+after the steps, each rank's parameter names, the last stage's value head and the refusal to
+OUT_FILE. One process pair serves every check (each process pays seconds of
 megatron-core import).
 """
 
@@ -24,7 +25,7 @@ from trainer.config import TrainerConfig
 
 # Small micro-batches: several are in flight through the 1F1B schedule at once.
 BATCH = {"micro_batch_tokens": 32, "lane_factor": 0}
-LR = 1e-2  # the expert-parallel step's learning rate (actor and critic)
+LR = 1e-2  # the parallel steps' learning rate (actor and critic)
 STEP = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
 
 
@@ -38,20 +39,29 @@ def refusal(call) -> str:
 
 def run(model_dir: str, batch_file: str, world: int) -> dict:
     config = TrainerConfig(
-        model=model_dir, backend="megatron", megatron={"pipeline_parallel": world}, batch=BATCH
+        model=model_dir,
+        backend="megatron",
+        megatron={"pipeline_parallel": world},
+        batch=BATCH,
+        **STEP,
     )
     backend = MegatronBackend(config)
     batch = torch.load(batch_file, weights_only=False)
     names: list = [None] * world
     dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
-    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
-    return {
+    result = {
         "forward": backend.logprobs_and_values(batch),
         "weights": dict(backend.named_weights()),
         "stage_names": names,
-        "step_refused": refusal(lambda: backend.train_step(batch, objective)),
         "save_refused": refusal(lambda: backend.save(f"{batch_file}-ckpt")),
     }
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    result["metrics"] = backend.train_step(batch, objective)
+    result["stepped"] = dict(backend.named_weights())
+    heads: list = [None] * world
+    dist.all_gather_object(heads, backend.critic.value_head.weight.detach().clone())
+    result["value_head"] = heads[-1]  # the last stage applies the value head
+    return result
 
 
 def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:

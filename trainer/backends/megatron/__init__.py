@@ -5,6 +5,6 @@ Importing this package does not import megatron-core (seconds of start-up); its 
 :mod:`~trainer.backends.megatron.model` (the model from a HF config, packed-lane forwards),
 :mod:`~trainer.backends.megatron.convert` (HF <-> Megatron weights),
 :mod:`~trainer.backends.megatron.cpu_compat` (the CUDA assumptions replaced on CPU),
-:mod:`~trainer.backends.megatron.pipeline` (pipeline-parallel forwards) and
+:mod:`~trainer.backends.megatron.pipeline` (pipeline parallel through the 1F1B schedule) and
 :mod:`~trainer.backends.megatron.backend` (:class:`MegatronBackend`).
 """

@@ -18,12 +18,13 @@ shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is
 parallel: the torch backend's row split by group, gradients summed over the ranks before
 clipping. Qwen3-MoE models run at TP=1 (one process or data parallel; the Megatron MoE
 layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
-TP=1, dense) every rank holds one stage and ``logprobs_and_values`` runs megatron's 1F1B
-schedule (:mod:`trainer.backends.megatron.pipeline`); the weights are gathered from every
-stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
+TP=1, dense) every rank holds one stage; the no-grad forwards and the backward of a step run
+through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), tied embedding
+gradients are summed between the first and last stage, and the weights are gathered from
+every stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
 of the experts and scores the whole batch (megatron's allgather dispatcher moves the tokens);
 the experts are gathered for the weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). Training under PP, tensor and data
+(:func:`expert_parallel_grad_norm`). Tensor and data
 parallel together, MoE under tensor or pipeline parallel, the distributed optimizer, parallel
 checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
@@ -41,7 +42,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.backends import torch_checkpoint
-from trainer.backends.base import BackendError, ForwardResult, StepObjective
+from trainer.backends.base import BackendError, ForwardResult
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
@@ -111,6 +112,24 @@ def expert_parallel_grad_norm(params: list[nn.Parameter], experts: set[int]) -> 
     own = square([p.grad for p in grads if id(p) in experts])
     dist.all_reduce(own, group=parallel_state.get_expert_model_parallel_group())
     return (square([p.grad for p in grads if id(p) not in experts]) + own).sqrt()
+
+
+def _position(items: list[Any], item: Any) -> int:
+    """Index of ``item`` (by identity) in ``items``."""
+    return next(i for i, x in enumerate(items) if x is item)
+
+
+def pipeline_grad_norm(params: list[nn.Parameter], skip: set[int]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over the pipeline stages (a collective): each
+    stage's own parameters summed in squares, ``skip`` (the last stage's copy of tied word
+    embeddings, whose gradient equals the first stage's) left out."""
+    from megatron.core import parallel_state
+
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+    square = (torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())).float()
+    square = square.cpu().pow(2)
+    dist.all_reduce(square, group=parallel_state.get_pipeline_model_parallel_group())
+    return square.sqrt()
 
 
 def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
@@ -279,40 +298,106 @@ class MegatronBackend(TorchBackend):
 
     # ------------------------------------------------------------------ pipeline parallel
 
-    def logprobs_and_values(self, batch: TrainBatch) -> ForwardResult:
-        """No-grad forward of actor and critic over ``batch``; under pipeline parallel through
-        megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), the last
-        stage's outputs summed onto every stage."""
+    @torch.no_grad()
+    def _forward(  # type: ignore[override]
+        self, batch: TrainBatch, plan: list[Any], actor: bool, critic: bool, raw: bool = False
+    ) -> ForwardResult:
+        """The torch backend's no-grad forwards; under pipeline parallel through megatron's
+        1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), the last stage's outputs
+        summed onto every stage (so every stage evaluates the same objective)."""
         if self.pp == 1:
-            return super().logprobs_and_values(batch)
+            return super()._forward(batch, plan, actor, critic, raw)
         from trainer.backends.megatron.pipeline import pipeline_forward
 
-        batch = batch.to(self.device)
-        plan = self._plan(batch)
         views = [m.view(batch) for m in plan]
         inputs = [v[1] for v in views]
-        logits = pipeline_forward(self.actor, inputs, self.scorer.head)
-        values = pipeline_forward(self.critic.body, inputs, self.critic.head)
+        logits = pipeline_forward(self.actor, inputs, self.scorer.head) if actor else []
+        head = self._critic_head(raw)
+        values = pipeline_forward(self.critic.body, inputs, head) if critic else []
         shape = tuple(batch.tokens.shape)
         out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(3)]
         for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
-            if not logits:  # not the last stage: it adds zeros to the sum
-                break
             rows, width = m.rows.to(self.device), mb.tokens.shape[1]
-            logp, ent = self._token_logprobs(mb, logits[i], entropy=True)
-            value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
-            out[0][rows, :width], out[1][rows, :width], out[2][rows, :width] = logp, ent, value
+            if not m.real:
+                continue
+            if logits:  # the last stage; the others add zeros to the sum
+                logp, ent = self._token_logprobs(mb, logits[i], entropy=True)
+                out[0][rows, :width], out[1][rows, :width] = logp, ent
+            if values:
+                value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
+                out[2][rows, :width] = value
         for tensor in out:
             dist.all_reduce(tensor)  # the pipeline group is the world (PP = world)
-        return ForwardResult(logprobs=out[0], values=out[2], entropy=out[1])
+        return ForwardResult(logprobs=out[0], values=out[2] if critic else None, entropy=out[1])
 
-    def train_step(self, batch: TrainBatch, objective: StepObjective) -> dict[str, float]:
-        if self.pp > 1:
-            raise BackendError(
-                "training under pipeline parallel is not built in the megatron backend yet "
-                "(forwards are: logprobs_and_values)"
-            )
-        return super().train_step(batch, objective)
+    def _critic_head(self, raw: bool) -> Any:
+        critic = self.critic
+
+        def head(hidden: Tensor, inputs: Any) -> Tensor:
+            return critic.head(hidden, inputs, raw)
+
+        return head
+
+    def _backprop(  # type: ignore[override]
+        self, batch: TrainBatch, plan: list[Any], grad: Tensor, forward: Any
+    ) -> None:
+        """The torch backend's ``d/dtheta sum(out * grad)`` over the micro-batches; under
+        pipeline parallel through megatron's 1F1B schedule (forward and backward), ``forward``
+        naming the model: the actor's logprobs or the critic's raw outputs."""
+        if self.pp == 1:
+            return super()._backprop(batch, plan, grad, forward)
+        from trainer.backends.megatron.pipeline import pipeline_backward
+
+        views = [m.view(batch) for m in plan]
+        grads = []
+        for m, (mb, _) in zip(plan, views, strict=True):
+            g = grad.index_select(0, m.rows.to(grad.device))[:, : mb.tokens.shape[1]]
+            grads.append(g if m.real else torch.zeros_like(g))
+        inputs = [v[1] for v in views]
+        if forward == self._actor_logp:
+            masks = [mb for mb, _ in views]
+
+            def logp_head(hidden: Tensor, packed: Any) -> Tensor:
+                mb = masks[_position(inputs, packed)]
+                return self._token_logprobs(mb, self.scorer.head(hidden, packed), False)[0]
+
+            pipeline_backward(self.actor, inputs, logp_head, grads)
+        elif forward == self._critic_raw:
+            masks = [mb for mb, _ in views]
+
+            def value_head(hidden: Tensor, packed: Any) -> Tensor:
+                mb = masks[_position(inputs, packed)]
+                out = self.critic.head(hidden, packed, raw=True)
+                return torch.where(mb.action_mask, out, torch.zeros_like(out))
+
+            pipeline_backward(self.critic.body, inputs, value_head, grads)
+        else:
+            raise BackendError(f"no pipeline-parallel backward for {forward}")
+        self._sum_tied_embedding_grads()
+        return None
+
+    def _tied_copy(self) -> set[int]:
+        """The last stage's output layer when it is a copy of the first stage's embeddings."""
+        from megatron.core import parallel_state
+
+        if self.hf_config.tie_word_embeddings and not parallel_state.is_pipeline_first_stage():
+            return {id(self.actor.shared_embedding_or_output_weight())}
+        return set()
+
+    def _sum_tied_embedding_grads(self) -> None:
+        """With tied embeddings the first stage's word embeddings and the last stage's output
+        layer are one HF tensor: sum their gradients over the two (megatron's embedding
+        group), as one process accumulates both uses into one gradient."""
+        from megatron.core import parallel_state
+
+        if not self.hf_config.tie_word_embeddings:
+            return
+        weight = self.actor.shared_embedding_or_output_weight()
+        if not weight.requires_grad:
+            return
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
     def _clip_and_step(  # type: ignore[override]
         self,
@@ -336,6 +421,8 @@ class MegatronBackend(TorchBackend):
                 if id(p) in self.expert_params and p.grad is not None:
                     p.grad.div_(self.ep)
             norm = expert_parallel_grad_norm(params, self.expert_params)
+        elif self.pp > 1:
+            norm = pipeline_grad_norm(params, self._tied_copy())
         else:
             norm = tp_grad_norm(params)
         if max_norm > 0:
