@@ -112,7 +112,9 @@ def test_the_moe_export_loads_in_transformers_with_the_same_logprobs(
     assert float((want - got)[batch.action_mask].abs().max()) < 1e-5
 
 
-def test_moe_shapes_the_builder_cannot_express_are_named(tiny_moe_dir: Path) -> None:
+def test_moe_shapes_and_parallel_settings_not_built_are_named(
+    tiny_moe_dir: Path, tiny_model_dir: Path
+) -> None:
     config = AutoConfig.from_pretrained(tiny_moe_dir)
     check_supported(config)  # the tiny MoE itself is fine
     config.norm_topk_prob = False
@@ -124,3 +126,12 @@ def test_moe_shapes_the_builder_cannot_express_are_named(tiny_moe_dir: Path) -> 
         check_supported(config)
     with pytest.raises(BackendError, match="model_type 'llama'"):
         check_supported(LlamaConfig())
+    # refused before any process group or parallel_state changes
+    with pytest.raises(BackendError, match="expert parallel size 2 needs a MoE model"):
+        make(tiny_model_dir, "megatron", megatron={"expert_parallel": 2})
+    with pytest.raises(BackendError, match="num_experts=4 does not split over expert parallel"):
+        make(tiny_moe_dir, "megatron", megatron={"expert_parallel": 3})
+    with pytest.raises(BackendError, match="a MoE model under pipeline parallel is not built"):
+        make(tiny_moe_dir, "megatron", megatron={"pipeline_parallel": 2})
+    with pytest.raises(BackendError, match="a KL reference under pipeline parallel"):
+        make(tiny_model_dir, "megatron", megatron={"pipeline_parallel": 2}, kl_coef=0.1)
