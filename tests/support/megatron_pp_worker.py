@@ -5,10 +5,10 @@ group on loopback, builds the megatron backend with PP = WORLD stages (the tiny 
 split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
 weights from every stage, tries a checkpoint (refused under PP) and takes one Li2SAO step.
 Then the same ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and score and
-step the tiny MoE (key ``ep``). Rank 0 saves the outputs, the gathered weights before and
-after the steps, each rank's parameter names, the last stage's value head and the refusal to
-OUT_FILE. One process pair serves every check (each process pays seconds of
-megatron-core import).
+step the tiny MoE (key ``ep``), and once more as plain data parallel on the MoE (key
+``moe_dp``). Rank 0 saves the outputs, the gathered weights before and after the steps, each
+rank's parameter names, the last stage's value head and the refusal to OUT_FILE. One process
+pair serves every check (each process pays seconds of megatron-core import).
 """
 
 from __future__ import annotations
@@ -89,12 +89,31 @@ def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:
     return result
 
 
+def run_moe_data_parallel(moe_dir: str, batch_file: str) -> dict:
+    """The same ranks once more, TP=PP=EP=1 on the tiny MoE: data parallel (rows by group,
+    experts replicated, gradients summed), one Li2SAO step (:data:`STEP`)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    backend = MegatronBackend(TrainerConfig(model=moe_dir, backend="megatron", **STEP))
+    batch = torch.load(batch_file, weights_only=False)
+    forward = backend.logprobs_and_values(batch)
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    return {
+        "world": backend.dp.world,
+        "forward": forward,
+        "metrics": backend.train_step(batch, objective),
+        "stepped": dict(backend.named_weights()),
+    }
+
+
 def main() -> int:
     rank, world, port, model_dir, batch_file, moe_dir, moe_batch_file, out_file = sys.argv[1:9]
     join_group(rank, world, port)
     try:
         result = run(model_dir, batch_file, int(world))
         result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, int(world))
+        result["moe_dp"] = run_moe_data_parallel(moe_dir, moe_batch_file)
         if int(rank) == 0:
             torch.save(result, out_file)
     finally:

@@ -17,8 +17,7 @@ layernorm gradients are summed over the TP ranks and the clipped grad norm spans
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
 parallel: the torch backend's row split by group, gradients summed over the ranks before
 clipping. Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with
-the experts replicated, the last not tested with a MoE yet; the Megatron MoE layer,
-:mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
+the experts replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
 TP=1, dense) every rank holds one stage; the no-grad forwards and the backward of a step run
 through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), tied embedding
 gradients are summed between the first and last stage, and the weights are gathered from

@@ -2,7 +2,8 @@
 layer of the tiny model per stage) scores a batch through megatron's 1F1B schedule like one
 process, gathers the HF weights from both stages bit-exactly and takes the same Li2SAO step
 (backward through the schedule); the same processes as EP=2 on the tiny MoE (two experts per
-rank) score like one process, gather every expert bit-exactly and take the same step;
+rank) score like one process, gather every expert bit-exactly and take the same step, and
+so does plain data parallel on the MoE;
 checkpoints (not built under PP) are refused with a clear error.
 
 One process pair serves every check (each process pays seconds of megatron-core import)."""
@@ -118,3 +119,12 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
     assert moved > 10_000
     head = one_moe.critic.value_head.weight
     assert torch.allclose(ep["value_head"], head, atol=1e-5, rtol=0)
+    # the MoE under plain data parallel (TP=PP=EP=1, rows by group, experts replicated)
+    dp = two["moe_dp"]
+    assert dp["world"] == 2
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(dp["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    close_metrics(metrics, dp["metrics"])
+    for name, tensor in one_moe.named_weights():
+        adam_parity(tensor, dp["stepped"][name], hf[name], eps_tol=2e-4)
