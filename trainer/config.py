@@ -89,6 +89,16 @@ class MegatronConfig(StrictModel):
     tensor_parallel: int = Field(
         default=1, ge=1, description="tensor-parallel ranks (the processes of one model replica)"
     )
+    expert_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="expert-parallel ranks of a MoE (EP = world, TP = PP = 1)",
+    )
+    pipeline_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="pipeline stages (PP = world, TP = 1, dense models)",
+    )
 
 
 class TrainerConfig(StrictModel):

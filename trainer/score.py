@@ -6,12 +6,17 @@ and compare its logprobs with the engine's. Each input line is ``{"input_ids": [
 ``input_ids[t]`` given ``input_ids[:t]`` for every ``t >= k`` (``len(logprobs) ==
 len(input_ids) - k``), computed in fp32 by the trainer backend (the same code path as
 training). ``start`` must be >= 1: the first token has no predecessor.
+
+``--backend megatron --nproc N`` scores with N local processes (:mod:`trainer.launch`) as one
+megatron model split ``--tp`` / ``--pp`` / ``--ep`` ways (their product, or the one set, is
+N); rank 0 writes the output.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +25,7 @@ from typing import Any
 from trainer.backends import create_backend
 from trainer.config import TrainerConfig
 from trainer.data import SegmentRow, batch_from_rows
+from trainer.launch import is_child, launch
 
 CHUNK = 64  # lines scored per backend call
 
@@ -83,12 +89,18 @@ def _chunks(lines: Iterator[str], vocab_size: int) -> Iterator[list[dict[str, An
 
 
 def score_file(config: TrainerConfig, source: Path, target: Path) -> int:
-    """Score every line of ``source`` into ``target``; return the number of lines written."""
+    """Score every line of ``source`` into ``target``; return the number of lines written.
+    Under ``torch.distributed`` every rank scores (the backend's collectives) and rank 0
+    writes."""
+    import torch.distributed as dist
+
     backend = create_backend(config)
     vocab = int(getattr(backend, "vocab_size", sys.maxsize))
     pad = int(getattr(backend, "pad_id", 0))
     written = 0
-    with source.open(encoding="utf-8") as src, target.open("w", encoding="utf-8") as out:
+    writer = not dist.is_initialized() or dist.get_rank() == 0
+    destination = target if writer else Path(os.devnull)
+    with source.open(encoding="utf-8") as src, destination.open("w", encoding="utf-8") as out:
         for chunk in _chunks(iter(src), vocab):
             batch = batch_from_rows([_row(n, item) for n, item in enumerate(chunk)], pad)
             logprobs = backend.logprobs_and_values(batch).logprobs.cpu()
@@ -109,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         "--backend",
         choices=["torch", "megatron"],
         default="torch",
-        help="trainer backend whose forward scores (megatron: one process, TP=1)",
+        help="trainer backend whose forward scores",
+    )
+    for flag, what in (("--tp", "tensor"), ("--pp", "pipeline"), ("--ep", "expert")):
+        parser.add_argument(flag, type=int, default=1, help=f"megatron: {what}-parallel size")
+    parser.add_argument(
+        "--nproc", type=int, default=1, help="megatron: local processes (ranks) that score"
     )
     parser.add_argument("--model", required=True, type=Path, help="HF model directory")
     parser.add_argument("--input", required=True, type=Path, help="JSONL of input_ids + start")
@@ -122,12 +139,21 @@ def main(argv: list[str] | None = None) -> int:
         help="score log_softmax(logits / T), as an engine sampling at T reports",
     )
     args = parser.parse_args(argv)
+    sizes = {"tensor_parallel": args.tp, "pipeline_parallel": args.pp, "expert_parallel": args.ep}
+    parallel = args.nproc > 1 or any(size != 1 for size in sizes.values())
+    if parallel and args.backend != "megatron":
+        print("error: --tp/--pp/--ep/--nproc need --backend megatron", file=sys.stderr)
+        return 2
+    if args.nproc > 1 and not is_child():
+        return launch(["-m", "trainer", "score", *(sys.argv[2:] if argv is None else argv)],
+                      args.nproc)  # fmt: skip
     try:
         config = TrainerConfig(
             backend=args.backend,
             model=str(args.model),
             device=args.device,
             rollout_temperature=args.temperature,
+            megatron=sizes,
         )
         count = score_file(config, args.input, args.output)
     except (ValueError, OSError, RuntimeError) as exc:

@@ -302,6 +302,13 @@ class TorchBackend:
         ``scorer``: another policy than the actor (the KL term's reference)."""
         with self._autocast():
             logits = (scorer or self.scorer)(inputs)
+        return self._token_logprobs(mb, logits, entropy)
+
+    def _token_logprobs(
+        self, mb: TrainBatch, logits: Tensor, entropy: bool
+    ) -> tuple[Tensor, Tensor]:
+        """``[n, t]`` logprobs of ``mb``'s post-prompt tokens under ``logits`` ``[n, t, vocab]``
+        (0 off actions), and the entropy (0 unless ``entropy``)."""
         logits = logits.float()
         if self.config.rollout_temperature != 1.0:
             logits = logits / self.config.rollout_temperature

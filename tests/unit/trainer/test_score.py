@@ -60,3 +60,38 @@ def test_bad_input_lines_are_named(
                  "--output", str(tmp_path / "out.jsonl")])  # fmt: skip
     assert code == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two processes importing megatron-core
+def test_two_pipeline_stages_in_two_processes_score_like_a_full_forward(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    items = [
+        {"input_ids": [3, 4, 5, 6, 7, 8, 9], "start": 2},
+        {"input_ids": [10, 11, 12], "start": 1},
+    ]
+    source = write_lines(tmp_path / "in.jsonl", items)
+    assert main(["score", "--backend", "megatron", "--pp", "2", "--nproc", "2",
+                 "--model", str(tiny_model_dir), "--input", str(source),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0  # fmt: skip
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(out) == len(items)  # rank 0 wrote every line once
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for item, got in zip(items, out, strict=True):
+        ids, start = item["input_ids"], item["start"]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        expected = [float(logp[t - 1, ids[t]]) for t in range(start, len(ids))]
+        assert got["logprobs"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_parallel_flags_need_the_megatron_backend(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", [{"input_ids": [1, 2], "start": 1}])
+    code = main(["score", "--pp", "2", "--model", str(tiny_model_dir), "--input", str(source),
+                 "--output", str(tmp_path / "out.jsonl")])  # fmt: skip
+    assert code == 2
+    assert "--tp/--pp/--ep/--nproc need --backend megatron" in capsys.readouterr().err

@@ -4,6 +4,7 @@ docs/trainer.md "The megatron backend").
 Importing this package does not import megatron-core (seconds of start-up); its modules do:
 :mod:`~trainer.backends.megatron.model` (the model from a HF config, packed-lane forwards),
 :mod:`~trainer.backends.megatron.convert` (HF <-> Megatron weights),
-:mod:`~trainer.backends.megatron.cpu_compat` (the CUDA assumptions replaced on CPU) and
+:mod:`~trainer.backends.megatron.cpu_compat` (the CUDA assumptions replaced on CPU),
+:mod:`~trainer.backends.megatron.pipeline` (pipeline parallel through the 1F1B schedule) and
 :mod:`~trainer.backends.megatron.backend` (:class:`MegatronBackend`).
 """

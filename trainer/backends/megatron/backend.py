@@ -16,9 +16,17 @@ per-token outputs (logits gathered over the vocabulary) and the same objective; 
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
 parallel: the torch backend's row split by group, gradients summed over the ranks before
-clipping. Tensor and data parallel together, pipeline parallel, the distributed optimizer,
-parallel checkpoints, MoE models, bf16 and activation recompute are not built yet and raise
-:class:`BackendError`.
+clipping. Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with
+the experts replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
+TP=1, dense) every rank holds one stage; the no-grad forwards and the backward of a step run
+through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), tied embedding
+gradients are summed between the first and last stage, and the weights are gathered from
+every stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
+of the experts and scores the whole batch (megatron's allgather dispatcher moves the tokens);
+the experts are gathered for the weights out, and a step divides the experts' gradients by EP
+(:func:`expert_parallel_grad_norm`). Tensor and data
+parallel together, MoE under tensor or pipeline parallel, the distributed optimizer, parallel
+checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trainer.backends import torch_checkpoint
-from trainer.backends.base import BackendError
+from trainer.backends.base import BackendError, ForwardResult
 from trainer.backends.critic import freeze_attention
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
@@ -45,6 +53,7 @@ from trainer.backends.torch_backend import (
 )
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
+from trainer.data import TrainBatch
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -89,6 +98,40 @@ def tp_grad_norm(params: list[nn.Parameter]) -> Tensor:
     return square.sqrt()
 
 
+def expert_parallel_grad_norm(params: list[nn.Parameter], experts: set[int]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over the expert-parallel ranks (a collective):
+    the replicated parameters (identical on every rank) count once, the ``experts`` (each rank
+    its own) are summed over the ranks."""
+    from megatron.core import parallel_state
+
+    def square(chosen: list[Tensor]) -> Tensor:
+        norm = torch.nn.utils.get_total_norm(chosen) if chosen else torch.zeros(())
+        return norm.float().cpu().pow(2)
+
+    grads = [p for p in params if p.grad is not None]
+    own = square([p.grad for p in grads if id(p) in experts])
+    dist.all_reduce(own, group=parallel_state.get_expert_model_parallel_group())
+    return (square([p.grad for p in grads if id(p) not in experts]) + own).sqrt()
+
+
+def _position(items: list[Any], item: Any) -> int:
+    """Index of ``item`` (by identity) in ``items``."""
+    return next(i for i, x in enumerate(items) if x is item)
+
+
+def pipeline_grad_norm(params: list[nn.Parameter], skip: set[int]) -> Tensor:
+    """L2 norm of the gradients of ``params`` over the pipeline stages (a collective): each
+    stage's own parameters summed in squares, ``skip`` (the last stage's copy of tied word
+    embeddings, whose gradient equals the first stage's) left out."""
+    from megatron.core import parallel_state
+
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+    square = (torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())).float()
+    square = square.cpu().pow(2)
+    dist.all_reduce(square, group=parallel_state.get_pipeline_model_parallel_group())
+    return square.sqrt()
+
+
 def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
     """Sum over the tensor-parallel ranks the gradients of replicated parameters that each rank
     sees only part of: the q/k layernorms, applied per head to the rank's own heads (what
@@ -110,7 +153,7 @@ class MegatronBackend(TorchBackend):
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         from trainer.backends.megatron import convert
-        from trainer.backends.megatron.model import check_supported, init_parallel
+        from trainer.backends.megatron.model import check_supported, init_parallel, is_moe
 
         source = model_dir if model_dir is not None else config.model
         if not source:
@@ -123,15 +166,44 @@ class MegatronBackend(TorchBackend):
         check_supported(hf_config)
         tp = config.megatron.tensor_parallel
         convert.check_tensor_parallel(hf_config, tp)
-        init_parallel(tp, config.seed)
+        pp = config.megatron.pipeline_parallel
+        if pp > 1:
+            if tp > 1:
+                raise BackendError(
+                    "tensor and pipeline parallel together are not built in the megatron "
+                    "backend yet"
+                )
+            if config.kl_coef > 0:
+                raise BackendError("a KL reference under pipeline parallel is not built yet")
+            if is_moe(hf_config):
+                raise BackendError("a MoE model under pipeline parallel is not built yet")
+        ep = config.megatron.expert_parallel
+        convert.check_expert_parallel(hf_config, ep)
+        if ep > 1 and (tp > 1 or pp > 1):
+            raise BackendError(
+                "expert parallel with tensor or pipeline parallel is not built in the megatron "
+                "backend yet"
+            )
+        if is_moe(hf_config) and tp > 1:
+            raise BackendError(
+                "a MoE model under tensor parallel is not built in the megatron backend yet "
+                "(TP=1, one process or data parallel)"
+            )
+        init_parallel(tp, config.seed, pp, ep)
         self.hf_config = hf_config
-        self._check_world(tp)
+        self.pp, self.ep = pp, ep
+        self._check_world(tp, pp, ep)
         torch.manual_seed(config.seed)
         self.tp_rank = self._tp_rank()
-        self._build_models(convert.hf_to_megatron(hf_weights, hf_config, self.tp_rank, tp))
+        weights = convert.hf_to_megatron(
+            hf_weights, hf_config, self.tp_rank, tp, self._ep_rank(), ep
+        )
+        if pp > 1:
+            weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
+        self._build_models(weights)
         self.fingerprint = _fingerprint(self.actor, self.critic)
-        # TP ranks hold the same rows; with TP=1 the world is data parallel (rows by group)
-        self.dp = DataParallel.current() if tp == 1 else DataParallel()
+        # TP, PP and EP ranks hold the same rows; with TP=PP=EP=1 the world is data parallel
+        self.dp = DataParallel.current() if tp == pp == ep == 1 else DataParallel()
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -167,6 +239,12 @@ class MegatronBackend(TorchBackend):
             self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
         self.actor.train()
         self.critic.train()
+        self.expert_params = {
+            id(p)
+            for model in (self.actor, self.critic)
+            for name, p in model.named_parameters()
+            if ".mlp.experts." in name
+        }
         self.partial_grads = {
             id(p)
             for model in (self.actor, self.critic)
@@ -182,12 +260,22 @@ class MegatronBackend(TorchBackend):
             raise BackendError("activation recompute is not built in the megatron backend yet")
 
     @staticmethod
-    def _check_world(tp: int) -> None:
+    def _check_world(tp: int, pp: int = 1, ep: int = 1) -> None:
         world = dist.get_world_size()
         if world != tp and tp != 1:
             raise BackendError(
                 f"world size {world} with TP={tp}: tensor and data parallel together are not "
                 "built in the megatron backend yet (TP = world, or TP=1 and data parallel)"
+            )
+        if pp > 1 and world != pp:
+            raise BackendError(
+                f"world size {world} with PP={pp}: pipeline and data parallel together are not "
+                "built in the megatron backend yet (PP = world)"
+            )
+        if ep > 1 and world != ep:
+            raise BackendError(
+                f"world size {world} with EP={ep}: expert and data parallel together are not "
+                "built in the megatron backend yet (EP = world)"
             )
 
     @staticmethod
@@ -195,6 +283,121 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state
 
         return int(parallel_state.get_tensor_model_parallel_rank())
+
+    @staticmethod
+    def _ep_rank() -> int:
+        from megatron.core import parallel_state
+
+        return int(parallel_state.get_expert_model_parallel_rank())
+
+    @staticmethod
+    def _pp_rank() -> int:
+        from megatron.core import parallel_state
+
+        return int(parallel_state.get_pipeline_model_parallel_rank())
+
+    # ------------------------------------------------------------------ pipeline parallel
+
+    @torch.no_grad()
+    def _forward(  # type: ignore[override]
+        self, batch: TrainBatch, plan: list[Any], actor: bool, critic: bool, raw: bool = False
+    ) -> ForwardResult:
+        """The torch backend's no-grad forwards; under pipeline parallel through megatron's
+        1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), the last stage's outputs
+        summed onto every stage (so every stage evaluates the same objective)."""
+        if self.pp == 1:
+            return super()._forward(batch, plan, actor, critic, raw)
+        from trainer.backends.megatron.pipeline import pipeline_forward
+
+        views = [m.view(batch) for m in plan]
+        inputs = [v[1] for v in views]
+        logits = pipeline_forward(self.actor, inputs, self.scorer.head) if actor else []
+        head = self._critic_head(raw)
+        values = pipeline_forward(self.critic.body, inputs, head) if critic else []
+        shape = tuple(batch.tokens.shape)
+        out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(3)]
+        for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
+            rows, width = m.rows.to(self.device), mb.tokens.shape[1]
+            if not m.real:
+                continue
+            if logits:  # the last stage; the others add zeros to the sum
+                logp, ent = self._token_logprobs(mb, logits[i], entropy=True)
+                out[0][rows, :width], out[1][rows, :width] = logp, ent
+            if values:
+                value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
+                out[2][rows, :width] = value
+        for tensor in out:
+            dist.all_reduce(tensor)  # the pipeline group is the world (PP = world)
+        return ForwardResult(logprobs=out[0], values=out[2] if critic else None, entropy=out[1])
+
+    def _critic_head(self, raw: bool) -> Any:
+        critic = self.critic
+
+        def head(hidden: Tensor, inputs: Any) -> Tensor:
+            return critic.head(hidden, inputs, raw)
+
+        return head
+
+    def _backprop(  # type: ignore[override]
+        self, batch: TrainBatch, plan: list[Any], grad: Tensor, forward: Any
+    ) -> None:
+        """The torch backend's ``d/dtheta sum(out * grad)`` over the micro-batches; under
+        pipeline parallel through megatron's 1F1B schedule (forward and backward), ``forward``
+        naming the model: the actor's logprobs or the critic's raw outputs."""
+        if self.pp == 1:
+            return super()._backprop(batch, plan, grad, forward)
+        from trainer.backends.megatron.pipeline import pipeline_backward
+
+        views = [m.view(batch) for m in plan]
+        grads = []
+        for m, (mb, _) in zip(plan, views, strict=True):
+            g = grad.index_select(0, m.rows.to(grad.device))[:, : mb.tokens.shape[1]]
+            grads.append(g if m.real else torch.zeros_like(g))
+        inputs = [v[1] for v in views]
+        if forward == self._actor_logp:
+            masks = [mb for mb, _ in views]
+
+            def logp_head(hidden: Tensor, packed: Any) -> Tensor:
+                mb = masks[_position(inputs, packed)]
+                return self._token_logprobs(mb, self.scorer.head(hidden, packed), False)[0]
+
+            pipeline_backward(self.actor, inputs, logp_head, grads)
+        elif forward == self._critic_raw:
+            masks = [mb for mb, _ in views]
+
+            def value_head(hidden: Tensor, packed: Any) -> Tensor:
+                mb = masks[_position(inputs, packed)]
+                out = self.critic.head(hidden, packed, raw=True)
+                return torch.where(mb.action_mask, out, torch.zeros_like(out))
+
+            pipeline_backward(self.critic.body, inputs, value_head, grads)
+        else:
+            raise BackendError(f"no pipeline-parallel backward for {forward}")
+        self._sum_tied_embedding_grads()
+        return None
+
+    def _tied_copy(self) -> set[int]:
+        """The last stage's output layer when it is a copy of the first stage's embeddings."""
+        from megatron.core import parallel_state
+
+        if self.hf_config.tie_word_embeddings and not parallel_state.is_pipeline_first_stage():
+            return {id(self.actor.shared_embedding_or_output_weight())}
+        return set()
+
+    def _sum_tied_embedding_grads(self) -> None:
+        """With tied embeddings the first stage's word embeddings and the last stage's output
+        layer are one HF tensor: sum their gradients over the two (megatron's embedding
+        group), as one process accumulates both uses into one gradient."""
+        from megatron.core import parallel_state
+
+        if not self.hf_config.tie_word_embeddings:
+            return
+        weight = self.actor.shared_embedding_or_output_weight()
+        if not weight.requires_grad:
+            return
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
     def _clip_and_step(  # type: ignore[override]
         self,
@@ -211,7 +414,17 @@ class MegatronBackend(TorchBackend):
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
         sum_partial_grads(params, self.partial_grads)
-        norm = tp_grad_norm(params)
+        if self.ep > 1:
+            # Every EP rank scored the whole batch and its tokens reached every expert's owner:
+            # an expert's gradient is the sum of the EP ranks' identical copies of it
+            for p in params:
+                if id(p) in self.expert_params and p.grad is not None:
+                    p.grad.div_(self.ep)
+            norm = expert_parallel_grad_norm(params, self.expert_params)
+        elif self.pp > 1:
+            norm = pipeline_grad_norm(params, self._tied_copy())
+        else:
+            norm = tp_grad_norm(params)
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             for p in params:
@@ -235,7 +448,15 @@ class MegatronBackend(TorchBackend):
         local = {k: v.to("cpu") for k, v in self._megatron_state().items()}
         tp = self.config.megatron.tensor_parallel
         shards: list[dict[str, Tensor]] = [local]
-        if tp > 1:
+        if self.pp > 1:  # the pipeline group is the world: every stage's part, then whole
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, local)
+            shards = [convert.merge_pipeline_stages(stages, self.hf_config)]
+        elif self.ep > 1:  # the expert-parallel group is the world: every rank's experts
+            ranks: list[Any] = [None] * self.ep
+            dist.all_gather_object(ranks, local)
+            shards = [convert.merge_expert_parallel(ranks, self.hf_config)]
+        elif tp > 1:
             gathered: list[Any] = [None] * tp
             dist.all_gather_object(gathered, local)  # TP group == world (no data parallel)
             shards = gathered
@@ -288,8 +509,10 @@ class MegatronBackend(TorchBackend):
         return torch_checkpoint.load(self, directory)
 
     def _one_process_checkpoints(self) -> None:
-        if self.config.megatron.tensor_parallel > 1 or self.dp.enabled:
+        parallel = self.config.megatron.tensor_parallel * self.pp * self.ep
+        if parallel > 1 or self.dp.enabled:
             raise BackendError(
-                "checkpoints of the megatron backend under tensor or data parallel are not "
-                "built yet (Megatron dist-checkpointing); one-process checkpoints are"
+                "checkpoints of the megatron backend under tensor, pipeline, expert or data "
+                "parallel are not built yet (Megatron dist-checkpointing); one-process "
+                "checkpoints are"
             )

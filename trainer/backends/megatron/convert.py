@@ -1,4 +1,5 @@
-"""Hugging Face Qwen3 <-> megatron-core ``GPTModel`` weights (dense), with tensor parallelism.
+"""Hugging Face Qwen3 / Qwen3-MoE <-> megatron-core ``GPTModel`` weights, with tensor and
+expert parallelism.
 
 Only reshuffling, no arithmetic, so the round trip is bit-exact. Per layer ``i``:
 
@@ -13,13 +14,20 @@ HF (``model.layers.i.``)                    Megatron (``decoder.layers.i.``)
 ``post_attention_layernorm``                ``pre_mlp_layernorm``
 ``mlp.{gate,up}_proj``                      ``mlp.linear_fc1``: ``[gate; up]`` rows
 ``mlp.down_proj``                           ``mlp.linear_fc2``
+MoE: ``mlp.gate`` (the router)              ``mlp.router``
+MoE: ``mlp.experts.e.{gate,up}_proj``       ``mlp.experts.local_experts.j.linear_fc1``:
+                                            ``[gate; up]`` rows
+MoE: ``mlp.experts.e.down_proj``            ``mlp.experts.local_experts.j.linear_fc2``
 ==========================================  ===============================================
 
 plus ``model.embed_tokens`` <-> ``embedding.word_embeddings``, ``model.norm`` <->
 ``decoder.final_layernorm`` and (untied) ``lm_head`` <-> ``output_layer``. Under tensor
 parallelism rank ``r`` of ``tp`` holds query groups ``r*g/tp ...``, the ``r``-th chunk of the
 gate and of the up rows, the ``r``-th column chunk of ``o_proj`` / ``down_proj`` and the
-``r``-th vocabulary chunk of the embeddings and output layer; norms are replicated.
+``r``-th vocabulary chunk of the embeddings and output layer; norms are replicated. Under
+expert parallelism (``ep`` ranks) rank ``q`` holds experts ``q*E/ep ... (q+1)*E/ep - 1`` as its
+local experts ``j = 0, 1, ...`` (:func:`merge_expert_parallel` renumbers them back); the router
+and everything outside the experts are replicated.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 from torch import Tensor
 
 from trainer.backends.base import BackendError
-from trainer.backends.megatron.model import head_dim
+from trainer.backends.megatron.model import head_dim, is_moe, num_experts
 
 Weights = dict[str, Tensor]
 
@@ -44,14 +52,30 @@ def _shape(hf_config: Any) -> tuple[int, int, int]:
 def check_tensor_parallel(hf_config: Any, tp: int) -> None:
     """Raise :class:`BackendError` when ``hf_config`` does not split over ``tp`` ranks."""
     heads, groups, _ = _shape(hf_config)
-    for what, size in (
+    sizes = [
         ("num_key_value_heads", groups),
         ("num_attention_heads", heads),
         ("intermediate_size", int(hf_config.intermediate_size)),
         ("vocab_size", int(hf_config.vocab_size)),
-    ):
+    ]
+    if is_moe(hf_config):
+        sizes.append(("moe_intermediate_size", int(hf_config.moe_intermediate_size)))
+    for what, size in sizes:
         if size % tp:
             raise BackendError(f"{what}={size} does not split over tensor parallel size {tp}")
+
+
+def check_expert_parallel(hf_config: Any, ep: int) -> None:
+    """Raise :class:`BackendError` when ``hf_config``'s experts do not split over ``ep`` ranks
+    (a dense model takes only ``ep=1``)."""
+    if ep == 1:
+        return
+    if not is_moe(hf_config):
+        raise BackendError(f"expert parallel size {ep} needs a MoE model")
+    if num_experts(hf_config) % ep:
+        raise BackendError(
+            f"num_experts={num_experts(hf_config)} does not split over expert parallel size {ep}"
+        )
 
 
 def _qkv(q: Tensor, k: Tensor, v: Tensor, hf_config: Any) -> Tensor:
@@ -79,14 +103,12 @@ def _get(hf: Mapping[str, Tensor], name: str) -> Tensor:
 
 
 def _layer_to_megatron(
-    hf: Mapping[str, Tensor], i: int, hf_config: Any, rank: int, tp: int
+    hf: Mapping[str, Tensor], i: int, hf_config: Any, rank: int, tp: int, ep_rank: int, ep: int
 ) -> Weights:
     src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
     q, k, v = (_get(hf, f"{src}self_attn.{x}_proj.weight") for x in "qkv")
     qkv = _qkv(q, k, v, hf_config).chunk(tp, dim=0)[rank]  # whole groups per rank
-    gate = _get(hf, f"{src}mlp.gate_proj.weight").chunk(tp, dim=0)[rank]
-    up = _get(hf, f"{src}mlp.up_proj.weight").chunk(tp, dim=0)[rank]
-    return {
+    out = {
         f"{dst}input_layernorm.weight": _get(hf, f"{src}input_layernorm.weight"),
         f"{dst}self_attention.linear_qkv.weight": qkv,
         f"{dst}self_attention.linear_proj.weight": _get(hf, f"{src}self_attn.o_proj.weight").chunk(
@@ -95,16 +117,54 @@ def _layer_to_megatron(
         f"{dst}self_attention.q_layernorm.weight": _get(hf, f"{src}self_attn.q_norm.weight"),
         f"{dst}self_attention.k_layernorm.weight": _get(hf, f"{src}self_attn.k_norm.weight"),
         f"{dst}pre_mlp_layernorm.weight": _get(hf, f"{src}post_attention_layernorm.weight"),
-        f"{dst}mlp.linear_fc1.weight": torch.cat([gate, up], dim=0),
-        f"{dst}mlp.linear_fc2.weight": _get(hf, f"{src}mlp.down_proj.weight").chunk(tp, dim=1)[
-            rank
-        ],
+    }
+    if not is_moe(hf_config):
+        out.update(_mlp_to_megatron(hf, f"{src}mlp.", f"{dst}mlp.", rank, tp))
+        return out
+    out[f"{dst}mlp.router.weight"] = _get(hf, f"{src}mlp.gate.weight")
+    for local, expert in enumerate(_local_experts(hf_config, ep_rank, ep)):
+        out.update(
+            _mlp_to_megatron(
+                hf,
+                f"{src}mlp.experts.{expert}.",
+                f"{dst}mlp.experts.local_experts.{local}.",
+                rank,
+                tp,
+            )
+        )
+    return out
+
+
+def _mlp_to_megatron(hf: Mapping[str, Tensor], src: str, dst: str, rank: int, tp: int) -> Weights:
+    """One SwiGLU MLP (dense, or one expert): ``[gate; up]`` rows of this rank, its columns of
+    ``down``."""
+    gate = _get(hf, f"{src}gate_proj.weight").chunk(tp, dim=0)[rank]
+    up = _get(hf, f"{src}up_proj.weight").chunk(tp, dim=0)[rank]
+    return {
+        f"{dst}linear_fc1.weight": torch.cat([gate, up], dim=0),
+        f"{dst}linear_fc2.weight": _get(hf, f"{src}down_proj.weight").chunk(tp, dim=1)[rank],
     }
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, rank: int = 0, tp: int = 1) -> Weights:
-    """Tensor-parallel rank ``rank``'s Megatron weights of the HF state dict ``hf``."""
+def _local_experts(hf_config: Any, ep_rank: int, ep: int) -> range:
+    """The global expert indices expert-parallel rank ``ep_rank`` of ``ep`` holds (Megatron's
+    contiguous split: rank ``r`` holds experts ``r*E/ep ... (r+1)*E/ep - 1``)."""
+    per = num_experts(hf_config) // ep
+    return range(ep_rank * per, (ep_rank + 1) * per)
+
+
+def hf_to_megatron(
+    hf: Mapping[str, Tensor],
+    hf_config: Any,
+    rank: int = 0,
+    tp: int = 1,
+    ep_rank: int = 0,
+    ep: int = 1,
+) -> Weights:
+    """Tensor-parallel rank ``rank``'s (and, for a MoE, expert-parallel rank ``ep_rank``'s)
+    Megatron weights of the HF state dict ``hf``."""
     check_tensor_parallel(hf_config, tp)
+    check_expert_parallel(hf_config, ep)
     out: Weights = {
         "embedding.word_embeddings.weight": _get(hf, "model.embed_tokens.weight").chunk(tp)[rank],
         "decoder.final_layernorm.weight": _get(hf, "model.norm.weight"),
@@ -112,7 +172,7 @@ def hf_to_megatron(hf: Mapping[str, Tensor], hf_config: Any, rank: int = 0, tp: 
     if not hf_config.tie_word_embeddings:
         out["output_layer.weight"] = _get(hf, "lm_head.weight").chunk(tp)[rank]
     for i in range(int(hf_config.num_hidden_layers)):
-        out.update(_layer_to_megatron(hf, i, hf_config, rank, tp))
+        out.update(_layer_to_megatron(hf, i, hf_config, rank, tp, ep_rank, ep))
     return {name: t.contiguous() for name, t in out.items()}
 
 
@@ -123,9 +183,8 @@ def _layer_to_hf(shards: Sequence[Mapping[str, Tensor]], i: int, hf_config: Any)
         return torch.cat([s[f"{src}{name}"] for s in shards], dim=dim)
 
     q, k, v = _split_qkv(cat("self_attention.linear_qkv.weight", 0), hf_config)
-    halves = [s[f"{src}mlp.linear_fc1.weight"].chunk(2, dim=0) for s in shards]
     first = shards[0]
-    return {
+    out = {
         f"{dst}input_layernorm.weight": first[f"{src}input_layernorm.weight"],
         f"{dst}self_attn.q_proj.weight": q,
         f"{dst}self_attn.k_proj.weight": k,
@@ -134,9 +193,23 @@ def _layer_to_hf(shards: Sequence[Mapping[str, Tensor]], i: int, hf_config: Any)
         f"{dst}self_attn.q_norm.weight": first[f"{src}self_attention.q_layernorm.weight"],
         f"{dst}self_attn.k_norm.weight": first[f"{src}self_attention.k_layernorm.weight"],
         f"{dst}post_attention_layernorm.weight": first[f"{src}pre_mlp_layernorm.weight"],
-        f"{dst}mlp.gate_proj.weight": torch.cat([h[0] for h in halves], dim=0),
-        f"{dst}mlp.up_proj.weight": torch.cat([h[1] for h in halves], dim=0),
-        f"{dst}mlp.down_proj.weight": cat("mlp.linear_fc2.weight", 1),
+    }
+    if not is_moe(hf_config):
+        out.update(_mlp_to_hf(shards, f"{src}mlp.", f"{dst}mlp."))
+        return out
+    out[f"{dst}mlp.gate.weight"] = first[f"{src}mlp.router.weight"]
+    for e in range(num_experts(hf_config)):
+        local = f"{src}mlp.experts.local_experts.{e}."
+        out.update(_mlp_to_hf(shards, local, f"{dst}mlp.experts.{e}."))
+    return out
+
+
+def _mlp_to_hf(shards: Sequence[Mapping[str, Tensor]], src: str, dst: str) -> Weights:
+    halves = [s[f"{src}linear_fc1.weight"].chunk(2, dim=0) for s in shards]
+    return {
+        f"{dst}gate_proj.weight": torch.cat([h[0] for h in halves], dim=0),
+        f"{dst}up_proj.weight": torch.cat([h[1] for h in halves], dim=0),
+        f"{dst}down_proj.weight": torch.cat([s[f"{src}linear_fc2.weight"] for s in shards], dim=1),
     }
 
 
@@ -157,6 +230,81 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> We
     if not hf_config.tie_word_embeddings:
         out["lm_head.weight"] = torch.cat([s["output_layer.weight"] for s in shards])
     return {name: t.contiguous() for name, t in out.items()}
+
+
+def merge_expert_parallel(ep_shards: Sequence[Mapping[str, Tensor]], hf_config: Any) -> Weights:
+    """One tensor-parallel rank's weights with every expert, from its expert-parallel ranks'
+    (``ep_shards[r]`` being EP rank ``r``'s): local expert ``j`` of rank ``r`` is global expert
+    ``r*E/ep + j``; the tensors outside the experts are replicated (rank 0's are taken)."""
+    if not ep_shards:
+        raise BackendError("no Megatron expert-parallel shards to merge")
+    check_expert_parallel(hf_config, len(ep_shards))
+    marker = ".mlp.experts.local_experts."
+    out: Weights = {}
+    for ep_rank, shard in enumerate(ep_shards):
+        experts = _local_experts(hf_config, ep_rank, len(ep_shards))
+        for name, tensor in shard.items():
+            if marker not in name:
+                if ep_rank == 0:
+                    out[name] = tensor
+                continue
+            head, tail = name.split(marker)
+            local, rest = tail.split(".", 1)
+            out[f"{head}{marker}{experts[int(local)]}.{rest}"] = tensor
+    return out
+
+
+def _stage_layers(hf_config: Any, pp_rank: int, pp: int) -> range:
+    layers = int(hf_config.num_hidden_layers)
+    if layers % pp:
+        raise BackendError(
+            f"num_hidden_layers={layers} does not split over pipeline parallel size {pp}"
+        )
+    per = layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def pipeline_stage(weights: Mapping[str, Tensor], hf_config: Any, pp_rank: int, pp: int) -> Weights:
+    """Pipeline stage ``pp_rank`` of ``pp``'s share of whole-model Megatron ``weights``: its
+    layers (global layer ``pp_rank*L/pp + j`` becomes the stage's ``decoder.layers.j``, the
+    even split megatron builds), the embedding on the first stage, the final norm and the
+    output layer on the last (with tied embeddings the last stage's ``output_layer`` is a copy
+    of the word embeddings, which megatron keeps equal)."""
+    layers = _stage_layers(hf_config, pp_rank, pp)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out: Weights = {}
+    for name, tensor in weights.items():
+        if name.startswith("decoder.layers."):
+            index, rest = name[len("decoder.layers.") :].split(".", 1)
+            if int(index) in layers:
+                out[f"decoder.layers.{int(index) - layers.start}.{rest}"] = tensor
+        else:
+            tail = name.startswith("decoder.final_layernorm") or name == "output_layer.weight"
+            if (first and name.startswith("embedding.")) or (last and tail):
+                out[name] = tensor
+    if last and not first and hf_config.tie_word_embeddings:
+        out["output_layer.weight"] = weights["embedding.word_embeddings.weight"]
+    return out
+
+
+def merge_pipeline_stages(stages: Sequence[Mapping[str, Tensor]], hf_config: Any) -> Weights:
+    """Whole-model Megatron weights from every pipeline stage's (``stages[s]`` being stage
+    ``s``'s): the inverse of :func:`pipeline_stage` (a tied output layer is dropped)."""
+    if not stages:
+        raise BackendError("no Megatron pipeline stages to merge")
+    pp = len(stages)
+    out: Weights = {}
+    for s, stage in enumerate(stages):
+        layers = _stage_layers(hf_config, s, pp)
+        for name, tensor in stage.items():
+            if name.startswith("decoder.layers."):
+                index, rest = name[len("decoder.layers.") :].split(".", 1)
+                out[f"decoder.layers.{layers.start + int(index)}.{rest}"] = tensor
+            elif name == "output_layer.weight" and hf_config.tie_word_embeddings:
+                continue
+            else:
+                out[name] = tensor
+    return out
 
 
 def load_into(model: torch.nn.Module, weights: Mapping[str, Tensor]) -> None:

@@ -15,11 +15,21 @@ nothing else (each entry names what it replaces and why):
    own ``model_parallel_cuda_manual_seed`` (its ``torch.cuda.manual_seed`` is lazy: a no-op
    without CUDA).
 
-Not needed yet (the backend drives forward and backward itself, with torch's AdamW): the
-schedules', Megatron DDP's and the DistributedOptimizer's CUDA streams, events,
-``synchronize`` and ``device="cuda"`` scratch tensors, which the feasibility spike of issue 10
-also had to replace for pipeline parallel and the distributed optimizer. They join this list
-when those parts are used.
+3. ``torch.cuda.synchronize`` -> a no-op: megatron's pipeline p2p communicator synchronises
+   "the GPU" after a batched ``isend``/``irecv`` (the activation shapes and tensors between
+   stages); on CPU the gloo requests it already waited for are complete.
+4. ``torch`` as seen by ``megatron.core.pipeline_parallel.schedules`` -> :class:`_CpuTorch`, the
+   real module except ``torch.zeros(..., device="cuda")``, which allocates on the CPU: the
+   1F1B and no-pipelining schedules allocate their token counter with ``device="cuda"``.
+5. While a ``GPTModel`` is built (:func:`building`, used by the backend's builder, not
+   process-wide): ``Tensor.cuda()`` -> the tensor itself: under pipeline parallel with tied
+   embeddings the last stage moves its copy of the word embeddings to "the GPU" before the
+   all-reduce that makes it equal to the first stage's.
+
+Not needed yet (the backend drives the backward itself, with torch's AdamW): Megatron DDP's
+and the DistributedOptimizer's CUDA streams, events and ``device="cuda"`` scratch tensors and
+its ``param.type()`` check, which the feasibility spike of issue 10 also had to replace. They
+join this list when those parts are used.
 
 Nothing is patched while CUDA is available (the GPU path is megatron's own), and installing
 twice is a no-op. The patches are process-wide: they only replace functions that would raise
@@ -29,7 +39,9 @@ on this machine anyway, so the torch backend in the same process is unaffected.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -81,19 +93,57 @@ class CpuRngStatesTracker:
             torch.random.set_rng_state(outer)
 
 
+class _CpuTorch:
+    """``torch`` for one megatron module: every attribute the real module's, except ``zeros``
+    with ``device="cuda"`` (or a CUDA device), which allocates on the CPU instead."""
+
+    def __init__(self, real: types.ModuleType) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def zeros(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return self._real.zeros(*args, **kwargs)
+
+
 def install() -> list[str]:
-    """Apply the replacements above when CUDA is unavailable; return what is replaced."""
+    """Apply the process-wide replacements above (1-4) when CUDA is unavailable; return what
+    is replaced."""
     if _INSTALLED or torch.cuda.is_available():
         return list(_INSTALLED)
+    from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as megatron_random
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     megatron_random._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()  # type: ignore[assignment]
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    schedules.torch = _CpuTorch(torch)  # type: ignore[assignment]
     _INSTALLED.extend(
         [
             "torch.cuda.current_device",
             "megatron.core.tensor_parallel.random._CUDA_RNG_STATE_TRACKER",
+            "torch.cuda.synchronize",
+            "megatron.core.pipeline_parallel.schedules.torch.zeros(device='cuda')",
         ]
     )
     return list(_INSTALLED)
+
+
+@contextlib.contextmanager
+def building() -> Iterator[None]:
+    """Build megatron modules with ``Tensor.cuda()`` returning the tensor itself (5 above),
+    when CUDA is unavailable; the real method is restored afterwards."""
+    if torch.cuda.is_available():
+        yield
+        return
+    real = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = real  # type: ignore[method-assign]

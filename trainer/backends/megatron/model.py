@@ -1,8 +1,12 @@
-"""A megatron-core ``GPTModel`` built from the Hugging Face config of a dense Qwen3 model.
+"""A megatron-core ``GPTModel`` built from the Hugging Face config of a Qwen3 model, dense or
+MoE.
 
 Qwen3 in Megatron terms (the local layer spec, no TransformerEngine): RMSNorm, grouped-query
 attention with a fused QKV projection and per-head q/k RMSNorm, a SwiGLU MLP (fused gate/up
 ``linear_fc1``), RoPE with the config's theta, no linear biases, tied or untied embeddings.
+Qwen3-MoE (``model_type: qwen3_moe``, Qwen3-30B-A3B's architecture): every MLP is Megatron's
+``MoELayer`` with a ``TopKRouter`` and one local SwiGLU ``MLP`` per expert (``SequentialMLP``),
+routed exactly as HF routes (:func:`moe_settings`).
 
 Packed lanes (:func:`trainer.data.pack_inputs`): rows share a forward sequence with positions
 restarting at 0 per row. Megatron's plain ``rope`` derives positions from the sequence index
@@ -26,7 +30,7 @@ from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
 from trainer.data import PackedInputs
 
-SUPPORTED_MODEL_TYPES = ("qwen3",)
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -52,6 +56,71 @@ def check_supported(hf_config: Any) -> None:
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise BackendError(f"hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is built")
     _rope_theta(hf_config)
+    if is_moe(hf_config):
+        _check_moe(hf_config)
+
+
+def is_moe(hf_config: Any) -> bool:
+    """Whether ``hf_config`` is a Qwen3-MoE (every MLP a sparse block of routed experts)."""
+    return getattr(hf_config, "model_type", None) == "qwen3_moe"
+
+
+def num_experts(hf_config: Any) -> int:
+    explicit = getattr(hf_config, "num_experts", None)
+    return int(explicit if explicit is not None else hf_config.num_local_experts)
+
+
+def _check_moe(hf_config: Any) -> None:
+    """The Qwen3-MoE routing the builder expresses: every layer sparse, softmax router with the
+    top-k probabilities renormalised, no shared expert (see :func:`moe_settings`)."""
+    layers = int(hf_config.num_hidden_layers)
+    step = int(getattr(hf_config, "decoder_sparse_step", 1))
+    dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
+    if step != 1 or dense:
+        raise BackendError(
+            f"MoE with dense layers (decoder_sparse_step={step}, mlp_only_layers={dense}) is "
+            f"not built: every one of the {layers} layers must be sparse"
+        )
+    if not getattr(hf_config, "norm_topk_prob", True):
+        raise BackendError(
+            "norm_topk_prob=False (top-k probabilities not renormalised) is not built"
+        )
+    if getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise BackendError("shared experts are not built in the megatron MoE")
+
+
+def moe_settings(hf_config: Any) -> dict[str, Any]:
+    """``TransformerConfig`` fields of a Qwen3-MoE: the HF routing exactly.
+
+    HF's ``Qwen3MoeSparseMoeBlock`` takes ``softmax`` over all experts' logits, keeps the top k
+    and renormalises them to sum to 1 (``norm_topk_prob``). Megatron's router with
+    ``moe_router_pre_softmax=False`` takes the top k logits and a softmax over those k: the same
+    weights (a softmax restricted to a subset is the renormalised full softmax). Routing runs in
+    fp32, the load-balancing loss is off (``moe_router_load_balancing_type="none"``, coefficient
+    0: the RL objective is the only loss), no capacity limit (``moe_expert_capacity_factor=None``:
+    no token is dropped), experts one local ``SequentialMLP`` each (no grouped GEMM, no fusions).
+    """
+    if not is_moe(hf_config):
+        # unused by a dense model; megatron refuses its default (allgather) beside the
+        # variable_seq_lengths of pipeline parallel
+        return {"moe_token_dispatcher_type": "alltoall"}
+    return dict(
+        num_moe_experts=num_experts(hf_config),
+        moe_router_topk=int(hf_config.num_experts_per_tok),
+        moe_ffn_hidden_size=int(hf_config.moe_intermediate_size),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=False,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_z_loss_coeff=None,
+        moe_expert_capacity_factor=None,
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_router_fusion=False,
+        moe_shared_expert_intermediate_size=None,
+    )
 
 
 def head_dim(hf_config: Any) -> int:
@@ -83,6 +152,11 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         attention_dropout=0.0,
         mrope_section=[dim // 2, 0, 0],  # every rotary frequency on M-RoPE's first axis
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        pipeline_dtype=dtype,
+        # micro-batches differ in width: pipeline stages exchange activation shapes first
+        variable_seq_lengths=parallel_state.get_pipeline_model_parallel_world_size() > 1,
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint
         bias_activation_fusion=False,
@@ -92,34 +166,48 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         params_dtype=dtype,
+        **moe_settings(hf_config),
     )
 
 
 def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape; load weights with
-    :func:`trainer.backends.megatron.convert.hf_to_megatron`."""
+    """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape, this pipeline stage's part
+    (the embedding on the first stage, the final norm and output layer on the last, the
+    stage's share of the layers); load weights with
+    :func:`trainer.backends.megatron.convert.hf_to_megatron` (and
+    :func:`~trainer.backends.megatron.convert.pipeline_stage`)."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from trainer.backends.megatron import cpu_compat
+
     config = transformer_config(hf_config, dtype)
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
-    return GPTModel(
-        config,
-        spec,
-        vocab_size=int(hf_config.vocab_size),
-        max_sequence_length=int(hf_config.max_position_embeddings),
-        pre_process=True,
-        post_process=True,
-        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
-        position_embedding_type="mrope",
-        rotary_base=_rope_theta(hf_config),
+    experts = num_experts(hf_config) if is_moe(hf_config) else None
+    spec = get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
     )
+    with cpu_compat.building():
+        return GPTModel(
+            config,
+            spec,
+            vocab_size=int(hf_config.vocab_size),
+            max_sequence_length=int(hf_config.max_position_embeddings),
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+            position_embedding_type="mrope",
+            rotary_base=_rope_theta(hf_config),
+        )
 
 
-def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
+def init_parallel(
+    tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: int = 1, expert_parallel: int = 1
+) -> None:
     """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
-    megatron's ``parallel_state`` with ``tensor_parallel`` ranks (the rest is data parallel)
-    and its model-parallel RNG streams from ``seed``."""
+    megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
+    model replica (the rest is data parallel; ``expert_parallel`` ranks of it split a MoE's
+    experts) and its model-parallel RNG streams from ``seed``."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -137,17 +225,29 @@ def init_parallel(tensor_parallel: int = 1, seed: int = 0) -> None:
                 "gloo", rank=int(os.environ.get("RANK", "0")), world_size=world_size
             )
     if parallel_state.model_parallel_is_initialized():
-        have = parallel_state.get_tensor_model_parallel_world_size()
-        if have != tensor_parallel:
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
+        )
+        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
             raise BackendError(
-                f"megatron parallel_state is initialised with TP={have}, "
-                f"asked for {tensor_parallel}"
+                f"megatron parallel_state is initialised with TP={have[0]}, PP={have[1]}, "
+                f"EP={have[2]}, asked for TP={tensor_parallel}, PP={pipeline_parallel}, "
+                f"EP={expert_parallel}"
             )
     else:
-        world = dist.get_world_size()
-        if world % tensor_parallel:
-            raise BackendError(f"world size {world} is not a multiple of TP={tensor_parallel}")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+        world, per_model = dist.get_world_size(), tensor_parallel * pipeline_parallel
+        if world % per_model:
+            raise BackendError(
+                f"world size {world} is not a multiple of TP={tensor_parallel} x "
+                f"PP={pipeline_parallel}"
+            )
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+            expert_model_parallel_size=expert_parallel,
+        )
     model_parallel_cuda_manual_seed(seed)
 
 
@@ -161,19 +261,33 @@ def packed_attention_mask(position_ids: Tensor) -> Tensor:
     return ~(same & causal)[:, None]
 
 
-def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
-    """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
-    picks, from the ``[lanes, width]`` packed inputs."""
+def decoder_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+    """``[width, lanes, hidden]`` output of this pipeline stage's layers on the ``[lanes,
+    width]`` packed inputs: the first stage embeds the tokens, a later one starts from the
+    input tensor megatron's schedule set (``model.set_input_tensor``); on the last stage the
+    output is normed by the final layernorm."""
     ids, positions = inputs.input_ids, inputs.position_ids
-    embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
+    embedded = None
+    if model.pre_process:
+        embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
     rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
-    hidden = model.decoder(
+    return model.decoder(
         hidden_states=embedded,
         attention_mask=packed_attention_mask(positions),
         rotary_pos_emb=rotary,
-    )  # [w, lanes, h]
+    )
+
+
+def pick(hidden: Tensor, inputs: PackedInputs) -> Tensor:
+    """``[rows * T, hidden]``: the positions ``inputs.index`` picks of ``[w, lanes, h]``."""
     flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
     return flat[inputs.index.reshape(-1)]
+
+
+def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+    """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
+    picks, from the ``[lanes, width]`` packed inputs (the whole model on this rank)."""
+    return pick(decoder_states(model, inputs), inputs)
 
 
 def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
@@ -195,7 +309,11 @@ class MegatronScorer(nn.Module):
         self.model = model
 
     def forward(self, inputs: PackedInputs) -> Tensor:
-        logits = output_logits(self.model, hidden_states(self.model, inputs))
+        return self.head(decoder_states(self.model, inputs), inputs)
+
+    def head(self, hidden: Tensor, inputs: PackedInputs) -> Tensor:
+        """Logits ``[n, t, vocab]`` from the last stage's ``[w, lanes, h]`` decoder output."""
+        logits = output_logits(self.model, pick(hidden, inputs))
         return logits.reshape(*inputs.index.shape, -1)
 
 
@@ -218,6 +336,10 @@ class MegatronValueModel(ValueModel):
 
     def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
         """``[n, t]`` float32 values (``raw``: a sigmoid head's logits)."""
-        picked = hidden_states(self.body, inputs)
+        return self.head(decoder_states(self.body, inputs), inputs, raw)
+
+    def head(self, hidden: Tensor, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """Values ``[n, t]`` from the last stage's ``[w, lanes, h]`` decoder output."""
+        picked = pick(hidden, inputs)
         out = self.value_head(picked).squeeze(-1).float().reshape(inputs.index.shape)
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out

@@ -87,14 +87,16 @@ def test_packed_lanes_see_what_a_row_sees_alone(tiny_model_dir: Path) -> None:
     assert float((packed - alone)[mask].abs().max()) < 1e-5
 
 
-def adam_parity(want: torch.Tensor, got: torch.Tensor, start: torch.Tensor) -> None:
+def adam_parity(
+    want: torch.Tensor, got: torch.Tensor, start: torch.Tensor, eps_tol: float = 1e-4
+) -> None:
     """Equal within 1e-5, except where Adam's epsilon dominates: an element whose gradient is
     ~1e-8 moves by less than lr and its step amplifies float rounding of that gradient (few
-    elements; they still agree within 1e-4, 1% of the step)."""
+    elements; they still agree within ``eps_tol``, by default 1e-4, 1% of the step)."""
     diff = (want - got).abs()
     eps_dominated = (want - start).abs() < 0.99 * LR
     assert float(torch.where(eps_dominated, 0.0, diff).max()) < 1e-5
-    assert float(diff.max()) < 1e-4
+    assert float(diff.max()) < eps_tol
     assert int((diff > 1e-5).sum()) <= max(1, diff.numel() // 1000)
 
 
@@ -190,11 +192,7 @@ def test_the_export_loads_in_transformers_with_the_same_logprobs(
     assert not torch.equal(exported["model.norm.weight"], original["model.norm.weight"])
 
 
-def test_unsupported_models_and_settings_are_named(
-    tiny_model_dir: Path, tiny_moe_dir: Path
-) -> None:
-    with pytest.raises(BackendError, match="model_type 'qwen3_moe'"):
-        make(tiny_moe_dir, "megatron")
+def test_unsupported_models_and_settings_are_named(tiny_model_dir: Path) -> None:
     with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
         make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
     with pytest.raises(BackendError, match="activation recompute"):
@@ -268,7 +266,7 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
     for name, tensor in one.named_weights():
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
-    assert "under tensor or data parallel are not built" in two["save_refused"]
+    assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
     # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
     dp = two["dp"]
     assert dp["world"] == 2

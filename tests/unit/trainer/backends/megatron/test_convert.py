@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from trainer.backends.base import BackendError
-from trainer.backends.megatron.convert import hf_to_megatron, megatron_to_hf
+from trainer.backends.megatron.convert import hf_to_megatron, megatron_to_hf, merge_expert_parallel
 
 
 def gqa_config(tie: bool = False) -> SimpleNamespace:
@@ -95,3 +95,28 @@ def test_bad_weights_and_splits_are_named() -> None:
         hf_to_megatron(gqa_weights(), config, rank=0, tp=4)
     with pytest.raises(BackendError, match="no Megatron weight shards"):
         megatron_to_hf([], config)
+
+
+def test_the_tiny_moe_round_trips_bit_exactly_whole_and_over_two_expert_ranks(
+    tiny_moe_dir: Path,
+) -> None:
+    config = AutoConfig.from_pretrained(tiny_moe_dir)
+    hf = load_file(tiny_moe_dir / "model.safetensors")
+    whole = hf_to_megatron(hf, config)
+    router = "decoder.layers.1.mlp.router.weight"
+    assert torch.equal(whole[router], hf["model.layers.1.mlp.gate.weight"])
+    fc1 = whole["decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight"]
+    expert = "model.layers.0.mlp.experts.2."
+    gate, up = hf[f"{expert}gate_proj.weight"], hf[f"{expert}up_proj.weight"]
+    assert torch.equal(fc1, torch.cat([gate, up]))
+    back = megatron_to_hf([whole], config)
+    assert back.keys() == hf.keys() and all(torch.equal(back[n], hf[n]) for n in hf)
+    # expert parallel: rank 1 of 2 holds experts 2 and 3 as its local experts 0 and 1
+    ranks = [hf_to_megatron(hf, config, ep_rank=r, ep=2) for r in range(2)]
+    local = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    assert torch.equal(ranks[1][local], fc1)
+    assert not any("local_experts.2" in n for n in ranks[1])
+    merged = merge_expert_parallel(ranks, config)
+    assert merged.keys() == whole.keys() and all(torch.equal(merged[n], whole[n]) for n in whole)
+    with pytest.raises(BackendError, match="num_experts=4 does not split over expert parallel"):
+        hf_to_megatron(hf, config, ep=3)

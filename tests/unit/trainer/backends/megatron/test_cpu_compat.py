@@ -41,3 +41,27 @@ def test_duplicate_names_and_seeds_are_refused() -> None:
         pass
     tracker.reset()
     assert not tracker.is_initialized()
+
+
+def test_the_schedules_torch_allocates_cuda_zeros_on_the_cpu_and_nothing_else_changes() -> None:
+    from trainer.backends.megatron.cpu_compat import _CpuTorch
+
+    fake = _CpuTorch(torch)
+    counter = fake.zeros([], dtype=torch.int, device="cuda")
+    assert counter.device.type == "cpu" and counter.dtype == torch.int and int(counter) == 0
+    assert fake.zeros(2, device=torch.device("cuda", 0)).device.type == "cpu"
+    assert fake.ones is torch.ones and fake.distributed is torch.distributed  # the real module
+
+
+def test_building_makes_tensor_cuda_the_identity_only_inside() -> None:
+    from trainer.backends.megatron.cpu_compat import building
+
+    if torch.cuda.is_available():
+        pytest.skip("the replacement applies only without CUDA")
+    real = torch.Tensor.cuda
+    t = torch.ones(2)
+    with building():
+        assert t.cuda() is t
+    assert torch.Tensor.cuda is real
+    with pytest.raises((RuntimeError, AssertionError)):
+        t.cuda()  # no CUDA on this machine: the real method raises again

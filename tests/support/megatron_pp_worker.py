@@ -1,0 +1,125 @@
+"""One rank of the megatron pipeline-parallel test: ``python -m tests.support.megatron_pp_worker``.
+
+Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE MOE_DIR MOE_BATCH_FILE OUT_FILE. Joins a gloo
+group on loopback, builds the megatron backend with PP = WORLD stages (the tiny model's layers
+split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
+weights from every stage, tries a checkpoint (refused under PP) and takes one Li2SAO step.
+Then the same ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and score and
+step the tiny MoE (key ``ep``), and once more as plain data parallel on the MoE (key
+``moe_dp``). Rank 0 saves the outputs, the gathered weights before and after the steps, each
+rank's parameter names, the last stage's value head and the refusal to OUT_FILE. One process
+pair serves every check (each process pays seconds of megatron-core import).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tests.support.ranks import join_group
+from trainer.backends import BackendError, StepObjective
+from trainer.backends.megatron.backend import MegatronBackend
+from trainer.config import TrainerConfig
+
+# Small micro-batches: several are in flight through the 1F1B schedule at once.
+BATCH = {"micro_batch_tokens": 32, "lane_factor": 0}
+LR = 1e-2  # the parallel steps' learning rate (actor and critic)
+STEP = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+
+
+def refusal(call) -> str:
+    try:
+        call()
+    except BackendError as exc:
+        return str(exc)
+    return ""
+
+
+def run(model_dir: str, batch_file: str, world: int) -> dict:
+    config = TrainerConfig(
+        model=model_dir,
+        backend="megatron",
+        megatron={"pipeline_parallel": world},
+        batch=BATCH,
+        **STEP,
+    )
+    backend = MegatronBackend(config)
+    batch = torch.load(batch_file, weights_only=False)
+    names: list = [None] * world
+    dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
+    result = {
+        "forward": backend.logprobs_and_values(batch),
+        "weights": dict(backend.named_weights()),
+        "stage_names": names,
+        "save_refused": refusal(lambda: backend.save(f"{batch_file}-ckpt")),
+    }
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    result["metrics"] = backend.train_step(batch, objective)
+    result["stepped"] = dict(backend.named_weights())
+    heads: list = [None] * world
+    dist.all_gather_object(heads, backend.critic.value_head.weight.detach().clone())
+    result["value_head"] = heads[-1]  # the last stage applies the value head
+    return result
+
+
+def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:
+    """The same ranks re-initialised as EP = WORLD on the tiny MoE: each holds its share of
+    the experts, every rank scores the whole batch, then one Li2SAO step (:data:`STEP`)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    config = TrainerConfig(
+        model=moe_dir, backend="megatron", megatron={"expert_parallel": world}, **STEP
+    )
+    backend = MegatronBackend(config)
+    batch = torch.load(batch_file, weights_only=False)
+    names: list = [None] * world
+    dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
+    result = {
+        "forward": backend.logprobs_and_values(batch),
+        "weights": dict(backend.named_weights()),
+        "rank_names": names,
+    }
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    result["metrics"] = backend.train_step(batch, objective)
+    result["stepped"] = dict(backend.named_weights())
+    result["value_head"] = backend.critic.value_head.weight.detach().clone()
+    return result
+
+
+def run_moe_data_parallel(moe_dir: str, batch_file: str) -> dict:
+    """The same ranks once more, TP=PP=EP=1 on the tiny MoE: data parallel (rows by group,
+    experts replicated, gradients summed), one Li2SAO step (:data:`STEP`)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    backend = MegatronBackend(TrainerConfig(model=moe_dir, backend="megatron", **STEP))
+    batch = torch.load(batch_file, weights_only=False)
+    forward = backend.logprobs_and_values(batch)
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    return {
+        "world": backend.dp.world,
+        "forward": forward,
+        "metrics": backend.train_step(batch, objective),
+        "stepped": dict(backend.named_weights()),
+    }
+
+
+def main() -> int:
+    rank, world, port, model_dir, batch_file, moe_dir, moe_batch_file, out_file = sys.argv[1:9]
+    join_group(rank, world, port)
+    try:
+        result = run(model_dir, batch_file, int(world))
+        result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, int(world))
+        result["moe_dp"] = run_moe_data_parallel(moe_dir, moe_batch_file)
+        if int(rank) == 0:
+            torch.save(result, out_file)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
