@@ -2,12 +2,13 @@
 trainer train`` (a composer: it starts the planes as processes).
 
 ``python -m services.toy_train --config trainer/configs/toy_grpo.yaml --run-dir DIR`` starts
-Redis, a reference engine serving the warm-started toy model (``$SWERL_CACHE_DIR/tiny-model-toy``,
-docs/toy-task.md), the adapter in training mode with an admin token (the publisher refreshes
-the weights every step), a toy-only sandbox worker, and the trainer with the manager's dispatch
-loop in its process (``train.run_dispatcher``). The run's addresses, tokens and paths reach the
-trainer through the environment (``SWERL_MANAGER__REDIS_URL``, ``SWERL_PUBLISH__*``,
-``SWERL_TRAIN__RUN_DIR``, ``SWERL_TRAINER__MODEL``); everything else is the config file's.
+Redis, a reference engine serving the warm-started toy model
+(``$SWERL_CACHE_DIR/tiny-model-toy-v2``, docs/toy-task.md), the adapter in training mode with an
+admin token (the publisher refreshes the weights every step), a toy-only sandbox worker, and
+the trainer with the manager's dispatch loop in its process (``train.run_dispatcher``). The
+run's addresses, tokens and paths reach the trainer through the environment
+(``SWERL_MANAGER__REDIS_URL``, ``SWERL_PUBLISH__*``, ``SWERL_TRAIN__RUN_DIR``,
+``SWERL_TRAINER__MODEL``); everything else is the config file's.
 Metrics: ``DIR/train/metrics.jsonl``; service logs ``DIR/*.log``. See docs/training.md.
 """
 
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 from services.local_stack import LocalStack, StackError, start_toy_services
+from services.tiny_model.warm_start import DEFAULT_DIR_NAME
 
 DESCRIPTION = __doc__.split("\n\n")[1] if __doc__ else ""
 
@@ -28,7 +30,7 @@ DESCRIPTION = __doc__.split("\n\n")[1] if __doc__ else ""
 def toy_model_dir() -> Path:
     """The warm-started toy model (built by ``deploy/dev/setup.sh model``)."""
     cache = Path(os.environ.get("SWERL_CACHE_DIR", Path.home() / ".cache" / "swerl"))
-    model = cache / "tiny-model-toy"
+    model = cache / DEFAULT_DIR_NAME
     if not (model / "config.json").is_file():
         raise StackError(f"{model} is missing: build it with `deploy/dev/setup.sh model`")
     return model

@@ -65,7 +65,7 @@ step_python() {
 step_model() {
   if [ -f "$CACHE/tiny-model/config.json" ] && [ -f "$CACHE/tiny-model-coder/config.json" ] \
     && [ -f "$CACHE/tiny-model-moe/config.json" ] \
-    && [ -f "$CACHE/tiny-model-toy/swerl_warm_start.json" ]; then
+    && [ -f "$CACHE/tiny-model-toy-v2/swerl_warm_start.json" ]; then
     log "tiny models cached"; return
   fi
   log "building the tiny models"
@@ -76,8 +76,8 @@ step_model() {
   [ -f "$CACHE/tiny-model-moe/config.json" ] \
     || .venv/bin/python -m services.tiny_model.build "$CACHE/tiny-model-moe" --moe
   # The toy task's format warm-start of tiny-model (docs/toy-task.md; ~40 CPU-seconds).
-  [ -f "$CACHE/tiny-model-toy/swerl_warm_start.json" ] \
-    || .venv/bin/python -m services.tiny_model.warm_start "$CACHE/tiny-model-toy"
+  [ -f "$CACHE/tiny-model-toy-v2/swerl_warm_start.json" ] \
+    || .venv/bin/python -m services.tiny_model.warm_start "$CACHE/tiny-model-toy-v2"
 }
 
 step_docker() { deploy/dev/dockerd.sh start; }

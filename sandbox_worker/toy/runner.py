@@ -11,7 +11,7 @@ refresh and policy lag are exercised on the real path. For one task:
    id and attempt (:func:`services.protocol.toy.draw_code`);
 2. **turn 1**: system prompt + user message, the ``lookup`` tool offered; the answer must be
    exactly one tool call named ``lookup`` (as the adapter parsed it from the model's text);
-3. **observation**: the tool result holds the code on 8 lines;
+3. **observation**: the tool result holds the code on 32 lines;
 4. **turn 2**: the answer; reward 1 if it is exactly the code, else 0;
 5. **close** the record with the outcome.
 

@@ -28,7 +28,10 @@ from typing import Any
 #: The secret codes: single tokens of the tiny model's vocabulary (also after a newline), so an
 #: answer is one code token and the end-of-turn token.
 CODES: tuple[str, ...] = ("red", "cat", "key", "pear")
-CODE_REPEATS = 8
+#: 32 lines: with 8 the 2-layer tiny model could not learn to read the observation at all (a
+#: supervised copy of the code failed in 300 steps; its attention over ~300 prompt tokens
+#: dilutes 8 code tokens to noise), with 32 it learns it (docs/toy-task.md).
+CODE_REPEATS = 32
 TOOL_NAME = "lookup"
 INSTANCE_PREFIX = "toy-lookup-"
 MAX_INSTANCE = 10**9

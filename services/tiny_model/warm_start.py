@@ -8,10 +8,16 @@ forever. This module fine-tunes it, supervised, on the task's *format* only:
 * turn 1: exactly the ``lookup`` call in the model's real tool-call syntax (the chat template's
   ``<tool_call>\\n{"name": "lookup", "arguments": {}}\\n</tool_call>``), so the adapter parses it
   as a real tool call;
-* turn 2: a code drawn **uniformly at random, independently of the observation**, then the end
-  of the turn. The best a model can do on such data is to answer each code with probability
-  1/4 whatever the observation says: reward at chance (0.25), so RL still has everything to
-  learn about *which* code.
+* turn 2: a code that **reads the observation with the wrong rule**, then the end of the turn:
+  the code *after* the observed one in :data:`~services.protocol.toy.CODES` (cyclically) in
+  3/4 of the conversations, the observed code itself in 1/4. The model learns to look at the
+  tool's result and answers correctly a quarter of the time: reward at chance (0.25), so RL
+  still has everything to learn about *which* code (the observed one, not its successor).
+
+Why not answers independent of the observation (measured, docs/toy-task.md): such a model
+learns to ignore the observation, and the 2-layer tiny model then needs 70+ RL steps before it
+starts to read it (an attention plateau); with the wrong-rule answers it already reads it and
+RL only has to change the rule (reward 0.27 -> 0.75 within about 16 GRPO steps in-process).
 
 Loss on the assistant tokens only; every step draws a fresh batch (random instance numbers,
 observation codes and answer codes) from one seeded generator. Deterministic: fixed seed, CPU,
@@ -39,8 +45,8 @@ from services.protocol.toy import CODES, LOOKUP_TOOL, TOOL_NAME, observation, pr
 from services.tiny_model.build import ensure_tiny_model, publish_build, read_stamp
 
 STAMP_FILE = "swerl_warm_start.json"
-DEFAULT_DIR_NAME = "tiny-model-toy"
-_FORMAT_VERSION = 1
+DEFAULT_DIR_NAME = "tiny-model-toy-v2"
+_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,16 @@ class WarmStartSpec:
     lr: float = 1e-2  # decayed linearly to 10 %
     weight_decay: float = 0.0
     max_instance: int = 1000  # instance numbers drawn from [0, max_instance)
+    copy_fraction: float = 0.25  # conversations answering the observed code
+    shift_fraction: float = 0.75  # ... answering the code after it; the rest: a uniform draw
     format_version: int = _FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        shares = (self.copy_fraction, self.shift_fraction)
+        if min(shares) < 0 or sum(shares) > 1:
+            raise ValueError(
+                f"copy_fraction and shift_fraction must be >= 0 with a sum <= 1, got {shares}"
+            )
 
 
 class WarmStartError(RuntimeError):
@@ -90,14 +105,25 @@ def encode_episode(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list
     return ids, mask
 
 
+def taught_answer(seen: str, u: float, rng: random.Random, spec: WarmStartSpec) -> str:
+    """The answer a training conversation teaches for the observed code ``seen``, given a
+    uniform draw ``u``: the code itself (``u < copy_fraction``), the code after it, or (for the
+    rest, none by default) a uniform draw from ``rng``."""
+    if u < spec.copy_fraction:
+        return seen
+    if u < spec.copy_fraction + spec.shift_fraction:
+        return CODES[(CODES.index(seen) + 1) % len(CODES)]
+    return rng.choice(CODES)
+
+
 def _batch(tokenizer: Any, rng: random.Random, spec: WarmStartSpec) -> tuple[Any, Any, Any]:
     import torch
 
     rows = []
     for _ in range(spec.batch_size):
         instance = f"toy-lookup-{rng.randrange(spec.max_instance)}"
-        # The answer is independent of the observation: chance level by construction.
-        messages = episode_messages(instance, rng.choice(CODES), rng.choice(CODES))
+        seen = rng.choice(CODES)
+        messages = episode_messages(instance, seen, taught_answer(seen, rng.random(), rng, spec))
         rows.append(encode_episode(tokenizer, messages))
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
@@ -230,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m services.tiny_model.warm_start",
         description="Fine-tune the tiny model on the toy task's format (a lookup tool call, "
-        "then a code at chance level); deterministic, CPU, under a minute.",
+        "then a code read from the observation with the wrong rule: reward at chance); "
+        "deterministic, CPU, about a minute.",
     )
     parser.add_argument("directory", type=Path, help="output directory (overwritten)")
     parser.add_argument(

@@ -25,6 +25,7 @@ def test_adapter_env_adds_the_admin_token_only_when_given() -> None:
 
 @pytest.mark.parametrize(("name", "algorithm", "schedule"),
                          [("toy_grpo.yaml", "grpo", "groups"),
+                          ("toy_lisao.yaml", "lisao", "single"),
                           ("toy_li2sao.yaml", "li2sao", "switch")])  # fmt: skip
 def test_the_toy_configs_with_the_composers_overrides(
     name: str, algorithm: str, schedule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -36,7 +37,10 @@ def test_the_toy_configs_with_the_composers_overrides(
     cfg = load_run_config(str(CONFIGS / name))
     assert cfg.train.run_dir == str(tmp_path / "train")
     assert cfg.train.dataset.kind == "toy"
-    assert (cfg.train.bootstrap.prompts, cfg.train.bootstrap.group_size) == (8, 8)
+    if schedule == "single":  # 64 single rollouts per step from the start
+        assert cfg.train.single.batch_size == 64
+    else:
+        assert (cfg.train.bootstrap.prompts, cfg.train.bootstrap.group_size) == (8, 8)
     assert cfg.train.rollout.sampling.temperature == 1.0
     assert cfg.train.rollout.sampling.max_tokens == 32
     assert cfg.train.run_dispatcher
@@ -51,5 +55,5 @@ def test_the_toy_configs_with_the_composers_overrides(
 
 def test_a_missing_toy_model_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWERL_CACHE_DIR", str(tmp_path))
-    with pytest.raises(StackError, match="tiny-model-toy is missing"):
+    with pytest.raises(StackError, match="tiny-model-toy-v2 is missing"):
         toy_model_dir()

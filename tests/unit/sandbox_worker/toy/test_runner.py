@@ -93,7 +93,7 @@ def test_a_correct_answer_earns_1_through_two_tool_turns(
     assistant, tool = second.body["messages"][2:]
     assert assistant["tool_calls"] == [LOOKUP] and tool["tool_call_id"] == "call_1"
     code = tool["content"].split("\n")[0]
-    assert tool["content"].split("\n") == [code] * 8 and code in CODES
+    assert tool["content"].split("\n") == [code] * 32 and code in CODES
     # The code is the task's reproducible draw; the record is opened and closed with the outcome.
     assert code == outcome.test_report["code"] == draw_code(task.task_id, task.attempt)
     [meta] = adapter.opened

@@ -55,10 +55,10 @@ def test_the_prompt_asks_for_the_lookup_tool_and_names_the_request() -> None:
 
 
 def test_the_observation_repeats_the_code_on_eight_lines() -> None:
-    assert CODE_REPEATS == 8 and len(set(CODES)) == 4
+    assert CODE_REPEATS == 32 and len(set(CODES)) == 4
     for code in CODES:
         lines = observation(code).split("\n")
-        assert lines == [code] * 8
+        assert lines == [code] * 32
     with pytest.raises(ToyTaskError, match="unknown code 'blue'"):
         observation("blue")
 

@@ -22,6 +22,7 @@ from services.tiny_model.warm_start import (
     episode_messages,
     main,
     read_warm_stamp,
+    taught_answer,
 )
 
 # The Qwen/Hermes tool-call syntax of the tiny model's template (services/tiny_model/
@@ -33,7 +34,33 @@ def test_the_codes_are_single_tokens_also_inside_the_observation(tokenizer: Any)
     for code in CODES:
         [token] = tokenizer.encode(code, add_special_tokens=False)
         ids = tokenizer.encode(observation(code), add_special_tokens=False)
-        assert ids.count(token) == 8  # the answer token is the observation's token
+        assert ids.count(token) == 32  # the answer token is the observation's token
+
+
+def test_the_taught_answer_reads_the_observation_with_the_wrong_rule() -> None:
+    import random
+
+    spec = WarmStartSpec()  # a quarter answers the observed code, the rest the next one
+    rng = random.Random(0)
+    nxt = {"red": "cat", "cat": "key", "key": "pear", "pear": "red"}  # CODES, cyclically
+    assert set(nxt) == set(CODES)
+    for seen in CODES:
+        assert taught_answer(seen, 0.0, rng, spec) == seen
+        assert taught_answer(seen, 0.2499, rng, spec) == seen
+        assert taught_answer(seen, 0.25, rng, spec) == nxt[seen]
+        assert taught_answer(seen, 0.9999, rng, spec) == nxt[seen]
+    # over many draws: the observed code a quarter of the time (reward at chance)
+    draws = [taught_answer("key", rng.random(), rng, spec) for _ in range(4000)]
+    assert abs(draws.count("key") / 4000 - 0.25) < 0.03 and set(draws) == {"key", "pear"}
+    independent = WarmStartSpec(copy_fraction=0.0, shift_fraction=0.0)
+    draws = [taught_answer("key", rng.random(), rng, independent) for _ in range(4000)]
+    assert all(abs(draws.count(c) / 4000 - 0.25) < 0.03 for c in CODES)
+
+
+@pytest.mark.parametrize("copy, shift", [(-0.1, 0.5), (0.5, -0.1), (0.5, 0.6)])
+def test_answer_shares_outside_the_unit_interval_are_refused(copy: float, shift: float) -> None:
+    with pytest.raises(ValueError, match="copy_fraction and shift_fraction"):
+        WarmStartSpec(copy_fraction=copy, shift_fraction=shift)
 
 
 def test_an_episode_trains_on_the_tool_call_and_the_answer_only(tokenizer: Any) -> None:
