@@ -5,7 +5,8 @@ What runs, all real processes on loopback:
 1. a private Redis (AOF on);
 2. two reference engines on the tiny model, speaking SGLang's protocol: one in SCRIPTED mode
    (test machinery: it replays each mini instance's gold patch as terminal commands, so its
-   trajectories can earn reward 1) and one sampling the random tiny model (reward 0);
+   trajectories can earn reward 1) and one sampling the policy (``--model``: by default the
+   random tiny model, reward 0; ``make demo`` passes the policy its toy training run made);
 3. the adapter in front of both, placing by sample index (``placement: sample_index``): sample 0
    of every group runs on the scripted engine and sample 1 on the sampling one, whatever the
    timing, so every group of two or more samples mixes a reward 1 and a reward 0;
@@ -16,8 +17,9 @@ What runs, all real processes on loopback:
 Then the recorded trajectories are turned into a padded training batch, the tiny model
 recomputes every behaviour logprob (the check that engine and trainer agree), and the Li2SAO
 bootstrap objective (GRPO advantages + DIS actor loss, centred critic loss with the divergence
-mask and ranking loss, readiness statistics) is evaluated on it. The trainer loop that steps
-the weights and refreshes the engines is not built yet; this step evaluates the losses only.
+mask and ranking loss, readiness statistics) is evaluated on it. This step evaluates the
+losses only; training runs are ``python -m trainer train`` (``python -m services.toy_train`` on
+the toy task, which ``make demo`` runs first: docs/training.md).
 
 Outputs: ``runs/demo-<time>/`` holds every service's log, the scripted policy file and
 ``metrics.jsonl`` (one line per trajectory and one for the objective); ``--json FILE`` also
@@ -129,7 +131,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="also write a machine-readable summary of the run to FILE")  # fmt: skip
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="the policy the engines serve: an HF model directory, or a training run's weights "
+        "directory (its newest published v<N>/, e.g. the toy run of `make demo`); default: the "
+        "random tiny model",
+    )
     return p.parse_args(argv)
+
+
+def resolve_model(path: Path) -> Path:
+    """``path`` itself when it is an HF model directory, else its newest ``v<N>/`` export (a
+    weights directory of the publisher); ValueError naming the problem otherwise."""
+    if (path / "config.json").is_file():
+        return path
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+    versions = [
+        (int(child.name[1:]), child)
+        for child in path.iterdir()
+        if child.name[:1] == "v" and child.name[1:].isdigit() and (child / "config.json").is_file()
+    ]
+    if not versions:
+        raise ValueError(f"{path} holds neither config.json nor a published v<N>/ model")
+    return max(versions)[1]
 
 
 EPILOG = """\
@@ -252,11 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     cache = Path(os.environ.get("SWERL_CACHE_DIR", Path.home() / ".cache" / "swerl"))
-    model = ensure_tiny_model(cache / "tiny-model")
+    try:
+        model = resolve_model(args.model) if args.model else ensure_tiny_model(cache / "tiny-model")
+    except ValueError as exc:
+        print(f"python -m services.demo: error: --model: {exc}", file=sys.stderr)
+        return 2
     script = write_script(instances, run_dir / "scripted-policy.jsonl")
     say(f"using {len(instances)} of {len(available)} instances of {args.instances} "
         f"(--limit {args.limit}; 0 = all) x {args.samples} samples")  # fmt: skip
-    say(f"run dir {run_dir}; tiny model {model}")
+    say(f"run dir {run_dir}; model {model}")
     # A unique node name: two demos on one machine never reclaim each other's sandboxes.
     node = f"demo-{secrets.token_hex(3)}"
     stack = LocalStack(run_dir)

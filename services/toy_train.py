@@ -15,11 +15,14 @@ Metrics: ``DIR/train/metrics.jsonl``; service logs ``DIR/*.log``. See docs/train
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any, TextIO
 
 from services.local_stack import LocalStack, StackError, start_toy_services
 from services.tiny_model.warm_start import DEFAULT_DIR_NAME
@@ -50,8 +53,52 @@ def trainer_env(run_dir: Path, model: Path, redis_url: str, adapter_url: str,
     }
 
 
-def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:
-    """Start the toy stack, run the trainer to its end, stop the stack. The trainer's exit code."""
+def progress_line(row: dict[str, Any], total: int | None, width: int = 20) -> str:
+    """One step of the run as a progress line: bar, step, reward, phase, lag, step time."""
+    step = int(row["step"])
+    done = min(width, round(width * step / total)) if total else 0
+    bar = "#" * done + "." * (width - done) if total else ""
+    reward = row.get("reward/mean")
+    lag = row.get("lag/mean")
+    seconds = row.get("time/step")
+    parts = [
+        f"[{bar}] step {step}/{total}" if total else f"step {step}",
+        f"reward {reward:.3f}" if isinstance(reward, (int, float)) else "reward -",
+        f"phase {row.get('phase', '?')}",
+        f"lag {lag:.1f}" if isinstance(lag, (int, float)) else "lag -",
+        f"{seconds:.1f} s" if isinstance(seconds, (int, float)) else "",
+    ]
+    return "  ".join(p for p in parts if p)
+
+
+class MetricsFollower:
+    """Prints a progress line for every complete line the trainer appends to metrics.jsonl."""
+
+    def __init__(self, path: Path, total: int | None, out: TextIO) -> None:
+        self.path, self.total, self.out = path, total, out
+        self.offset = 0
+
+    def poll(self) -> None:
+        if not self.path.is_file():
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # only complete lines; a half-written one waits
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # not a metrics row: the trainer's file, never ours to judge
+            if isinstance(row, dict) and "step" in row:
+                print(progress_line(row, self.total), file=self.out, flush=True)
+
+
+def run(config: Path, run_dir: Path, steps: int | None, slots: int,
+        out: TextIO | None = None) -> int:  # fmt: skip
+    """Start the toy stack, run the trainer to its end (a progress line per step on ``out``),
+    stop the stack. The trainer's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     model = toy_model_dir()
     worker_token, admin_token = secrets.token_hex(16), secrets.token_hex(16)
@@ -61,8 +108,19 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:
         env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
         cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
         cmd += ["--steps", str(steps)] if steps is not None else []
+        follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", steps, out or sys.stdout)
         with open(run_dir / "trainer.log", "ab") as log:
-            return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                while proc.poll() is None:
+                    follower.poll()
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:  # interrupted: stop the trainer with the stack
+                    proc.terminate()
+                    proc.wait(timeout=60)
+            follower.poll()
+            return proc.returncode
     finally:
         stack.stop_all()
 
@@ -79,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"trainer exit {code}; metrics in {args.run_dir / 'train' / 'metrics.jsonl'}")
+    print(f"trainer exit {code}; metrics in {args.run_dir / 'train' / 'metrics.jsonl'}; "
+          f"dashboard: python -m trainer report {args.run_dir}")  # fmt: skip
     return code
 
 

@@ -3,12 +3,14 @@ trainer reads them with the composer's environment overrides, a missing toy mode
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import pytest
 
 from services.local_stack import StackError, adapter_env
-from services.toy_train import toy_model_dir, trainer_env
+from services.toy_train import MetricsFollower, progress_line, toy_model_dir, trainer_env
 from trainer.loop.cli import load_run_config
 from trainer.loop.config import resolve_schedule
 
@@ -57,3 +59,32 @@ def test_a_missing_toy_model_is_named(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("SWERL_CACHE_DIR", str(tmp_path))
     with pytest.raises(StackError, match="tiny-model-toy-v2 is missing"):
         toy_model_dir()
+
+
+def test_a_progress_line_shows_the_step_reward_phase_lag_and_time() -> None:
+    row = {"step": 10, "reward/mean": 0.53125, "phase": "bootstrap", "lag/mean": 2.0,
+           "time/step": 3.25}  # fmt: skip
+    line = progress_line(row, 40, width=8)
+    assert line.startswith("[##......] step 10/40")
+    assert "reward 0.531" in line and "phase bootstrap" in line and "lag 2.0" in line
+    assert line.endswith("3.2 s") or line.endswith("3.3 s")
+    bare = progress_line({"step": 3, "reward/mean": None}, None)
+    assert bare.startswith("step 3") and "reward -" in bare and "lag -" in bare
+
+
+def test_the_follower_prints_each_complete_metrics_line_once(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    out = io.StringIO()
+    follower = MetricsFollower(path, 3, out)
+    follower.poll()  # no file yet: nothing
+    assert out.getvalue() == ""
+    path.write_text(json.dumps({"step": 1, "reward/mean": 0.25}) + "\n" + '{"step": 2, "rew')
+    follower.poll()
+    follower.poll()  # the half-written line waits; the first is not printed twice
+    assert out.getvalue().count("step 1/3") == 1 and "step 2/3" not in out.getvalue()
+    with open(path, "a") as fh:
+        fh.write('ard/mean": 0.5}\nnot json\n' + json.dumps({"step": 3}) + "\n")
+    follower.poll()
+    lines = out.getvalue().splitlines()
+    assert [line.split("] ")[1].split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert "reward 0.500" in lines[1]
