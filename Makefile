@@ -14,8 +14,15 @@ help:  ## list the targets
 setup:  ## install and build everything that is missing (idempotent, cached)
 	@deploy/dev/setup.sh all
 
-demo: setup  ## run the main job end to end on the embedded defaults (tiny model, local everything)
-	@$(PY) -m services.demo $(DEMO_ARGS)
+# The main job: Li2SAO trains the toy task through the whole stack (a progress line per step),
+# the run's dashboard and summary, then one SWE rollout batch of the mini instances with the
+# trained policy beside the scripted engine (docs/training.md, README "Quick start").
+DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
+DEMO_DIR ?= runs/demo-$(DEMO_STAMP)
+demo: setup  ## train Li2SAO on the toy task (whole stack), its dashboard, then a SWE rollout batch
+	@$(PY) -m services.toy_train --config trainer/configs/toy_li2sao.yaml --run-dir $(DEMO_DIR)/toy
+	@$(PY) -m trainer report $(DEMO_DIR)/toy
+	@$(PY) -m services.demo --model $(DEMO_DIR)/toy/weights --run-dir $(DEMO_DIR)/swe $(DEMO_ARGS)
 
 # The suite's temp dirs live in a private base dir: pytest runs started *by* tests (the mini
 # repos' own suites) rotate /tmp/pytest-of-<user> and would delete the outer run's dirs.
