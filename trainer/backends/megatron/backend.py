@@ -14,19 +14,20 @@ embeddings frozen like the torch critic's.
 Parallelism: megatron's ``parallel_state`` over gloo; tensor parallel ranks compute the same
 per-token outputs (logits gathered over the vocabulary) and the same objective; the q/k
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
-shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data
-parallel: the torch backend's row split by group, gradients summed over the ranks before
-clipping. Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with
-the experts replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With ``pipeline_parallel`` > 1 (PP = world,
-TP=1, dense) every rank holds one stage; the no-grad forwards and the backward of a step run
-through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), tied embedding
-gradients are summed between the first and last stage, and the weights are gathered from
-every stage. With ``expert_parallel`` > 1 (a MoE, EP = world, TP=PP=1) every rank holds its share
-of the experts and scores the whole batch (megatron's allgather dispatcher moves the tokens);
-the experts are gathered for the weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). Tensor and data
-parallel together, MoE under tensor or pipeline parallel, the distributed optimizer, parallel
-checkpoints, bf16 and activation recompute are not built yet and raise :class:`BackendError`.
+shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data parallel:
+the torch backend's row split by group, gradients summed over the ranks before clipping.
+Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with the experts
+replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With
+``pipeline_parallel`` > 1 (PP = world, TP=1, dense) every rank holds one stage; the no-grad
+forwards and the backward of a step run through megatron's 1F1B schedule
+(:mod:`trainer.backends.megatron.pipeline`), tied embedding gradients are summed between the
+first and last stage, and the weights are gathered from every stage. With ``expert_parallel`` >
+1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
+batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
+weights out, and a step divides the experts' gradients by EP
+(:func:`expert_parallel_grad_norm`). Tensor and data parallel together, MoE under tensor or
+pipeline parallel, the distributed optimizer, parallel checkpoints, bf16 and activation
+recompute are not built yet and raise :class:`BackendError`.
 """
 
 from __future__ import annotations
