@@ -6,8 +6,8 @@ sandbox backend on the host (the docker socket or bwrap and the image trees) and
 starts a whole local stack, neither of which the API process has; and a cancel must stop
 sandboxes mid-grade, which a child process in its own process group allows (SIGINT: the
 script's KeyboardInterrupt path removes its sandboxes; also sent when the service dies) and a
-thread does not. The pattern is the trainer service's (:mod:`trainer.service.service`): claim,
-:class:`LeaseKeeper`, a child process per job, cancel, give back on shutdown.
+thread does not. The claim / lease / child-process loop is shared with the trainer service
+(:class:`services.api.job_process.ProcessJobService`).
 
 Per job: ``<runs_dir>/<job id>/`` is the report dir and the job id the run id; the child's
 output goes to ``attempt-<N>.log`` there, and its per-instance progress lines give the job's
@@ -21,32 +21,25 @@ published; exit 2 (bad input: dataset, predictions, checkpoint) -> failed with t
 
 from __future__ import annotations
 
-import ctypes
 import json
-import logging
 import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import redis
 
-from services.api.claims import Claim, JobClaims, LeaseKeeper
+from services.api.claims import Claim, LeaseKeeper
+from services.api.job_process import ProcessJobService
 from services.api.schemas import EvalSpec, JobKind, JobState, Progress
-from services.api.store import JobStore
 from services.eval.service_config import EvalServiceConfig
-from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep
 from services.swerl_cli.eval_options import EVAL_MODULE
 
-log = logging.getLogger("swerl.eval.service")
 TAIL_BYTES = 65536
-PR_SET_PDEATHSIG = 1
 EXIT_OK, EXIT_INFRA, EXIT_USAGE = 0, 1, 2
 # The script's lines (services/eval/main.py): the plan, then one per graded instance.
 PLAN_LINE = re.compile(r"^run \S+: (\d+) instance\(s\), (\d+) to grade \((\d+) already graded\)")
@@ -114,10 +107,6 @@ def find_report(run_dir: Path, run_id: str) -> tuple[Path, dict[str, Any]] | Non
     return (found[0], json.loads(found[0].read_text())) if found else None
 
 
-def _die_with_parent() -> None:  # in the child between fork and exec: SIGINT if we die
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
-
-
 def infra_ids(report: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
     """Instances that hit an infrastructure failure: the grader's verdict in each instance's
     ``run_instance.log``, and the harness's advisory ``infra_failure_ids``."""
@@ -153,51 +142,23 @@ def metrics_of(report: dict[str, Any], infra: list[str]) -> dict[str, float]:
     return out
 
 
-class EvalService:
+class EvalService(ProcessJobService):
+    kind = JobKind.EVAL
+    name = "evaluator service"
+    process_noun = "evaluation"
+    stop_signal = signal.SIGINT  # the script's KeyboardInterrupt path removes its sandboxes
+    claim_limit = 10**6  # eval jobs of a group do not wait for each other's slot
+    log_name = "swerl.eval.service"
+
     def __init__(
         self,
         cfg: EvalServiceConfig,
         client: redis.Redis,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.claims = JobClaims(client, cfg.key_prefix)
-        self.store = JobStore(client, cfg.key_prefix)
-        self.environ = dict(os.environ if environ is None else environ)
-        self.holder = f"evaluator:{cfg.group}:{socket.gethostname()}:{os.getpid()}"
-        self.stop_event = threading.Event()
-
-    def serve(self) -> None:
-        """Claim and run jobs until :attr:`stop_event` is set (a running job is given back)."""
-        failures = 0
-        while not self.stop_event.is_set():
-            try:
-                job = self.claims.claim(
-                    JobKind.EVAL, self.cfg.group, self.holder, self.cfg.lease_ttl_s, 10**6
-                )
-                failures = 0
-                if job is None:
-                    self.stop_event.wait(self.cfg.poll_interval_s)
-                    continue
-                self._run_or_fail(job)
-            except TRANSIENT_ERRORS as exc:
-                failures += 1
-                log.warning("Redis unreachable (%s); retrying", exc)
-                backoff_sleep(failures, self.stop_event)
-
-    def _run_or_fail(self, job: Claim) -> None:
-        try:
-            self.run_job(job)
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception as exc:
-            log.exception("job %s failed in the evaluator service", job.job_id)
-            self._finish(job.job_id, JobState.FAILED, f"evaluator service error: {exc}")
-
-    def _finish(self, job_id: str, state: JobState, message: str) -> None:
-        if self.claims.finish(job_id, self.holder, state, message):
-            self.store.log(job_id, message, "ERROR" if state is JobState.FAILED else "INFO")
-        log.info("job %s: %s (%s)", job_id, state.value, message)
+        holder = f"evaluator:{cfg.group}:{socket.gethostname()}:{os.getpid()}"
+        super().__init__(cfg, client, holder, environ)
+        self.cfg: EvalServiceConfig = cfg
 
     def run_job(self, job: Claim) -> None:
         """Run one claimed job until it ends, its lease is lost or the service stops."""
@@ -206,60 +167,19 @@ class EvalService:
         run_dir.mkdir(parents=True, exist_ok=True)
         argv = command_for(spec, self.cfg, run_dir, job.job_id)
         log_path = run_dir / f"attempt-{job.attempt}.log"
-        self.store.log(job.job_id, f"attempt {job.attempt}: {self.holder} runs {' '.join(argv)}")
-        with open(log_path, "ab") as out:
-            proc = self._spawn(argv, out)
-        if isinstance(proc, str):
-            self._finish(job.job_id, JobState.FAILED, f"cannot start {argv[0]}: {proc}")
-            return
         generating = spec.checkpoint is not None
         report = lambda: (progress_of(read_tail(log_path), generating), None)  # noqa: E731
-        try:
-            with LeaseKeeper(
-                self.claims, job.job_id, self.holder, self.cfg.lease_ttl_s, report=report
-            ) as lease:
-                self._watch(job.job_id, proc, lease, log_path, run_dir)
-        finally:
-            self._terminate(proc)
+        self.run_process(job, argv, log_path, self.environ, report)
 
-    def _spawn(self, argv: list[str], out: BinaryIO) -> subprocess.Popen[bytes] | str:
-        try:
-            return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self.environ, start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
-        except OSError as exc:
-            return exc.strerror or str(exc)
-
-    def _watch(
-        self,
-        job_id: str,
-        proc: subprocess.Popen[bytes],
-        lease: LeaseKeeper,
-        log_path: Path,
-        run_dir: Path,
-    ) -> None:
-        while proc.poll() is None:
-            if lease.lost.is_set():
-                log.warning("lost the lease of job %s: stopping its evaluation", job_id)
-                return
-            if lease.cancel_requested.is_set():
-                code = self._terminate(proc)
-                self._finish(job_id, JobState.CANCELLED, f"cancelled (evaluation exit {code})")
-                return
-            if self.stop_event.wait(0.2):
-                self._terminate(proc)
-                self._finish(job_id, JobState.QUEUED, "evaluator service stopped: queued again")
-                return
-        lease.stop()
-        self._end(job_id, proc.returncode, log_path, run_dir, lease.ttl_s)
+    def on_exit(self, job_id: str, code: int, log_path: Path, lease: LeaseKeeper) -> None:
+        self._end(job_id, code, log_path, log_path.parent, lease.ttl_s)
 
     def _end(self, job_id: str, code: int, log_path: Path, run_dir: Path, ttl_s: float) -> None:
         tail = read_tail(log_path)
         found = find_report(run_dir, job_id) if code in (EXIT_OK, EXIT_INFRA) else None
         if found is None:
             why = "bad input" if code == EXIT_USAGE else f"evaluation exited with {code}"
-            self._finish(job_id, JobState.FAILED, f"{why}: {tail[-1500:].strip()}")
+            self.finish(job_id, JobState.FAILED, f"{why}: {tail[-1500:].strip()}")
             return
         path, report = found
         infra = infra_ids(report, run_dir, job_id)
@@ -275,22 +195,10 @@ class EvalService:
         rate = f"{resolved}/{total} ({100.0 * resolved / total if total else 0.0:.1f}%)"
         where = f"report {path}"
         if code == EXIT_OK:
-            self._finish(job_id, JobState.SUCCEEDED, f"resolved {rate}; {where}")
+            self.finish(job_id, JobState.SUCCEEDED, f"resolved {rate}; {where}")
             return
         incomplete = report.get("incomplete_ids", [])
         bad = ", ".join(infra + [i for i in incomplete if i not in infra]) or "see the log"
-        self._finish(job_id, JobState.FAILED,
+        self.finish(job_id, JobState.FAILED,
                      f"infrastructure failure (not graded as wrong answers): {bad}; resolved "
                      f"{rate} is a lower bound; {where}")  # fmt: skip
-
-    def _terminate(self, proc: subprocess.Popen[bytes]) -> int:
-        """SIGINT the process group (the script removes its sandboxes), SIGKILL it after
-        ``stop_grace_s``."""
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=self.cfg.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
