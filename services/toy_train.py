@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -125,6 +126,10 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int,
         stack.stop_all()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.toy_train", description=DESCRIPTION)
     p.add_argument("--config", required=True, type=Path, help="the run's YAML (trainer/configs/)")
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--slots", type=int, default=8, help="toy worker slots (8)")
     args = p.parse_args(argv)
+    # SIGTERM (a job runner, a test's timeout) unwinds like Ctrl-C: the trainer and every
+    # service of the stack are stopped by run()'s finally blocks, none is left running.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         code = run(args.config, args.run_dir, args.steps, args.slots)
     except StackError as exc:
