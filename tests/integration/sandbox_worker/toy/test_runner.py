@@ -83,9 +83,9 @@ def test_toy_rollouts_through_the_real_stack_are_at_chance(
         tool_calls += 1
         first, second = segment.turns
         assert "<tool_call>" in tokenizer.decode(list(first.output_ids))
-        # Between the turns: the tool observation, with the code on 8 lines.
+        # Between the turns: the tool observation, with the code on 32 lines.
         seen = tokenizer.decode(list(second.observation_ids))
-        assert seen.count(code) == 8 and "<tool_response>" in seen
+        assert seen.count(code) == 32 and "<tool_response>" in seen
         answer = tokenizer.decode(list(second.output_ids), skip_special_tokens=True).strip()
         assert out.reward == float(answer == code)
         assert len(second.output_logprobs) == len(second.output_ids) > 0
