@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
 from services.local_stack import LocalStack, StackError, start_toy_services
 from services.tiny_model.warm_start import DEFAULT_DIR_NAME
 
@@ -52,6 +54,16 @@ def trainer_env(run_dir: Path, model: Path, redis_url: str, adapter_url: str,
         "SWERL_PUBLISH__ADMIN_TOKEN": admin_token,
         "SWERL_PUBLISH__WEIGHTS_DIR": str(run_dir / "weights"),
     }
+
+
+def configured_steps(config: Path) -> int | None:
+    """``train.steps`` of the run's YAML, for the progress bar (None when it cannot be read:
+    the trainer validates the file and says what is wrong)."""
+    try:
+        steps = yaml.safe_load(config.read_text())["train"]["steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) and steps > 0 else None
 
 
 def progress_line(row: dict[str, Any], total: int | None, width: int = 20) -> str:
@@ -109,7 +121,8 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int,
         env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
         cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
         cmd += ["--steps", str(steps)] if steps is not None else []
-        follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", steps, out or sys.stdout)
+        total = steps if steps is not None else configured_steps(config)
+        follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", total, out or sys.stdout)
         with open(run_dir / "trainer.log", "ab") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from services.local_stack import StackError, adapter_env
-from services.toy_train import MetricsFollower, progress_line, toy_model_dir, trainer_env
+from services.toy_train import (
+    MetricsFollower,
+    configured_steps,
+    progress_line,
+    toy_model_dir,
+    trainer_env,
+)
 from trainer.loop.cli import load_run_config
 from trainer.loop.config import resolve_schedule
 
@@ -92,3 +98,12 @@ def test_the_follower_prints_each_complete_metrics_line_once(tmp_path: Path) -> 
     lines = out.getvalue().splitlines()
     assert [line.split("] ")[1].split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
     assert "reward 0.500" in lines[1]
+
+
+def test_the_progress_total_comes_from_the_config(tmp_path: Path) -> None:
+    assert configured_steps(CONFIGS / "toy_li2sao.yaml") == 50
+    bad = tmp_path / "bad.yaml"
+    for text in ("train: {steps: zero}", "train: [1]", ": : :", "other: 1"):
+        bad.write_text(text)
+        assert configured_steps(bad) is None, text
+    assert configured_steps(tmp_path / "missing.yaml") is None
