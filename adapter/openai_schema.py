@@ -229,7 +229,8 @@ class ChatCompletionRequest(BaseModel):
     that names it; a field OpenAI does not define is refused too (``extra="forbid"``), so
     nothing a client sends is silently ignored. Honoured: ``model`` (echoed back), ``messages``,
     ``tools``, ``tool_choice`` (auto/none), ``max_tokens`` / ``max_completion_tokens``,
-    ``temperature``, ``top_p``, ``top_k`` (SGLang/vLLM extension), ``stop``, ``n`` (1),
+    ``temperature``, ``top_p``, ``top_k`` and ``ignore_eos`` (SGLang/vLLM extensions: the
+    end-of-sequence token does not end the answer; sampling is unchanged), ``stop``, ``n`` (1),
     ``seed`` (SGLang ``sampling_seed``), ``stream``, ``stream_options.include_usage``,
     ``logprobs`` (the recorded behaviour logprobs), ``top_logprobs`` (the engine's
     ``top_logprobs_num``), ``response_format`` (SGLang's ``json_schema`` constraint; untracked
@@ -251,6 +252,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: JSONNumber | None = Field(default=None, ge=0.0)
     top_p: JSONNumber | None = Field(default=None, gt=0.0, le=1.0)
     top_k: JSONInt | None = None
+    ignore_eos: bool | None = None
     stop: str | list[str] | None = None
     n: JSONInt | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 1})
     seed: JSONInt | None = Field(default=None, ge=0, le=2**63 - 1)

@@ -90,6 +90,7 @@ class TurnResult:
     cached_tokens: int = 0
     # (start index, version) per run when a token-mode refresh switched versions mid-turn.
     version_runs: list[tuple[int, int]] = field(default_factory=list)
+    scripted: bool = False  # a replayed script, not the policy's samples (test machinery)
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ def _turn(plan: TurnPlan, result: TurnResult) -> Turn:
         prompt_tokens=len(plan.input_ids),
         cached_tokens=result.cached_tokens,
         version_runs=list(result.version_runs),
+        scripted=result.scripted,
     )
 
 

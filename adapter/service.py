@@ -385,6 +385,8 @@ class AdapterService:
             params["top_p"] = request.top_p
         if request.top_k is not None:
             params["top_k"] = request.top_k
+        if request.ignore_eos:
+            params["ignore_eos"] = True
         if request.stop:
             params["stop"] = request.stop
         if request.seed is not None:
@@ -486,6 +488,7 @@ class AdapterService:
                 latency_s=result.latency_s,
                 queue_wait_s=waited,
                 cached_tokens=result.cached_tokens,
+                scripted=result.scripted,
             )
             await self._record(runtime, plan, turn, message)
         self.metrics.prompt_tokens.inc(len(plan.input_ids))

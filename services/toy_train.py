@@ -119,24 +119,31 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int,
     try:
         svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token)
         env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
-        cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
-        cmd += ["--steps", str(steps)] if steps is not None else []
-        total = steps if steps is not None else configured_steps(config)
-        follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", total, out or sys.stdout)
-        with open(run_dir / "trainer.log", "ab") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                while proc.poll() is None:
-                    follower.poll()
-                    time.sleep(0.5)
-            finally:
-                if proc.poll() is None:  # interrupted: stop the trainer with the stack
-                    proc.terminate()
-                    proc.wait(timeout=60)
-            follower.poll()
-            return proc.returncode
+        return run_trainer(config, run_dir, steps, env, out)
     finally:
         stack.stop_all()
+
+
+def run_trainer(config: Path, run_dir: Path, steps: int | None, env: dict[str, str],
+                out: TextIO | None = None) -> int:  # fmt: skip
+    """``python -m trainer train --config config`` to its end with ``env`` (a progress line
+    per step on ``out``; the log in ``run_dir/trainer.log``). Its exit code."""
+    cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
+    cmd += ["--steps", str(steps)] if steps is not None else []
+    total = steps if steps is not None else configured_steps(config)
+    follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", total, out or sys.stdout)
+    with open(run_dir / "trainer.log", "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                follower.poll()
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:  # interrupted: stop the trainer with the stack
+                proc.terminate()
+                proc.wait(timeout=60)
+        follower.poll()
+        return proc.returncode
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

@@ -127,6 +127,8 @@ class GenerateResult:
     continuations: int = 0  # times the call was continued after a token-mode pause
     # Per output token, its text (asked for in continuations with stop strings only).
     output_token_texts: tuple[str, ...] | None = None
+    # The engine replayed a script (reference engine's scripted mode): not the policy's samples.
+    scripted: bool = False
 
     @property
     def aborted(self) -> bool:
@@ -511,6 +513,7 @@ def _stitch(pieces: list[GenerateResult], latency_s: float) -> GenerateResult:
         output_top_logprobs=stitch_lists([p.output_top_logprobs for p in pieces]),
         version_runs=runs if len(runs) > 1 else (),
         continuations=len(pieces) - 1,
+        scripted=any(p.scripted for p in pieces),
     )
 
 
@@ -559,6 +562,7 @@ def parse_generate_output(
         latency_s=latency_s,
         engine_latency_s=meta.e2e_latency,
         output_top_logprobs=top,
+        scripted=meta.scripted,
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 # SGLang treats a temperature below this as greedy (top_k = 1, temperature = 1).
 SAMPLING_EPS = 1e-6
@@ -156,6 +156,9 @@ class MetaInfo(BaseModel):
     e2e_latency: float | None = None
     output_token_logprobs: list[LogprobEntry] | None = None
     output_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    # The reference engine's scripted mode (test machinery; SGLang never sends it): the output
+    # replays a script instead of sampling the policy.
+    scripted: StrictBool = False
 
 
 class GenerateOutput(BaseModel):

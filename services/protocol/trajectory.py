@@ -75,6 +75,9 @@ class Turn:
     cached_tokens: int = 0
     # (start index into output_ids, version) per run; empty: every token is weight_version's.
     version_runs: list[tuple[int, int]] = field(default_factory=list)
+    # The engine replayed a script (the reference engine's scripted mode, test machinery): the
+    # tokens are not samples of the policy, so the trainer keeps them out of the loss.
+    scripted: bool = False
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -115,6 +118,7 @@ class Turn:
             "no": len(self.observation_ids),
             "ng": len(self.output_ids),
             **({"vr": [list(run) for run in self.version_runs]} if self.version_runs else {}),
+            **({"sc": True} if self.scripted else {}),
         }
 
     def to_bytes(self) -> bytes:
@@ -139,6 +143,9 @@ class Turn:
             head = json.loads(data[8 : 8 + hlen])
             no, ng = int(head["no"]), int(head["ng"])
             runs = [(int(start), int(version)) for start, version in head.get("vr", [])]
+            scripted = head.get("sc", False)
+            if not isinstance(scripted, bool):
+                raise TypeError(f"sc must be a boolean, got {scripted!r}")
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"bad turn header: {exc}") from exc
         off = 8 + hlen
@@ -164,6 +171,7 @@ class Turn:
             prompt_tokens=int(head.get("pt", 0)),
             cached_tokens=int(head.get("ct", 0)),
             version_runs=runs,
+            scripted=scripted,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -180,6 +188,7 @@ class Turn:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "version_runs": [list(run) for run in self.version_runs],
+            "scripted": self.scripted,
         }
 
 

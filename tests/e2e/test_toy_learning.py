@@ -22,8 +22,6 @@ GRPO test took 310 s with a second toy run beside it.
 
 from __future__ import annotations
 
-import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support.training_runs import run_composer, run_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -46,24 +45,9 @@ MAX_POLICY_LAG = 4  # trainer.batch.max_policy_lag (default)
 
 def _run(algorithm: str, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     config = REPO_ROOT / "trainer" / "configs" / f"toy_{algorithm}.yaml"
-    log = run_dir.parent / "toy_train.out"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.toy_train", "--config", str(config),
-             "--run-dir", str(run_dir), "--steps", str(STEPS[algorithm])],
-            cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            code = proc.wait(timeout=BUDGET_S)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # the composer stops its whole stack
-            proc.wait(timeout=120)
-            pytest.fail(f"over the budget of {BUDGET_S} s: {log.read_text()[-3000:]}")
-    assert code == 0, log.read_text()[-3000:]
-    train = run_dir / "train"
-    metrics = [json.loads(line) for line in (train / "metrics.jsonl").read_text().splitlines()]
-    batches = [json.loads(line) for line in (train / "batches.jsonl").read_text().splitlines()]
-    return metrics, batches
+    args = ["--config", str(config), "--run-dir", str(run_dir), "--steps", str(STEPS[algorithm])]
+    run_composer("services.toy_train", args, run_dir.parent / "toy_train.out", BUDGET_S)
+    return run_files(run_dir)
 
 
 def _check_learned(metrics: list[dict[str, Any]], steps: int) -> None:

@@ -157,11 +157,15 @@ class BuildReport:
     aborted: int = 0
     over_lag: int = 0
     overlong_rows: int = 0
-    empty_rows: int = 0  # segments without generated tokens
+    empty_rows: int = 0  # segments without sampled tokens (none generated, or all scripted)
     rows: int = 0
     trajectories: int = 0
     truncated: int = 0
     mean_lag: float = 0.0
+    # Replayed turns (Turn.scripted, test machinery): their tokens never carry a loss; a
+    # trajectory replayed from start to end gives no row (counted, like aborted ones).
+    scripted_tokens: int = 0
+    scripted_trajectories: int = 0
 
     def metrics(self) -> dict[str, float]:
         return {f"data/{f.name}": float(getattr(self, f.name)) for f in fields(self)}
@@ -236,7 +240,8 @@ def build_batch(
     if not rows:
         raise BatchError(
             f"no trainable rows in {len(records)} records ({dropped.aborted} aborted, "
-            f"{dropped.overlong_rows} overlong segments, {dropped.empty_rows} without actions)"
+            f"{dropped.overlong_rows} overlong segments, {dropped.empty_rows} without sampled "
+            f"tokens, {dropped.scripted_trajectories} with scripted turns)"
         )
     kept, over_lag, kept_lag = _within_lag(rows, trainer_version, config.max_policy_lag)
     batch = batch_from_rows(kept, pad_id)
@@ -258,7 +263,7 @@ def _trainable_rows(
     """The rows of the checked, trainable records within ``max_seq_len``, and a report that
     counts the aborted trajectories, overlong segments and segments without actions."""
     seen: set[str] = set()
-    aborted = overlong = empty = 0
+    aborted = overlong = empty = scripted_tokens = scripted_trajectories = 0
     rows: list[SegmentRow] = []
     for record in records:
         if not isinstance(record, TrajectoryRecord):
@@ -274,6 +279,9 @@ def _trainable_rows(
             continue
         produced = segment_rows(record)
         empty += len(record.segments) - len(produced)
+        replayed = sum(len(t.output_ids) for s in record.segments for t in s.turns if t.scripted)
+        scripted_tokens += replayed
+        scripted_trajectories += replayed > 0
         for row in produced:
             if row.length > config.max_seq_len:
                 if config.overlong == "error":
@@ -284,7 +292,10 @@ def _trainable_rows(
                 overlong += 1
                 continue
             rows.append(row)
-    return rows, BuildReport(aborted=aborted, overlong_rows=overlong, empty_rows=empty)
+    report = BuildReport(aborted=aborted, overlong_rows=overlong, empty_rows=empty,
+                         scripted_tokens=scripted_tokens,
+                         scripted_trajectories=scripted_trajectories)  # fmt: skip
+    return rows, report
 
 
 def _within_lag(

@@ -7,6 +7,13 @@ weight version the engine recorded for each token -- a turn that a token-mode re
 interrupted has two, split at its version runs). :meth:`services.protocol.Segment.flatten`
 gives that post-prompt layout; this module adds the checks a trainer needs before trusting it.
 
+Turns the engine *replayed* (``Turn.scripted``: the reference engine's scripted mode, test
+machinery beside the sampling engine) are kept out of the loss: their tokens are not samples of
+the policy, so their behaviour logprobs mean nothing to an importance ratio. They stay in the
+row as context (action mask 0, like observations); a segment left without any sampled token
+gives no row, so a trajectory the scripted engine replayed from start to end never enters a
+batch (its reward is not in its group's statistics either: docs/trainer.md).
+
 Choice (docs/trainer.md): every segment of a trajectory becomes its own row and shares the
 trajectory's outcome reward; the reward sits on each row's last action token. Rows carry the
 trajectory's index, so trajectory-level statistics can be recovered.
@@ -17,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.protocol import OutcomeStatus, TrajectoryRecord
+from services.protocol import OutcomeStatus, Segment, TrajectoryRecord
 
 
 class RecordError(ValueError):
@@ -38,6 +45,7 @@ class SegmentRow:
     versions: list[int]  # weight version per token, -1 on observation tokens
     reward: float
     truncated: bool  # the trajectory hit a limit (timeout) or its last turn hit max tokens
+    scripted_tokens: int = 0  # generated tokens of scripted turns in it (mask 0)
 
     @property
     def length(self) -> int:
@@ -98,12 +106,13 @@ def _truncated(record: TrajectoryRecord) -> bool:
 
 
 def segment_rows(record: TrajectoryRecord) -> list[SegmentRow]:
-    """The rows of a checked, trainable record; segments without generated tokens give none."""
+    """The rows of a checked, trainable record; segments without sampled tokens give none."""
     assert record.outcome is not None and record.outcome.reward is not None
     truncated = _truncated(record)
     rows = []
     for index, segment in enumerate(record.segments):
         flat = segment.flatten()
+        scripted = _mask_scripted_turns(segment, flat)
         if not any(flat["action_mask"]):
             continue
         rows.append(
@@ -118,6 +127,24 @@ def segment_rows(record: TrajectoryRecord) -> list[SegmentRow]:
                 versions=flat["versions"],
                 reward=float(record.outcome.reward),
                 truncated=truncated,
+                scripted_tokens=scripted,
             )
         )
     return rows
+
+
+def _mask_scripted_turns(segment: Segment, flat: dict[str, list]) -> int:
+    """Turn the output tokens of scripted turns in ``flat`` (``Segment.flatten``'s layout) into
+    context: mask 0, logprob 0.0, version -1, as observation tokens are. Their number."""
+    masked, position = 0, 0
+    for turn in segment.turns:
+        position += len(turn.observation_ids)
+        n_out = len(turn.output_ids)
+        if turn.scripted:
+            end = position + n_out
+            flat["action_mask"][position:end] = [0] * n_out
+            flat["logprobs"][position:end] = [0.0] * n_out
+            flat["versions"][position:end] = [-1] * n_out
+            masked += n_out
+        position += n_out
+    return masked

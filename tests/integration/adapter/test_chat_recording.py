@@ -90,6 +90,8 @@ def test_tool_call_conversation_is_parsed_and_recorded_token_exactly(
         assert tok.decode(segment_tokens(segment)) + "\n" == rendered
         eos = tok.convert_tokens_to_ids("<|im_end|>")
         assert all(t["output_ids"][-1] == eos for t in segment["turns"])
+        # the scripted engine's answers are flagged (the trainer keeps them out of the loss)
+        assert [t["scripted"] for t in segment["turns"]] == [True, True, True]
         assert record["counters"]["turns"] == 3
         assert record["counters"]["segments"] == 1
 
@@ -108,6 +110,7 @@ def test_tool_call_conversation_is_parsed_and_recorded_token_exactly(
     # Other services read the same record synchronously.
     loaded = load_trajectory(redis.Redis.from_url(redis_url), "tools-json")
     assert loaded.outcome is not None and loaded.outcome.reward == 1.0
+    assert all(t.scripted for t in loaded.segments[0].turns)
     flat = loaded.segments[0].flatten()
     generated = sum(len(t["output_ids"]) for t in segment["turns"])
     assert sum(flat["action_mask"]) == generated
@@ -183,6 +186,7 @@ def test_recorded_outputs_are_the_engines_and_observations_are_appended(
         record = a.record("exact")
     assert len(record["segments"]) == 1
     segment = record["segments"][0]
+    assert not any(t["scripted"] for t in segment["turns"])  # a sampling engine's turns
     prompt = tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False)
     assert segment["prompt_ids"] == tok(prompt, add_special_tokens=False)["input_ids"]
     context = list(segment["prompt_ids"])

@@ -17,6 +17,7 @@ from adapter.engines.sglang import (
     EngineUnavailableError,
     SamplingParams,
     SGLangClient,
+    _stitch,
 )
 
 URL = "http://engine.test:30000"
@@ -285,3 +286,19 @@ def test_malformed_top_logprobs_are_protocol_errors(top: Any, fragment: str) -> 
     client = client_for(lambda r: httpx.Response(200, json=answer))
     with pytest.raises(EngineProtocolError, match=fragment):
         run(client.generate([1, 2], SamplingParams(), rid="r1", top_logprobs_num=1))
+
+
+def test_a_scripted_engines_answer_is_flagged_and_stays_flagged_when_stitched() -> None:
+    """The reference engine's scripted mode says so in ``meta_info``; SGLang never does."""
+    replayed = good_answer()
+    replayed["meta_info"]["scripted"] = True
+    flagged = run(client_for(lambda r: httpx.Response(200, json=replayed)).generate(
+        [1], SamplingParams(), rid="r1"))  # fmt: skip
+    plain = run(client_for(lambda r: httpx.Response(200, json=good_answer())).generate(
+        [1], SamplingParams(), rid="r1"))  # fmt: skip
+    assert flagged.scripted and not plain.scripted
+    assert _stitch([plain, flagged], 1.0).scripted and not _stitch([plain, plain], 1.0).scripted
+    replayed["meta_info"]["scripted"] = "yes"
+    with pytest.raises(EngineProtocolError):
+        run(client_for(lambda r: httpx.Response(200, json=replayed)).generate(
+            [1], SamplingParams(), rid="r1"))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import struct
@@ -191,3 +192,23 @@ def test_a_turn_without_runs_is_one_run_and_old_records_load() -> None:
 def test_bad_version_runs_are_refused(runs: list[tuple[int, int]], needle: str) -> None:
     with pytest.raises(ProtocolError, match=needle):
         switched_turn(runs)
+
+
+def _with_header(turn: Turn, **changes: object) -> bytes:
+    """``turn``'s bytes with header fields changed (the payload untouched)."""
+    head = {**turn.header(), **changes}
+    raw = turn.to_bytes()
+    (hlen,) = struct.unpack_from("<I", raw, 4)
+    new = json.dumps(head).encode()
+    return raw[:4] + struct.pack("<I", len(new)) + new + raw[8 + hlen :]
+
+
+def test_the_scripted_flag_round_trips_and_only_a_boolean_is_accepted() -> None:
+    plain = Turn(output_ids=int_array([1]), output_logprobs=float_array([-1.0]))
+    assert b'"sc"' not in plain.to_bytes() and not Turn.from_bytes(plain.to_bytes()).scripted
+    replayed = Turn(output_ids=int_array([1]), output_logprobs=float_array([-1.0]),
+                    scripted=True)  # fmt: skip
+    back = Turn.from_bytes(replayed.to_bytes())
+    assert back.scripted and back.to_json()["scripted"] is True
+    with pytest.raises(ProtocolError, match="sc must be a boolean"):
+        Turn.from_bytes(_with_header(plain, sc=1))

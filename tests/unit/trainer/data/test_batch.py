@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from services.protocol import OutcomeStatus
+from services.protocol import OutcomeStatus, Turn
 from tests.support.trajectory_records import record, turn
 from trainer.config import BatchConfig
 from trainer.data import BatchError, RecordError, build_batch
@@ -157,3 +157,33 @@ def test_select_trims_to_the_rows_own_widths() -> None:
     part = batch.select([2])
     assert part.input_ids.tolist() == [[1, 2]] and part.tokens.tolist() == [[2]]
     assert part.action_mask.tolist() == [[True]] and part.group_ids.tolist() == [1]
+
+
+def scripted(obs: list[int], out: list[int], version: int = 0) -> Turn:
+    t = turn(obs, out, version)
+    t.scripted = True
+    return t
+
+
+def test_scripted_turns_are_context_and_a_replayed_trajectory_gives_no_row() -> None:
+    # A trajectory the scripted engine replayed (reward 1) beside a sampled one (reward 0);
+    # a third mixes a scripted first turn with a sampled second one.
+    replayed = record("t-s", [([1, 2], [scripted([], [3, 4]), scripted([5], [6])])], reward=1.0)
+    sampled = record("t-p", [([1, 2], [turn([], [7], 0), turn([5], [8, 9], 0)])], reward=0.0)
+    mixed = record("t-m", [([1, 2], [scripted([], [3, 4]), turn([5], [10], 0)])], reward=1.0)
+    batch, report = build_batch([replayed, sampled, mixed], trainer_version=0)
+    assert batch.trajectory_ids == ("t-p", "t-m")
+    assert batch.tokens.tolist() == [[7, 5, 8, 9], [3, 4, 5, 10]]  # replayed tokens: context
+    assert batch.action_mask.tolist() == [[True, False, True, True], [False, False, False, True]]
+    assert batch.token_versions.tolist() == [[0, -1, 0, 0], [-1, -1, -1, 0]]
+    assert batch.behavior_logp[1, :3].abs().sum() == 0
+    assert batch.rewards.tolist() == [0.0, 1.0]
+    assert (report.scripted_tokens, report.scripted_trajectories) == (5, 2)
+    assert (report.trajectories_in, report.trajectories, report.empty_rows) == (3, 2, 1)
+
+
+def test_scripted_flag_survives_the_wire_format_and_a_scripted_only_batch_is_refused() -> None:
+    replayed = record("t-s", [([1, 2], [scripted([], [3, 4])])], reward=1.0)
+    assert [t.scripted for t in replayed.segments[0].turns] == [True]  # record() round-trips
+    with pytest.raises(BatchError, match="1 with scripted turns"):
+        build_batch([replayed], trainer_version=0)

@@ -1,0 +1,58 @@
+"""The SWE path trains: ``python -m services.swe_train`` on the mini instances, end to end.
+
+Real Redis, two reference engines (scripted + sampling), the adapter placing sample 0 of every
+group on the scripted engine, a docker sandbox worker running the OpenHands agent server with
+SWE-bench grading, the trainer with the manager's dispatch loop, a disk publish and a refresh
+of both engines after every step. Scripted turns are flagged and kept out of the loss (the
+replayed trajectory gives no row); LiSAO's critic gives the sampled trajectory a non-zero
+advantage on its own, so every step has a real gradient. No learning claim (docs/training.md
+"The SWE path").
+
+Budget (written here, checked by the timeouts): 15 minutes on a loaded 2-core machine; 2
+steps of 1 prompt x 2 samples, the prefetched third request cancelled at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.docker import build_task_images, ensure_dockerd
+from tests.support.paths import REPO_ROOT
+from tests.support.training_runs import run_composer, run_files
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+BUDGET_S = 900
+STEPS = 2
+
+
+def test_a_short_swe_training_run_steps_with_real_gradients_and_publishes(
+    tmp_path: Path,
+) -> None:
+    ensure_dockerd()
+    build_task_images()
+    run_dir = tmp_path / "run"
+    config = REPO_ROOT / "trainer" / "configs" / "swe_mini_lisao.yaml"
+    env = {**os.environ, "SWERL_TRAIN__BOOTSTRAP__PROMPTS": "1"}  # one group of 2 per step
+    args = ["--config", str(config), "--run-dir", str(run_dir), "--backend", "docker",
+            "--steps", str(STEPS)]  # fmt: skip
+    run_composer("services.swe_train", args, tmp_path / "swe_train.out", BUDGET_S, env=env)
+    metrics, batches = run_files(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for m, b in zip(metrics, batches, strict=True):
+        assert b["group_sizes"] == [2], b
+        # the replayed sample never enters the batch, the sampled one carries the loss
+        assert m["data/scripted_trajectories"] == 1 and m["data/scripted_tokens"] > 0, m
+        assert (m["data/trajectories_in"], m["data/trajectories"]) == (2, 1), m
+        assert m["data/aborted"] == 0, m
+        # the gold patch earned 1, the random policy 0
+        assert m["reward/mean"] == 0.5, m
+        assert math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0, m
+    # every step published a version that both engines loaded (weights on disk, newest kept)
+    versions = sorted(int(p.name[1:]) for p in (run_dir / "weights").glob("v*"))
+    assert versions and versions[-1] == STEPS, versions
+    assert (run_dir / "weights" / f"v{STEPS}" / "config.json").is_file()
