@@ -121,6 +121,27 @@ class RolloutSettings(StrictModel):
     )
 
 
+class EvalSettings(StrictModel):
+    """The held-out evaluation of ``train.eval_interval`` (trainer.loop.evaluation): one rollout
+    request over these instances on the version each interval step publishes; never trained
+    on. The instances must not be training prompts (held out)."""
+
+    instance_ids: list[Ident] = Field(default_factory=list, description="held-out instance ids")
+    instances_file: str = Field(
+        default="", description="file with one held-out id per line (added after instance_ids)"
+    )
+    n_samples: int = Field(default=1, ge=1, le=64, description="samples per held-out instance")
+    sampling: SamplingConfig | None = Field(
+        default=None, description="sampling of the evaluation (None: train.rollout.sampling)"
+    )
+    limits: AgentLimits | None = Field(
+        default=None, description="agent limits (None: train.rollout.limits)"
+    )
+    wait_at_end_s: float = Field(
+        default=1800.0, ge=0, description="longest wait for the last evaluations at the end"
+    )
+
+
 class TrainConfig(StrictModel):
     """The training loop: ``steps`` steps of collect -> build -> train -> publish -> log."""
 
@@ -148,11 +169,34 @@ class TrainConfig(StrictModel):
     )
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    eval_interval: int = Field(
+        default=0, ge=0, description="evaluate the held-out set (section eval) every N steps"
+    )
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @model_validator(mode="after")
     def _has_prompts(self) -> TrainConfig:
         if not self.dataset.instance_ids and not self.dataset.instances_file:
             raise ValueError("dataset needs instance_ids or an instances_file")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_set(self) -> TrainConfig:
+        if not self.eval_interval:
+            return self
+        if not self.eval.instance_ids and not self.eval.instances_file:
+            raise ValueError("eval_interval needs eval.instance_ids or an eval.instances_file")
+        if not self.publish:
+            raise ValueError(
+                "eval_interval needs publish: true (the evaluation runs on the engines, which "
+                "serve a trained version only once it is published)"
+            )
+        if self.dataset.kind is not None:
+            check_instances_of_kind(self.dataset.kind, self.eval.instance_ids)
+        shared = sorted(set(self.eval.instance_ids) & set(self.dataset.instance_ids))
+        if shared:
+            raise ValueError(f"eval instances must be held out, but {shared[:3]} are training "
+                             "prompts (dataset.instance_ids)")  # fmt: skip
         return self
 
 

@@ -37,11 +37,12 @@ from trainer.loop.config import (
     uses_dynamic_sampling,
     warmup_steps,
 )
+from trainer.loop.evaluation import PeriodicEval
 from trainer.loop.metrics import METRICS_FILE, MetricsLog
 from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
 from trainer.loop.prompts import PromptCursor, load_instance_ids
-from trainer.loop.step_metrics import rollout_metrics, step_record
+from trainer.loop.step_metrics import engine_metrics, rollout_metrics, step_record
 from trainer.publish import Publisher
 
 log = logging.getLogger("swerl.train")
@@ -84,6 +85,10 @@ class TrainLoop:
         self.checkpoint_dir = Path(trainer.checkpoint.dir or Path(train.run_dir) / "checkpoints")
         resume_step = self._resume() if resume else self._check_fresh()
         self.log = MetricsLog(train.run_dir, tensorboard=train.tensorboard, resume_step=resume_step)
+        self.evaluator = PeriodicEval(parts.manager, train, writer=self.log.writer)
+        self.evaluator.check_held_out(cursor.ids)
+        if resume:
+            self.evaluator.resume(self.step)
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -164,7 +169,10 @@ class TrainLoop:
         try:
             while self.step < self.train.steps:
                 self.step_once()
+            self.collector.cancel_all()  # the training rollouts first: the eval gets the slots
+            self.evaluator.finish()
         finally:
+            self.evaluator.cancel_all()
             self.collector.cancel_all()
             self.collector.feed.join()
             self.log.close()
@@ -188,6 +196,7 @@ class TrainLoop:
     def step_once(self) -> dict[str, Any] | None:
         """One step; returns its metrics row (None: the batch had no trainable row)."""
         t0 = time.monotonic()
+        self.evaluator.poll()
         selection, phase, objective_phase, waited, cancelled = self._take_batch()
         version = self.backend.version
         backend = self.backend
@@ -223,7 +232,11 @@ class TrainLoop:
         )
         row = step_record(
             phase=phase,
-            rollouts={**rollout_metrics(selection, batch, version), **report.metrics()},
+            rollouts={
+                **rollout_metrics(selection, batch, version),
+                **report.metrics(),
+                **engine_metrics(m.record for m in selection.members),
+            },
             backend=metrics,
             counts=self.collector.pool.counts,
             timings={
@@ -239,6 +252,7 @@ class TrainLoop:
         row["switch_cancelled_tasks"] = cancelled
         row["version"] = backend.version
         self.log.log(self.step, row, self._batch_line(selection, phase, version))
+        self.evaluator.after_step(self.step, backend.version)  # before the checkpoint: resume
         if self.step % self.train.checkpoint_every == 0 or self.step == self.train.steps:
             self.checkpoint()
         return row

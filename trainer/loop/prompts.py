@@ -10,26 +10,27 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from trainer.loop.config import DatasetConfig
+from trainer.loop.config import DatasetConfig, EvalSettings
 
 
-def load_instance_ids(config: DatasetConfig) -> list[str]:
-    """``instance_ids`` then the non-empty lines of ``instances_file``; duplicates are an error."""
+def load_instance_ids(config: DatasetConfig | EvalSettings, section: str = "dataset") -> list[str]:
+    """``instance_ids`` then the non-empty lines of ``instances_file``; duplicates are an error
+    (``section`` names the config section in the messages)."""
     ids = list(config.instance_ids)
     if config.instances_file:
         path = Path(config.instances_file)
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ValueError(f"dataset.instances_file {path}: {exc.strerror}") from exc
+            raise ValueError(f"{section}.instances_file {path}: {exc.strerror}") from exc
         ids.extend(line.strip() for line in text.splitlines() if line.strip())
     seen: set[str] = set()
     for instance_id in ids:
         if instance_id in seen:
-            raise ValueError(f"dataset: instance id {instance_id!r} is listed twice")
+            raise ValueError(f"{section}: instance id {instance_id!r} is listed twice")
         seen.add(instance_id)
     if not ids:
-        raise ValueError("dataset: no instance ids")
+        raise ValueError(f"{section}: no instance ids")
     return ids
 
 

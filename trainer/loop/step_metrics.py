@@ -8,15 +8,18 @@ over_lag, future_version, discarded, cancelled_tasks, ...), ``loop/*`` (phase in
 trajectories), ``gate/*`` (the readiness gate's EMAs, counter, switch), ``time/*`` (seconds
 waiting for rollouts, building, training, publishing), plus every metric the backend returned
 (actor/critic losses, clip fraction, DIS masks, ``mismatch/*`` train-rollout logprob gap,
-``readiness/*``) and ``publish/*`` timings.
+``readiness/*``), ``publish/*`` timings (``publish/gate_closed``: the refresh pause), and
+``engine/<host:port>/*`` (what each engine generated for the step's trajectories).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import Any
+from urllib.parse import urlsplit
 
+from services.protocol import TrajectoryRecord
 from trainer.algorithms import ReadinessGate, off_policy_token_ratio
 from trainer.data import TrainBatch
 from trainer.loop.pool import Selection
@@ -44,6 +47,39 @@ def rollout_metrics(selection: Selection, batch: TrainBatch, version: int) -> di
         "loop/group_size": float(max(selection.group_sizes)),
         "loop/groups": float(len(selection.group_sizes)),
     }
+
+
+def engine_name(url: str) -> str:
+    """``host:port`` of an engine URL (the metric names' engine part); the URL itself if it
+    has no host."""
+    parts = urlsplit(url)
+    return parts.netloc or url or "unknown"
+
+
+def engine_metrics(records: Iterable[TrajectoryRecord]) -> dict[str, float]:
+    """Per engine, over the turns of ``records``: ``engine/<name>/tokens`` generated,
+    ``/turns``, and ``/tokens_per_s``: those tokens over the wall-clock span of those turns
+    (first start to last end), a lower bound of the engine's throughput (other trajectories
+    it served meanwhile are not counted)."""
+    tokens: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    span: dict[str, tuple[float, float]] = {}
+    for record in records:
+        for segment in record.segments:
+            for turn in segment.turns:
+                name = engine_name(turn.engine)
+                tokens[name] = tokens.get(name, 0) + len(turn.output_ids)
+                turns[name] = turns.get(name, 0) + 1
+                start, end = turn.started_at, turn.started_at + turn.latency_s
+                lo, hi = span.get(name, (start, end))
+                span[name] = (min(lo, start), max(hi, end))
+    out: dict[str, float] = {}
+    for name in sorted(tokens):
+        lo, hi = span[name]
+        out[f"engine/{name}/tokens"] = float(tokens[name])
+        out[f"engine/{name}/turns"] = float(turns[name])
+        out[f"engine/{name}/tokens_per_s"] = tokens[name] / (hi - lo) if hi > lo else float("nan")
+    return out
 
 
 def gate_metrics(gate: ReadinessGate | None) -> dict[str, float]:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainer.loop.evaluation import EVAL_FILE
+from trainer.loop.metrics import read_jsonl
 from trainer.report.load import ReportError, find_metrics, load_rows
 from trainer.report.summary import render_text, summarize
 
@@ -14,12 +16,13 @@ Report on a training run of `python -m trainer train`: reads its per-step metric
 (RUN_DIR/metrics.jsonl, or RUN_DIR/train/metrics.jsonl for a toy/demo run directory) and writes
 
   * a PNG dashboard (default RUN_DIR/report.png): reward per step by phase with a rolling mean,
+    and the held-out evaluations (eval.jsonl next to metrics.jsonl, train.eval_interval),
     policy lag (mean/max), off-policy token ratio, train/rollout logprob mismatch, critic
     explained variance and ranking accuracy (when logged), and the step time split; the Li2SAO
     switch step is a red dashed line on every panel;
   * a text summary, printed and written to RUN_DIR/report.txt: steps, reward over the first
     and last 5 steps, the switch step (or "no switch"), the policy lag before and after the
-    switch, the mean step time.
+    switch, the mean step time, the held-out evaluations.
 
 A run still in progress can be reported: a half-written last line is skipped. Any other bad
 line is an error naming the file and line. See docs/training.md "How to read the dashboard".
@@ -70,9 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.report.dashboard import draw  # matplotlib only once the input is good
 
     output = Path(args.output) if args.output else run_dir / "report.png"
-    text = render_text(summarize(rows, args.edge), str(path))
+    evals = read_jsonl(path.parent / EVAL_FILE)  # the held-out evaluations, if any
+    text = render_text(summarize(rows, args.edge, evals), str(path))
     try:
-        draw(rows, output, title=f"training run {run_dir.resolve().name}", window=args.window)
+        draw(rows, output, title=f"training run {run_dir.resolve().name}", window=args.window,
+             evals=evals)  # fmt: skip
         (run_dir / "report.txt").write_text(text)
     except OSError as exc:
         print(f"error: cannot write the report: {exc}", file=sys.stderr)

@@ -65,7 +65,9 @@ def _lines(ax: Axes, rows: Sequence[dict[str, Any]], keys: Sequence[tuple[str, s
     return drawn
 
 
-def _reward(ax: Axes, rows: Sequence[dict[str, Any]], window: int) -> None:
+def _reward(
+    ax: Axes, rows: Sequence[dict[str, Any]], window: int, evals: Sequence[dict[str, Any]] = ()
+) -> None:
     xs, ys = _series(rows, "reward/mean")
     for phase, colour in PHASE_COLOURS.items():
         pts = [(int(r["step"]), float(r["reward/mean"])) for r in rows if r.get("phase") == phase]
@@ -76,6 +78,9 @@ def _reward(ax: Axes, rows: Sequence[dict[str, Any]], window: int) -> None:
     if other:
         ax.scatter(*zip(*other, strict=True), s=10, color="grey", label="other phase")
     ax.plot(xs, rolling_mean(ys, window), color="black", label=f"rolling mean ({window})")
+    held_out = _series(evals, "eval/reward_mean")
+    if held_out[0]:
+        ax.plot(*held_out, color="tab:purple", marker="D", label="held-out eval")
     ax.legend(fontsize=7, loc="best")
 
 
@@ -97,11 +102,18 @@ def _time_split(ax: Axes, rows: Sequence[dict[str, Any]]) -> None:
         _no_value(ax)
 
 
-def draw(rows: Sequence[dict[str, Any]], output: Path, *, title: str, window: int = 10) -> Path:
-    """Write the dashboard of ``rows`` to ``output`` (PNG); returns the path."""
+def draw(
+    rows: Sequence[dict[str, Any]],
+    output: Path,
+    *,
+    title: str,
+    window: int = 10,
+    evals: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """Write the dashboard of ``rows`` (and the held-out ``evals``) to ``output`` (PNG)."""
     fig, axes = plt.subplots(3, 2, figsize=(13, 11), sharex=True)
     (a_reward, a_lag), (a_off, a_mis), (a_critic, a_time) = axes
-    _reward(a_reward, rows, window)
+    _reward(a_reward, rows, window, evals)
     a_reward.set_title("reward per step (mean of the batch)")
     _lines(a_lag, rows, [("lag/mean", "mean"), ("lag/max", "max")])
     a_lag.set_title("policy lag of the trained trajectories (versions)")

@@ -7,7 +7,9 @@
   including the switch step, and over the steps after it (the first of which trains the
   prefetched bootstrap batch); without a switch, over the whole run;
 * step time: the mean of ``time/step`` and of each part of it (``time/wait_rollouts``,
-  ``/build``, ``/train``, ``/publish``).
+  ``/build``, ``/train``, ``/publish``), and the steps per minute it makes;
+* the held-out evaluations (``eval.jsonl`` rows, ``train.eval_interval``): step, reward mean
+  and pass@n of each.
 """
 
 from __future__ import annotations
@@ -85,9 +87,18 @@ class Summary:
     step_time_mean: float | None
     time_parts: dict[str, float] = field(default_factory=dict)
     phases: dict[str, int] = field(default_factory=dict)
+    # (step, eval/reward_mean, eval/pass_at_n) per held-out evaluation; None: no score
+    evals: list[tuple[int, float | None, float | None]] = field(default_factory=list)
 
 
-def summarize(rows: Sequence[dict[str, Any]], edge: int = 5) -> Summary:
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def summarize(
+    rows: Sequence[dict[str, Any]], edge: int = 5, evals: Sequence[dict[str, Any]] = ()
+) -> Summary:
     if not rows:
         raise ValueError("no metrics rows")
     if edge < 1:
@@ -112,6 +123,11 @@ def summarize(rows: Sequence[dict[str, Any]], edge: int = 5) -> Summary:
         step_time_mean=mean_of(rows, "time/step"),
         time_parts=parts,
         phases=dict(Counter(str(r.get("phase", "?")) for r in rows)),
+        evals=[
+            (int(e["step"]), _finite(e.get("eval/reward_mean")), _finite(e.get("eval/pass_at_n")))
+            for e in evals
+            if isinstance(e.get("step"), int)
+        ],
     )
 
 
@@ -142,5 +158,9 @@ def render_text(s: Summary, source: str = "") -> str:
         lines.append(f"policy lag before the switch (steps <= {k}): {_lag(s.lag_before)}")
         lines.append(f"policy lag after the switch (steps > {k}): {_lag(s.lag_after)}")
     parts = ", ".join(f"{k} {v:.3f}" for k, v in s.time_parts.items())
-    lines.append(f"step time: mean {_num(s.step_time_mean)} s ({parts or 'no split'})")
+    rate = f"; {60.0 / s.step_time_mean:.1f} steps/minute" if s.step_time_mean else ""
+    lines.append(f"step time: mean {_num(s.step_time_mean)} s ({parts or 'no split'}){rate}")
+    if s.evals:
+        scores = ", ".join(f"step {k} {_num(r)} (pass@n {_num(p)})" for k, r, p in s.evals)
+        lines.append(f"held-out eval (reward mean): {scores}")
     return "\n".join(lines) + "\n"

@@ -13,21 +13,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from services.manager.client import RolloutManager
 from services.queue.submitter import SubmitterQueue
-from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
-from tests.support.engines import reference_server_in_thread
+from tests.integration.adapter.conftest import AdapterFactory
 from tests.support.execution import Procs, wait_nodes
 from tests.support.loop_rollouts import records_for_run, write_records
-from trainer.backends import create_backend
+from tests.support.publishing_loop import publishing_stack
 from trainer.config import TrainerConfig
 from trainer.loop.config import TrainConfig
-from trainer.loop.driver import LoopParts, TrainLoop
+from trainer.loop.driver import TrainLoop
 from trainer.loop.metrics import read_jsonl
-from trainer.publish import PublishConfig, make_publisher
-from trainer.publish.base import AdminClient
 
 
 def engine_version(url: str) -> str:
@@ -54,38 +50,20 @@ def test_every_step_publishes_and_a_resume_publishes_above_the_served_version(
         dataset={"instance_ids": [f"q{n}.sleep50" for n in range(30)], "shuffle": False},
     )  # fmt: skip
     trainer = TrainerConfig(model=str(model_dir), algorithm="grpo", batch={"max_policy_lag": 100})
-    store = redis.Redis.from_url(redis_url, decode_responses=False)
-    with (
-        reference_server_in_thread(model_dir, weight_version="0") as engine,
-        adapter(engines=[engine.url]) as a,
-    ):
-        publish = PublishConfig(
-            adapter_url=a.url, admin_token=ADMIN_TOKEN, weights_dir=str(tmp_path / "weights")
-        )
-        publisher, admin = make_publisher(publish), AdminClient(a.url, ADMIN_TOKEN, 120)
-        try:
+    with publishing_stack(adapter, model_dir, tmp_path / "weights", trainer, manager,
+                          redis_url) as stack:  # fmt: skip
+        dead = TrainLoop(train, trainer, stack.parts(), resume=False)
+        for _ in range(3):  # three steps, a checkpoint after step 2, then "killed"
+            dead.step_once()
+            assert engine_version(stack.engine_url) == str(dead.backend.version)
+        assert dead.backend.version == 3
 
-            def parts() -> LoopParts:
-                backend = create_backend(trainer)
-                served = lambda: max(admin.served_versions())  # noqa: E731
-                return LoopParts(backend, manager, store, publisher, served)
-
-            dead = TrainLoop(train, trainer, parts(), resume=False)
-            for _ in range(3):  # three steps, a checkpoint after step 2, then "killed"
-                dead.step_once()
-                assert engine_version(engine.url) == str(dead.backend.version)
-            assert dead.backend.version == 3
-
-            resumed = TrainLoop(train, trainer, parts(), resume=True)
-            # restored at version 2 while the engine serves 3: published again as version 4
-            assert resumed.step == 2 and resumed.backend.version == 4
-            assert engine_version(engine.url) == "4"
-            resumed.run()
-            assert engine_version(engine.url) == "6"
-        finally:
-            publisher.close()
-            admin.close()
-            store.close()
+        resumed = TrainLoop(train, trainer, stack.parts(), resume=True)
+        # restored at version 2 while the engine serves 3: published again as version 4
+        assert resumed.step == 2 and resumed.backend.version == 4
+        assert engine_version(stack.engine_url) == "4"
+        resumed.run()
+        assert engine_version(stack.engine_url) == "6"
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["version"] for r in rows] == [1, 2, 5, 6]

@@ -144,3 +144,22 @@ def test_resume_without_a_checkpoint_and_a_reused_run_fail_clearly(
     (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
     assert main(["--config", str(path)]) == 1
     assert "already holds a run (metrics.jsonl)" in capsys.readouterr().err
+
+
+def test_the_held_out_evaluation_is_off_by_default_and_validated() -> None:
+    assert TrainConfig(**MINIMAL).eval_interval == 0  # no eval section needed when off
+    good = TrainConfig(**MINIMAL, eval_interval=5, eval={"instance_ids": ["h1"], "n_samples": 2})
+    assert (good.eval_interval, good.eval.n_samples, good.eval.sampling) == (5, 2, None)
+    with pytest.raises(ValueError, match=r"needs eval\.instance_ids"):
+        TrainConfig(**MINIMAL, eval_interval=5)
+    with pytest.raises(ValueError, match=r"must be held out, but \['b'\]"):
+        TrainConfig(**MINIMAL, eval_interval=5, eval={"instance_ids": ["h1", "b"]})
+    with pytest.raises(ValueError, match="needs publish: true"):
+        TrainConfig(**MINIMAL, eval_interval=5, publish=False, eval={"instance_ids": ["h1"]})
+    toy = {**MINIMAL, "dataset": {"kind": "toy", "instance_ids": ["toy-lookup-0"]}}
+    with pytest.raises(ValueError, match="kind 'toy'"):
+        TrainConfig(**toy, eval_interval=5, eval={"instance_ids": ["h1"]})
+    with pytest.raises(ValueError, match="n_samples"):
+        TrainConfig(**MINIMAL, eval_interval=5, eval={"instance_ids": ["h1"], "n_samples": 0})
+    with pytest.raises(ValueError, match="eval_interval"):
+        TrainConfig(**MINIMAL, eval_interval=-1)

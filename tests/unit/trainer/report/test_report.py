@@ -114,6 +114,7 @@ def test_report_writes_png_and_summary(tmp_path: Path, capsys: pytest.CaptureFix
     assert "before the switch (steps <= 3): mean 1.00, max 3 (3 steps)" in text
     assert "after the switch (steps > 3): mean 0.40, max 2 (5 steps)" in text
     assert "step time: mean 2.250 s" in text
+    assert text.rstrip().endswith("26.7 steps/minute")  # 60 / 2.25
 
 
 def test_report_of_a_toy_run_dir_and_output_option(tmp_path: Path) -> None:
@@ -179,3 +180,21 @@ def test_command_line_help_and_errors_without_traceback(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd, str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such run directory" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_held_out_evaluations_are_in_the_summary_and_the_dashboard(tmp_path: Path) -> None:
+    run = write_run(tmp_path, rows_with_switch(), sub="train")
+    evals = [
+        {"step": 4, "eval/reward_mean": 0.25, "eval/pass_at_n": 0.5},
+        {"step": 8, "eval/reward_mean": None, "eval/pass_at_n": None},  # all aborted: no score
+    ]
+    (run / "train" / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    assert main([str(run)]) == 0
+    text = (run / "report.txt").read_text()
+    assert (
+        "held-out eval (reward mean): step 4 0.250 (pass@n 0.500), step 8 n/a (pass@n n/a)" in text
+    )
+    without = write_run(tmp_path / "other", rows_with_switch())
+    assert main([str(without)]) == 0
+    assert "held-out" not in (without / "report.txt").read_text()
+    assert summarize(rows_with_switch(), 5, evals).evals == [(4, 0.25, 0.5), (8, None, None)]
