@@ -24,6 +24,7 @@ COMPOSERS = (
     "services.local_stack",
     "services.eval",
     "services.toy_train",
+    "services.swe_train",
 )
 CHECKED = (*PLANES, "services")
 

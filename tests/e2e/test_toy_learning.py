@@ -1,4 +1,5 @@
-"""The policy really learns: GRPO, LiSAO and Li2SAO train the toy task through the whole stack.
+"""The policy really learns: GRPO, LiSAO, Li2SAO, PACT and SR-PPO train the toy task through the
+whole stack.
 
 Each test runs the user-facing command ``python -m services.toy_train --config
 trainer/configs/toy_<algorithm>.yaml --run-dir DIR --steps 40``: Redis, a reference engine
@@ -11,7 +12,8 @@ The bars (measured first, docs/training.md "Toy task runs"): the mean reward of 
 steps at most 0.35 (chance 0.25 + 0.1), of the last 5 steps at least 0.7. Measured through
 the real stack (first 5 -> last 5 steps): GRPO 0.25 -> 0.92 (40 steps), Li2SAO 0.24 -> 0.89
 and LiSAO 0.20 -> 0.89-0.90 (50 steps, actor lr 5e-4: the critic-based advantages collapsed a
-run at 1e-3).
+run at 1e-3), PACT 0.19 -> 0.86 and SR-PPO 0.16 -> 0.81 (50 steps after 10 critic-only ones).
+Li2SAO also evaluates 16 held-out prompts every 10 steps (``eval.jsonl``).
 Each run is a fresh stack (the engine's weights and the adapter's version counter belong to
 one run: a second run on the same engine would start from the first one's trained policy).
 
@@ -32,15 +34,17 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 from tests.support.training_runs import run_composer, run_files
+from trainer.loop.metrics import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-STEPS = {"grpo": 40, "lisao": 50, "li2sao": 50}  # the configs' train.steps
-CRITIC_WARMUP = {"grpo": 0, "lisao": 10, "li2sao": 0}  # critic-only first steps
+STEPS = {"grpo": 40, "lisao": 50, "li2sao": 50, "pact": 50, "srppo": 50}  # train.steps
+CRITIC_WARMUP = {"grpo": 0, "lisao": 10, "li2sao": 0, "pact": 10, "srppo": 10}  # critic-only
 BUDGET_S = 1200
 LOW_START = 0.35  # chance 0.25 + 0.1
 LEARNED = 0.7
 MAX_POLICY_LAG = 4  # trainer.batch.max_policy_lag (default)
+EVAL_LEARNED = 0.5  # the last held-out evaluation (16 prompts, one sample each)
 
 
 def _run(algorithm: str, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -90,6 +94,25 @@ def test_lisao_learns_the_toy_task(tmp_path: Path) -> None:
     assert all(b["group_size"] == 1 and set(b["group_sizes"]) == {1} for b in batches)
 
 
+# The metrics each sibling method adds (PACT_SRPPO_SPEC; issue 15): PACT's mean |credit| and
+# critic IS acceptance, SR-PPO's Pass@k weights and their share on hard prompts.
+SIBLING_METRICS = {
+    "pact": ("critic/mean_abs_credit", "critic/is_reject_frac", "actor/tis_mean", "critic/bce"),
+    "srppo": ("actor/passk_weight_mean", "actor/passk_share_hard", "critic/bce", "critic/mse"),
+}
+
+
+@pytest.mark.parametrize("algorithm", ["pact", "srppo"])
+def test_pact_and_srppo_learn_the_toy_task(algorithm: str, tmp_path: Path) -> None:
+    metrics, batches = _run(algorithm, tmp_path / "run")
+    _check_learned(metrics, STEPS[algorithm])
+    _check_refresh_and_versions(metrics, batches, CRITIC_WARMUP[algorithm])
+    assert all(b["group_size"] == 1 and set(b["group_sizes"]) == {1} for b in batches)
+    actor_steps = metrics[CRITIC_WARMUP[algorithm] :]
+    for key in SIBLING_METRICS[algorithm]:
+        assert all(isinstance(m.get(key), float) for m in actor_steps), (key, actor_steps[0])
+
+
 def test_li2sao_learns_and_switches_inside_its_window(tmp_path: Path) -> None:
     metrics, batches = _run("li2sao", tmp_path / "run")
     _check_learned(metrics, STEPS["li2sao"])
@@ -115,6 +138,13 @@ def test_li2sao_learns_and_switches_inside_its_window(tmp_path: Path) -> None:
         assert not bootstrap_requests & set(b["batch_ids"])
     # the metrics carry the phase and the switch (logged and checkpointed state)
     assert [m["phase"] for m in metrics] == phases
+    # the held-out evaluation every 10 steps, on the version each of those steps published
+    evals = read_jsonl(tmp_path / "run" / "train" / "eval.jsonl")
+    versions = {m["step"]: m["version"] for m in metrics}
+    assert [e["step"] for e in evals] == [10, 20, 30, 40, 50], evals
+    assert all(e["eval/version"] == versions[e["step"]] for e in evals)
+    assert all(e["eval/trajectories"] + e["eval/aborted"] == 16 for e in evals)
+    assert evals[-1]["eval/reward_mean"] >= EVAL_LEARNED, evals
     # the dashboard of the run names the switch step
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "report", str(tmp_path / "run")],
