@@ -268,7 +268,8 @@ def prune(inputs: Inputs, log: Callable[[str], object] = print) -> list[str]:
 
 def compose_env(inputs: Inputs, tag: str, data: Path | None = None) -> dict[str, str]:
     """The compose variables of this machine's cpu profile; ``data`` (default
-    ``<model cache>/compose``) holds the checkpoints and weights volumes' directories."""
+    ``<model cache>/compose``) holds the checkpoints and weights volumes' directories and the
+    evaluator's inputs."""
     data = data or inputs.models / "compose"
     return {
         "SWERL_IMAGE": tag,
@@ -278,12 +279,14 @@ def compose_env(inputs: Inputs, tag: str, data: Path | None = None) -> dict[str,
         "SWERL_MODELS_DIR": str(inputs.models),
         "SWERL_CHECKPOINT_DIR": str(data / "checkpoints"),
         "SWERL_WEIGHTS_DIR": str(data / "weights"),
+        "SWERL_EVAL_INPUTS_DIR": str(data / "eval-inputs"),
     }
 
 
 def make_volume_dirs(values: dict[str, str]) -> None:
-    """Create the directories the checkpoints and weights volumes bind (they must exist)."""
-    for key in ("SWERL_CHECKPOINT_DIR", "SWERL_WEIGHTS_DIR"):
+    """Create the directories the checkpoints and weights volumes and the evaluator's inputs
+    bind (they must exist)."""
+    for key in ("SWERL_CHECKPOINT_DIR", "SWERL_WEIGHTS_DIR", "SWERL_EVAL_INPUTS_DIR"):
         Path(values[key]).mkdir(parents=True, exist_ok=True)
 
 

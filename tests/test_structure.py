@@ -72,6 +72,9 @@ EXCEPTIONS: dict[str, str] = {
     "integration/trainer/test_bench_async.py": (
         "the smoke test of bench/bench_async.py (benchmarks are no package)"
     ),
+    "unit/trainer/loop/test_bench_toy_steps.py": (
+        "the figures and argument checks of bench/bench_toy_steps.py (benchmarks are no package)"
+    ),
     "unit/trainer/test_bench_trainer.py": (
         "the smoke test of bench/bench_trainer.py (benchmarks are no package)"
     ),

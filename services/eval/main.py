@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 import sys
@@ -181,8 +182,15 @@ def generate_first(args: argparse.Namespace) -> int | None:
     return None
 
 
+def backend_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The sandbox backend's settings from the options (``--state-root``)."""
+    return {"state_root": Path(args.state_root)} if args.state_root else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_eval_parser("python -m services.eval").parse_args(argv)
+    if args.state_root:  # the generation's sandbox worker reads its backend settings from here
+        os.environ["SWERL_WORKER__ROLLOUT__BACKEND__STATE_ROOT"] = args.state_root
     try:
         if args.model is not None and (code := generate_first(args)) is not None:
             return code
@@ -200,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     node = f"eval-{secrets.token_hex(4)}"
     try:
-        backend = make_backend(args.backend)
+        backend = make_backend(args.backend, **backend_settings(args))
     except Exception as exc:  # the backend's own error family (docker, bwrap set-up)
         print(f"error: the {args.backend} backend is not available: {exc}", file=sys.stderr)
         return EXIT_INFRA

@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--redis", metavar="URL", help="Redis URL of the job API")
     p.add_argument("--runs-dir", metavar="DIR", help="where job report dirs go (eval-runs)")
     p.add_argument("--backend", choices=("docker", "bwrap"), help="sandbox backend (docker)")
+    p.add_argument("--state-root", metavar="DIR",
+                   help="sandbox state directory (absolute; the same path inside a container "
+                        "and on the host whose engine it drives)")  # fmt: skip
     p.add_argument("--workers", type=int, metavar="N", help="instances graded at once (4)")
     p.add_argument(
         "--lease-ttl", type=float, metavar="S", help="lease of a claimed job in seconds (30)"
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         "redis_url": args.redis,
         "runs_dir": args.runs_dir,
         "backend": args.backend,
+        "state_root": args.state_root,
         "workers": args.workers,
         "lease_ttl_s": args.lease_ttl,
     }

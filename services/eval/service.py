@@ -66,6 +66,8 @@ def command_for(spec: EvalSpec, cfg: EvalServiceConfig, run_dir: Path, run_id: s
             argv += ["--engine-url", ",".join(cfg.engine_url)]
     argv += ["--report-dir", str(run_dir), "--run-id", run_id, "--resume"]
     argv += ["--backend", cfg.backend, "--workers", str(cfg.workers)]
+    if cfg.state_root:
+        argv += ["--state-root", cfg.state_root]
     argv += ["--timeout", str(cfg.timeout_s), "--image-tag", cfg.image_tag]
     if cfg.image_namespace:
         argv += ["--image-namespace", cfg.image_namespace]

@@ -23,6 +23,12 @@ class EvalServiceConfig(StrictModel):
         "eval-runs", min_length=1, description="job report dirs (<runs_dir>/<job id>)"
     )
     backend: Literal["docker", "bwrap"] = Field("docker", description="sandbox backend")
+    state_root: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="host directory of the sandboxes' state (None: the backend's default); "
+        "in a container that drives the host's engine: the same path inside and out",
+    )
     workers: int = Field(4, ge=1, le=1024, description="instances graded at once")
     timeout_s: int = Field(1800, ge=1, le=86_400, description="test timeout per instance")
     image_namespace: str = Field("", description="instance images' namespace ('': the default)")

@@ -50,6 +50,12 @@ def _id_list(text: str) -> list[str]:
     return items
 
 
+def _absolute_dir(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"must be an absolute path, got {text!r}")
+    return text
+
+
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     """Every option of the evaluation script, each with its help."""
     p.add_argument("--dataset", required=True, metavar="FILE",
@@ -72,6 +78,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("docker", "bwrap"), default="docker",
                    help="sandbox backend (docker: the engine at $DOCKER_HOST; bwrap: the image "
                         "trees `python -m sandbox_worker.images build` registered)")  # fmt: skip
+    p.add_argument("--state-root", type=_absolute_dir, metavar="DIR",
+                   help="host directory of the sandboxes' state (default: the backend's own, "
+                        "/var/lib/swerl/sandboxes for docker); in a container that drives the "
+                        "host's engine it must be the same path inside and out")  # fmt: skip
     p.add_argument("--workers", type=positive_int, default=4, metavar="N",
                    help="instances graded at once, each in its own sandbox (4)")  # fmt: skip
     p.add_argument("--instances", type=_id_list, metavar="ID,ID,...",

@@ -29,7 +29,7 @@ from tests.support.paths import REPO_ROOT
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 cpu_image = load("cpu_image")
-SERVICES = {"redis", "api", "manager", "adapter", "reference-engine", "sandbox-worker"}
+SERVICES = {"redis", "api", "manager", "adapter", "reference-engine", "sandbox-worker", "evaluator"}
 INSTANCE = "swerl__spanlib-1"
 HEALTHY_TIMEOUT_S = 600.0
 JOB_TIMEOUT_S = 900.0
@@ -96,6 +96,21 @@ def test_a_rollout_job_through_the_api_finishes_with_reward(project: ComposeProj
     assert record.status_code == 200, record.text
     turns = [t for seg in record.json()["segments"] for t in seg["turns"]]
     assert turns and all(len(t["output_ids"]) == len(t["output_logprobs"]) > 0 for t in turns)
+
+
+def test_an_eval_job_through_the_api_is_graded_by_the_evaluator(project: ComposeProject) -> None:
+    """The containerised evaluator claims the eval job and grades the gold patch in a sandbox
+    of the host's engine (the state directory the same path inside and out)."""
+    submitted = swerl(
+        project, "submit", "eval", "--dataset", "/datasets/instances.jsonl", "--predictions",
+        "gold", "--instances", INSTANCE, "--wait", timeout_s=JOB_TIMEOUT_S,
+    )  # fmt: skip
+    job_id = json.loads(submitted[: submitted.index("\n}") + 2])["id"]
+    job = json.loads(swerl(project, "status", job_id))
+    assert job["state"] == "succeeded", (job, project.compose("logs", "evaluator").stdout[-3000:])
+    assert job["metrics"]["resolved_rate"] == 1.0, job["metrics"]
+    rows = [json.loads(line) for line in swerl(project, "results", job_id).splitlines()]
+    assert [(r["instance_id"], r["status"]) for r in rows] == [(INSTANCE, "resolved")]
 
 
 def test_the_sandboxes_ran_on_the_host_engine_and_are_gone(project: ComposeProject) -> None:

@@ -29,17 +29,30 @@ def test_the_repository_compose_file_follows_every_rule(compose: dict[str, Any])
 
 def test_compose_defines_the_issue_services_and_profiles(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    expected = {"redis", "api", "manager", "adapter", "sandbox-worker", "trainer"}
+    expected = {"redis", "api", "manager", "adapter", "sandbox-worker", "trainer", "evaluator"}
     expected |= {"reference-engine", "sglang-0", "sglang-1", "sglang-2", "sglang-3"}
     assert set(services) == expected
     by_profile = {p: lint.active_services(compose, [p]) for p in lint.PROFILES}
-    assert by_profile["head"] == ["adapter", "api", "manager", "redis"]
+    assert by_profile["head"] == ["adapter", "api", "evaluator", "manager", "redis"]
     assert by_profile["train"] == ["trainer"]
     assert by_profile["rollout"] == ["sglang-0", "sglang-1", "sglang-2", "sglang-3"]
     assert by_profile["sandbox"] == ["sandbox-worker"]
     assert by_profile["cpu"] == sorted(
-        ["adapter", "api", "manager", "redis", "reference-engine", "sandbox-worker"]
+        ["adapter", "api", "evaluator", "manager", "redis", "reference-engine", "sandbox-worker"]
     )
+
+
+def test_the_evaluator_drives_the_hosts_engine_like_the_sandbox_worker(
+    compose: dict[str, Any],
+) -> None:
+    """Its grading sandboxes are host containers: the same socket, the state directory at the
+    same path inside and out (and the service told so), the agent-server bundle mounts."""
+    evaluator, worker = compose["services"]["evaluator"], compose["services"]["sandbox-worker"]
+    assert evaluator["volumes"][3:] == worker["volumes"][1:]  # socket, state dir, bundle
+    state = evaluator["environment"]["SWERL_EVAL_SERVICE__STATE_ROOT"]
+    assert state == worker["environment"]["SWERL_WORKER__ROLLOUT__BACKEND__STATE_ROOT"]
+    assert evaluator["cap_add"] == ["SYS_ADMIN"]
+    assert evaluator["command"][-4:] == ["services.eval", "serve", "--backend", "docker"]
 
 
 def test_redis_keeps_an_append_only_file_on_a_volume(compose: dict[str, Any]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from services.api.schemas import EvalSpec
 from services.eval.service import command_for, metrics_of, progress_of, result_rows
 from services.eval.service_config import EvalServiceConfig
@@ -51,3 +53,14 @@ def test_command_line_of_a_checkpoint_job() -> None:
     for part in parts:
         assert part in joined, joined
     assert "--predictions" not in argv and "--max-instances" not in argv
+
+
+def test_the_sandbox_state_root_reaches_the_script_only_when_set() -> None:
+    spec = EvalSpec(predictions="/p.jsonl", dataset="v.jsonl")
+    plain = command_for(spec, EvalServiceConfig(), Path("/r/j2"), "j2")
+    assert "--state-root" not in plain
+    cfg = EvalServiceConfig(state_root="/var/lib/other/sandboxes")
+    argv = command_for(spec, cfg, Path("/r/j2"), "j2")
+    assert argv[argv.index("--state-root") + 1] == "/var/lib/other/sandboxes"
+    with pytest.raises(ValueError, match="state_root"):
+        EvalServiceConfig(state_root="relative/dir")
