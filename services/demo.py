@@ -15,9 +15,11 @@ What runs, all real processes on loopback:
 5. the rollout manager (in this process) which queues ``instances x samples`` trajectories.
 
 Then the recorded trajectories are turned into a padded training batch, the tiny model
-recomputes every behaviour logprob (the check that engine and trainer agree), and the Li2SAO
-bootstrap objective (GRPO advantages + DIS actor loss, centred critic loss with the divergence
-mask and ranking loss, readiness statistics) is evaluated on it. This step evaluates the
+recomputes every behaviour logprob (the check that engine and trainer agree, the scripted
+engine's tokens included), and the Li2SAO bootstrap objective is evaluated on the batch the
+trainer would train on: the scripted engine's trajectories are kept out of the loss (their
+tokens are not the policy's samples), so only the sampled ones are in it
+(services/demo_objective.py). This step evaluates the
 losses only; training runs are ``python -m trainer train`` (``python -m services.toy_train`` on
 the toy task, which ``make demo`` runs first: docs/training.md).
 
@@ -336,8 +338,11 @@ def objective_metrics(
     metrics = evaluate_objective(model, records)
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"kind": "objective", **metrics}) + "\n")
-    for key in ("max_abs_logprob_diff", "actor_loss", "critic_loss", "estimator",
-                "n_trajectories", "n_action_tokens", "mixed_groups"):  # fmt: skip
+    for key in ("max_abs_logprob_diff", "n_checked_tokens", "actor_loss", "critic_loss",
+                "estimator", "n_trajectories", "scripted_trajectories", "n_action_tokens",
+                "mixed_groups", "objective_skipped"):  # fmt: skip
+        if key not in metrics:
+            continue
         say(f"objective {key}: {metrics.get(key)}")
     return metrics
 

@@ -63,10 +63,14 @@ def test_demo_shows_a_reward_signal_and_a_mixed_group(tmp_path: Path) -> None:
     assert "using 1 of " in proc.stdout  # the --limit is said, not silent
 
     objective = summary["objective"]
-    assert objective["n_trajectories"] == 2
-    assert objective["mixed_groups"] == 1  # the trainer's batch sees the same mixed group
+    # The trainer's batch keeps the scripted engine's trajectory out of the loss: only the
+    # sampled one is in it (a group of one), the replayed one is counted.
+    assert (objective["n_trajectories"], objective["scripted_trajectories"]) == (1, 1)
+    assert objective["mixed_groups"] == 0
     assert objective["n_action_tokens"] > 0
-    # The tiny model's plain forward pass reproduces the engine's behaviour logprobs.
+    # The tiny model's plain forward pass reproduces the engine's behaviour logprobs, on every
+    # generated token (the replayed ones included).
+    assert objective["n_checked_tokens"] > objective["n_action_tokens"]
     assert objective["max_abs_logprob_diff"] < 1e-5
     # Every service stopped and left its log behind.
     for name in ("redis", "engine-scripted", "engine-random", "adapter", "worker"):
