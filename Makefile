@@ -14,13 +14,14 @@ help:  ## list the targets
 setup:  ## install and build everything that is missing (idempotent, cached)
 	@deploy/dev/setup.sh all
 
-# The main job: Li2SAO trains the toy task through the whole stack (a progress line per step),
-# the run's dashboard and summary, then one SWE rollout batch of the mini instances with the
-# trained policy beside the scripted engine (docs/training.md, README "Quick start").
+# The main job: Li2SAO trains the toy task through the whole stack, submitted as a train job
+# through the job API with the swerl CLI and followed with `swerl status --watch` (a progress
+# line per step), the run's dashboard and summary, then one SWE rollout batch of the mini
+# instances with the trained policy beside the scripted engine (README "What make demo does").
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_DIR ?= runs/demo-$(DEMO_STAMP)
 demo: setup  ## train Li2SAO on the toy task (whole stack), its dashboard, then a SWE rollout batch
-	@$(PY) -m services.toy_train --config trainer/configs/toy_li2sao.yaml --run-dir $(DEMO_DIR)/toy
+	@$(PY) -m services.toy_train_job --config trainer/configs/toy_li2sao.yaml --run-dir $(DEMO_DIR)/toy
 	@$(PY) -m trainer report $(DEMO_DIR)/toy
 	@$(PY) -m services.demo --model $(DEMO_DIR)/toy/weights --run-dir $(DEMO_DIR)/swe $(DEMO_ARGS)
 

@@ -12,7 +12,8 @@ functions and ``importlib.import_module`` with a literal name):
   ``manager/`` only; a trainer service claims train jobs through ``api/claims.py``). It imports
   no plane.
 * Composers start or combine planes: ``demo.py``, ``demo_objective.py``, ``local_stack.py``,
-  the training runs on one machine ``toy_train.py`` and ``swe_train.py``, and the evaluation
+  the training runs on one machine ``toy_train.py`` and ``swe_train.py`` (and
+  ``toy_train_job.py``: the toy run submitted through the job API), and the evaluation
   script ``eval/`` (grading in the sandbox plane driven from a CLI). They may
   import anything; nothing but a composer imports them (``swerl eval`` runs ``python -m
   services.eval`` as a child process, so the CLI in the base names it without importing it).

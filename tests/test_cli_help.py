@@ -29,6 +29,8 @@ ENTRY_POINTS = (
     "trainer.service.cli",  # python -m trainer serve
     "services.tiny_model.warm_start",
     "services.toy_train",
+    "services.toy_train_job",
+    "services.swe_train",
     # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )
 

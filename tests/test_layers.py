@@ -24,6 +24,7 @@ COMPOSERS = (
     "services.local_stack",
     "services.eval",
     "services.toy_train",
+    "services.toy_train_job",
     "services.swe_train",
 )
 CHECKED = (*PLANES, "services")

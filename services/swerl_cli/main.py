@@ -37,8 +37,8 @@ swerl: submit and watch training, rollout and evaluation jobs of a swerl cluster
 
 The job subcommands talk to the job API (python -m services.api; docs/api.md) at --api
 (or $SWERL_API_URL) with the bearer token --token (or $SWERL_API_TOKEN). `eval` runs locally
-(python -m services.eval; docs/eval.md); the other local tools (demo, images, validate) are
-not part of this command yet.
+(python -m services.eval; docs/eval.md), and so do demo, images and validate: they run their
+module on this machine with the arguments that follow (swerl demo --help shows the module's).
 
   submit   queue a job: swerl submit rollout|train|eval ...  or  swerl submit -f job.yaml
   status   list jobs, or show one (with --watch: a live progress bar until it ends)
@@ -46,6 +46,11 @@ not part of this command yet.
   results  a job's results as NDJSON, one trajectory per line (--follow)
   cancel   cancel a job (queued: at once; running: its runner stops it)
   eval     (local) grade SWE-bench predictions in fresh sandboxes, as the official harness
+  demo     (local) a SWE rollout batch of the mini set through the whole stack
+           (python -m services.demo; `make demo` also trains the toy task through the API)
+  images   (local) build / pull / name task images (python -m sandbox_worker.images)
+  validate (local) check a dataset's instances: gold resolves, empty does not
+           (python -m sandbox_worker.validate)
 """
 
 EPILOG = f"""\
@@ -174,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description=EVAL_DESCRIPTION, epilog=EVAL_EPILOG,
                         formatter_class=RAW)  # fmt: skip
     add_eval_arguments(ev)
+    for name, (module, summary) in PASSTHROUGH.items():  # their module parses the rest
+        sub.add_parser(name, help=f"(local) {summary}; python -m {module}", add_help=False,
+                       description=f"Runs python -m {module} here with the arguments that "
+                       f"follow: {summary} (its --help lists them).")  # fmt: skip
     return parser
 
 
@@ -304,11 +313,22 @@ def run_local(module: str, argv: Sequence[str], command: str) -> int:
 
 
 LOCAL_COMMANDS = {"eval": EVAL_MODULE}
+# Local commands whose module parses every argument after the command (--help included).
+PASSTHROUGH = {
+    "demo": ("services.demo", "a SWE rollout batch of the mini set through the whole stack"),
+    "images": ("sandbox_worker.images", "build, pull or name task images"),
+    "validate": ("sandbox_worker.validate", "check a dataset's instances in sandboxes"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)  # argument errors: usage + exit 2
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)  # argument errors: usage + exit 2
+    if args.command in PASSTHROUGH:
+        return run_local(PASSTHROUGH[args.command][0], argv, args.command)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in LOCAL_COMMANDS:
         return run_local(LOCAL_COMMANDS[args.command], argv, args.command)
     api = ApiClient(args.api, args.token)

@@ -17,7 +17,9 @@ def progress_bar(job: dict[str, Any]) -> str:
     filled = round(frac * BAR_WIDTH)
     bar = "#" * filled + "-" * (BAR_WIDTH - filled)
     phase = f" {prog['phase']}" if prog.get("phase") else ""
-    return f"[{bar}] {done}/{total or '?'} {job['state']}{phase}"
+    reward = (job.get("metrics") or {}).get("reward/mean")
+    shown = f" reward {reward:.3f}" if isinstance(reward, (int, float)) else ""
+    return f"[{bar}] {done}/{total or '?'} {job['state']}{phase}{shown}"
 
 
 def _age(ts: float | None) -> str:

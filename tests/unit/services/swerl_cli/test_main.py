@@ -123,3 +123,25 @@ def test_eval_usage_errors_are_the_parents() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["eval", "--predictions", "gold"])  # no --dataset
     assert exc.value.code == EXIT_USAGE
+
+
+@pytest.mark.parametrize(
+    ("command", "prog"),
+    [("demo", "python -m services.demo"), ("images", "python -m sandbox_worker.images"),
+     ("validate", "python -m sandbox_worker.validate")],
+)  # fmt: skip
+def test_local_tools_run_their_module_with_every_argument_after_the_command(
+    command: str, prog: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`swerl demo|images|validate ...` hands everything after the command (its --help too)
+    to the module; the module's exit status is swerl's."""
+    assert main(["--api", "http://127.0.0.1:1", command, "--help"]) == 0
+    assert f"usage: {prog}" in capfd.readouterr().out
+    assert main([command, "--no-such-option"]) == EXIT_USAGE
+    assert f"{prog}: error:" in capfd.readouterr().err  # the module's own usage error
+
+
+def test_unknown_arguments_of_an_api_command_are_still_usage_errors() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["status", "--no-such-option"])
+    assert exc.value.code == EXIT_USAGE

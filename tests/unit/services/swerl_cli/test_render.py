@@ -34,6 +34,13 @@ def test_train_progress_counts_steps() -> None:
     assert progress_bar(train).endswith("5/10 running critic")
 
 
+def test_progress_shows_the_mean_reward_when_the_job_reports_one() -> None:
+    train = job(kind="train", progress={"current_step": 5, "phase": "bootstrap"},
+                metrics={"reward/mean": 0.4375, "version": 5.0})  # fmt: skip
+    assert progress_bar(train).endswith("5/10 running bootstrap reward 0.438")
+    assert "reward" not in progress_bar(job(metrics={"reward/mean": "n/a"}))
+
+
 def test_table_and_detail() -> None:
     text = table([job(), job(id="train-2", kind="train", progress={})])
     lines = text.splitlines()
