@@ -125,18 +125,22 @@ class TrainLoop:
 
     def _republish(self) -> None:
         """Serve the restored weights again. If the dead run published versions after its
-        checkpoint, the restored weights become a new version above the served one (versions
-        only increase; a number is never reused for other weights)."""
-        assert self.parts.publisher is not None
+        checkpoint -- served, or exported and killed before the refresh -- the restored
+        weights become a new version above all of them (versions only increase; a number is
+        never reused for other weights, and an exported directory is never replaced)."""
+        publisher = self.parts.publisher
+        assert publisher is not None
         served = self.parts.served_version() if self.parts.served_version else None
-        if served is not None and served > self.backend.version:
+        newest = max((v for v in (served, publisher.newest_exported()) if v is not None),
+                     default=None)  # fmt: skip
+        if newest is not None and newest > self.backend.version:
             log.warning(
-                "the engines serve version %d, published after the checkpoint (version %d): "
+                "version %d was published after the checkpoint (version %d; served: %s): "
                 "the restored weights are published as version %d",
-                served, self.backend.version, served + 1,
+                newest, self.backend.version, served, newest + 1,
             )  # fmt: skip
-            self.backend.version = served + 1
-        self.parts.publisher.publish(self.backend)
+            self.backend.version = newest + 1
+        publisher.publish(self.backend)
 
     def _check_fresh(self) -> None:
         """A new run must not reuse another run's directory or rollout batch ids (it would

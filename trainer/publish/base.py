@@ -34,6 +34,10 @@ class PublishResult:
 class Publisher(Protocol):
     def publish(self, backend: TrainerBackend) -> PublishResult | None: ...
 
+    def newest_exported(self) -> int | None:
+        """The highest version exported to disk (served or not); None when nothing is."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -7,7 +7,12 @@ import time
 from trainer.backends.base import TrainerBackend
 from trainer.publish.base import AdminClient, PublishResult, adapter_timings
 from trainer.publish.config import PublishConfig
-from trainer.publish.versions import export_version, prune_versions, version_dir
+from trainer.publish.versions import (
+    export_version,
+    exported_versions,
+    prune_versions,
+    version_dir,
+)
 
 
 class DiskPublisher:
@@ -24,6 +29,10 @@ class DiskPublisher:
 
     def close(self) -> None:
         self.admin.close()
+
+    def newest_exported(self) -> int | None:
+        found = exported_versions(self.config.weights_dir)
+        return found[-1] if found else None
 
     def publish(self, backend: TrainerBackend) -> PublishResult | None:
         started = time.perf_counter()

@@ -24,7 +24,7 @@ from services.weight_group import WeightGroup, dtype_name, join_group, open_stor
 from trainer.backends.base import TrainerBackend
 from trainer.publish.base import AdminClient, PublishError, PublishResult, adapter_timings
 from trainer.publish.config import PublishConfig
-from trainer.publish.versions import export_version, prune_versions
+from trainer.publish.versions import export_version, exported_versions, prune_versions
 
 # After the adapter refused, how long to wait for broadcasts that may still complete.
 ABANDON_WAIT_S = 2.0
@@ -99,6 +99,11 @@ class DistributedPublisher:
     def close(self) -> None:
         self.group = None
         self.admin.close()
+
+    def newest_exported(self) -> int | None:
+        """Broadcast versions leave no directory; with ``export_to_disk`` each leaves one."""
+        found = exported_versions(self.config.weights_dir) if self.dist.export_to_disk else []
+        return found[-1] if found else None
 
     def _connect(self) -> WeightGroup:
         engines = [e for e in self.admin.versions()["engines"] if e.get("healthy")]

@@ -82,6 +82,18 @@ def export_version(backend: TrainerBackend, root: str | Path, version: int) -> P
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def exported_versions(root: str | Path) -> list[int]:
+    """The numbers of the ``v<N>`` directories under ``root``, ascending (none: ``[]``)."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    return sorted(
+        int(path.name[len(PREFIX) :])
+        for path in base.iterdir()
+        if path.name.startswith(PREFIX) and path.name[len(PREFIX) :].isdigit() and path.is_dir()
+    )
+
+
 def prune_versions(root: str | Path, keep: int, protect: set[int]) -> list[Path]:
     """Delete all but the ``keep`` newest ``v<N>`` directories, never a protected N.
 

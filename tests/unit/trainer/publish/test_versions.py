@@ -12,7 +12,12 @@ from tests.support.engines import tiny_model_for_session
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
 from trainer.publish import PublishConfig, PublishError, load_publish_config
-from trainer.publish.versions import export_version, prune_versions, read_manifest
+from trainer.publish.versions import (
+    export_version,
+    exported_versions,
+    prune_versions,
+    read_manifest,
+)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +101,11 @@ def test_publish_config_is_validated() -> None:
                 "SWERL_PUBLISH__TRANSPORT": "carrier-pigeon",
             }
         )
+
+
+def test_exported_versions_lists_only_version_directories(tmp_path: Path) -> None:
+    assert exported_versions(tmp_path / "absent") == []
+    for name in ("v10", "v2", "v3x", ".v11.tmp-ab"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "v12").write_text("a file, not a version")
+    assert exported_versions(tmp_path) == [2, 10]
