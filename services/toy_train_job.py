@@ -116,13 +116,19 @@ def start_job_services(stack: LocalStack, run_dir: Path, base: dict[str, Any], r
     base_path.write_text(yaml.safe_dump(base, sort_keys=False))
     service = {"trainer_service": {"base_config": str(base_path), "lease_ttl_s": LEASE_TTL_S,
                                    "poll_interval_s": 0.5}}  # fmt: skip
-    service_path = run_dir / "trainer-service.yaml"
-    service_path.write_text(yaml.safe_dump(service))
-    stack.python("trainer-service", "trainer",
-                 ["serve", "--config", str(service_path), "--redis", redis_url,
-                  "--runs-dir", str(run_dir / "jobs")],
-                 lambda: True, env=env)  # fmt: skip
+    (run_dir / "trainer-service.yaml").write_text(yaml.safe_dump(service))
+    start_trainer_service(stack, "trainer-service", run_dir, redis_url, env)
     return url
+
+
+def start_trainer_service(stack: LocalStack, name: str, run_dir: Path, redis_url: str,
+                          env: dict[str, str]) -> None:  # fmt: skip
+    """A trainer service (``python -m trainer serve``) on ``run_dir/trainer-service.yaml``,
+    its job runs under ``run_dir/jobs``; more than one may run (each claims its own job)."""
+    stack.python(name, "trainer",
+                 ["serve", "--config", str(run_dir / "trainer-service.yaml"), "--redis",
+                  redis_url, "--runs-dir", str(run_dir / "jobs")],
+                 lambda: True, env=env)  # fmt: skip
 
 
 def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:

@@ -8,13 +8,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from services.local_stack import LocalStack, start_toy_services
+from services.swerl_cli.client import ApiClient
+from services.toy_train import toy_model_dir
+from services.toy_train_job import split_config, start_job_services, start_trainer_service
 from tests.support.paths import REPO_ROOT
 from tests.support.training_runs import run_composer
+from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +63,68 @@ def test_the_demo_run_goes_through_the_job_api_and_the_cli(tmp_path: Path) -> No
         assert re.search(rf"\] {step}/{STEPS} (running|succeeded) bootstrap reward \d", out)
     assert "--token" not in out  # the token travels in the environment, never on a line
     assert re.search(r"state\s+succeeded", out)
+
+
+def wait_for(check: Callable[[], object], budget_s: float, what: str, log_dir: Path) -> object:
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    logs = {p.name: p.read_text()[-1500:] for p in log_dir.rglob("*.log")}
+    pytest.fail(f"no {what} within {budget_s:.0f} s: {logs}")
+
+
+def test_a_sigkilled_trainer_services_job_resumes_from_its_checkpoint_on_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """The real driver under the trainer service: SIGKILL the service once the run has a
+    checkpoint after step 2; its training process dies with it (PR_SET_PDEATHSIG), the lease
+    runs out, a second trainer service claims the job (attempt 2) and runs it with --resume
+    from the checkpoint to the end."""
+    raw = yaml.safe_load((REPO_ROOT / "trainer" / "configs" / "toy_li2sao.yaml").read_text())
+    raw["train"]["checkpoint_every"] = 2
+    base, ids, spec = split_config(raw, 5)
+    run_dir = tmp_path / "toy"
+    run_dir.mkdir()
+    dataset = run_dir / "train-ids.txt"
+    dataset.write_text("\n".join(ids) + "\n")
+    checkpoints = run_dir / "checkpoints"
+    model = toy_model_dir()
+    worker, admin, token = (secrets.token_hex(16) for _ in range(3))
+    stack = LocalStack(run_dir)
+    try:
+        svc = start_toy_services(stack, model, worker, slots=8, admin_token=admin)
+        env = {"SWERL_MANAGER__REDIS_URL": svc.redis_url,
+               "SWERL_PUBLISH__ADAPTER_URL": svc.adapter_url,
+               "SWERL_PUBLISH__ADMIN_TOKEN": admin,
+               "SWERL_PUBLISH__WEIGHTS_DIR": str(run_dir / "weights")}  # fmt: skip
+        url = start_job_services(stack, run_dir, base, svc.redis_url, env, token)
+        api = ApiClient(url, token)
+        full = {**spec, "model": str(model), "dataset": str(dataset),
+                "checkpoint_dir": str(checkpoints)}  # fmt: skip
+        job_id = api.submit("train", full, None)["id"]
+        wait_for(lambda: latest_checkpoint(checkpoints), 300, "checkpoint", run_dir)
+        first = stack.procs["trainer-service"]
+        os.kill(first.pid, signal.SIGKILL)
+        first.popen.wait(timeout=30)
+        start_trainer_service(stack, "trainer-service-2", run_dir, svc.redis_url, env)
+
+        def ended() -> dict | None:
+            job = api.job(job_id)
+            return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+
+        job = wait_for(ended, 400, "end of the job", run_dir)
+        api.close()
+    finally:
+        stack.stop_all()
+    assert isinstance(job, dict)
+    assert job["state"] == "succeeded", job
+    assert job["attempt"] == 2 and job["progress"]["current_step"] == 5
+    job_dir = run_dir / "jobs" / job_id
+    resumed = (job_dir / "attempt-2.log").read_text()
+    assert re.search(r"resumed from \S+step-(2|4): step (2|4)", resumed), resumed[-3000:]
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 5 and {r["step"] for r in rows} == set(range(1, 6))
+    assert (checkpoints / "step-5").is_dir() or (checkpoints / "step-4").is_dir()
