@@ -6,7 +6,7 @@ export DOCKER_HOST ?= unix:///run/swerl/docker.sock
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help setup demo test test-fast lint format bench clean
+.PHONY: help setup demo test test-fast test-learning test-all lint format bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -27,7 +27,23 @@ demo: setup  ## train Li2SAO on the toy task (whole stack), its dashboard, then 
 
 # The suite's temp dirs live in a private base dir: pytest runs started *by* tests (the mini
 # repos' own suites) rotate /tmp/pytest-of-<user> and would delete the outer run's dirs.
-test: setup lint  ## set up, lint, and run the whole test suite
+# `make test` leaves out the tests marked `learning`: repeat learning runs of several minutes
+# each (LiSAO, PACT and SR-PPO on the toy task; PACT and SR-PPO on the SWE path) whose code
+# paths the runs it keeps cover (GRPO and Li2SAO learning the toy task, Li2SAO's switch into
+# LiSAO's single-rollout phase, LiSAO on the SWE path). Together they are about 15 minutes on
+# 2 quiet cores and would push CI past its limit; `make test-learning` runs them,
+# `make test-all` runs everything.
+test: setup lint  ## set up, lint, and run the test suite (all but the `learning` repeats)
+	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base -m "not learning"; rc=$$?; \
+	  rm -rf $$base; exit $$rc
+
+test-learning: setup  ## the repeat learning runs make test leaves out (~15 min on 2 cores)
+	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base -m learning tests/e2e; rc=$$?; \
+	  rm -rf $$base; exit $$rc
+
+test-all: setup lint  ## every test, the learning repeats included
 	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
 	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base; rc=$$?; rm -rf $$base; exit $$rc
 

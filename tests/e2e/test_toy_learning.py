@@ -86,6 +86,7 @@ def test_grpo_learns_the_toy_task(tmp_path: Path) -> None:
     assert all(b["group_size"] == 8 and set(b["group_sizes"]) == {8} for b in batches)
 
 
+@pytest.mark.learning  # Li2SAO's run covers this single-rollout phase after its switch
 def test_lisao_learns_the_toy_task(tmp_path: Path) -> None:
     metrics, batches = _run("lisao", tmp_path / "run")
     _check_learned(metrics, STEPS["lisao"])
@@ -102,6 +103,7 @@ SIBLING_METRICS = {
 }
 
 
+@pytest.mark.learning  # make test-learning (Makefile): minutes each on 2 cores
 @pytest.mark.parametrize("algorithm", ["pact", "srppo"])
 def test_pact_and_srppo_learn_the_toy_task(algorithm: str, tmp_path: Path) -> None:
     metrics, batches = _run(algorithm, tmp_path / "run")
