@@ -49,7 +49,7 @@ test-all: setup lint  ## every test, the learning repeats included
 
 # The fast tier: unit tests not marked slow (no subprocesses, services or long batches) and the
 # suite-layout checks at tests/ level; under 2 minutes on a 2-core machine.
-test-fast:  ## the fast tier: unit tests without the `slow` ones (make test runs everything)
+test-fast:  ## the fast tier: unit tests without the `slow` ones (make test-all runs everything)
 	@base=$$(mktemp -d /tmp/swerl-pytest.XXXXXX) && \
 	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$base -m "not slow" \
 	    tests/unit tests/test_*.py; rc=$$?; rm -rf $$base; exit $$rc
