@@ -79,10 +79,15 @@ def test_jobs_run_one_at_a_time_and_succeed_with_progress(
         seen: list[dict[str, Any]] = []
 
         def first_done() -> bool:
-            a, b = job(http, first), job(http, second)
+            # the second job is read before the first: if the first is still running after
+            # that read, the second must have been queued at it (one active train job per
+            # group). Read the other way round, the first could end and the second start
+            # between the two reads.
+            b = job(http, second)
+            a = job(http, first)
             if a["state"] == "running":
                 seen.append(a["progress"])
-                assert b["state"] == "queued"  # one active train job per group
+                assert b["state"] == "queued", (a, b)
             return a["state"] in TERMINAL
 
         wait_for(first_done, 90, "the first job", service.log_tail)
