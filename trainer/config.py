@@ -22,7 +22,10 @@ SECTION = "trainer"
 
 
 class OptimizerConfig(StrictModel):
-    """AdamW with global grad-norm clipping and a linear warm-up of the learning rate."""
+    """AdamW with global grad-norm clipping, a linear warm-up of the learning rate and then a
+    flat, linear or cosine schedule (trainer/backends/lr_schedule.py). Steps count optimizer
+    steps: ``actor_minibatches`` per train step for the actor, ``K x minibatches`` for the
+    critic."""
 
     lr: float = Field(gt=0, description="peak learning rate")
     betas: tuple[float, float] = (0.9, 0.999)
@@ -30,6 +33,15 @@ class OptimizerConfig(StrictModel):
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, ge=0, description="max global grad norm; 0 = off")
     warmup_steps: int = Field(default=0, ge=0, description="linear warm-up from lr/warmup")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="the lr after the warm-up: flat, or decayed to a floor"
+    )
+    decay_steps: int = Field(
+        default=0, ge=0, description="optimizer steps after the warm-up to reach the floor"
+    )
+    min_lr_ratio: float = Field(
+        default=0.0, ge=0, le=1, description="the floor of a decay, as a fraction of lr"
+    )
 
     @field_validator("betas")
     @classmethod
@@ -37,6 +49,14 @@ class OptimizerConfig(StrictModel):
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
         return betas
+
+    @model_validator(mode="after")
+    def _decay_has_a_length(self) -> OptimizerConfig:
+        if self.schedule != "constant" and self.decay_steps == 0:
+            raise ValueError(f"schedule {self.schedule!r} needs decay_steps > 0")
+        if self.schedule == "constant" and (self.decay_steps or self.min_lr_ratio):
+            raise ValueError("decay_steps and min_lr_ratio only apply to schedule linear or cosine")
+        return self
 
 
 class CriticConfig(StrictModel):

@@ -10,9 +10,10 @@ the manager's dispatch loop and the trainer, with a weight refresh after every s
 
 The bars (measured first, docs/training.md "Toy task runs"): the mean reward of the first 5
 steps at most 0.35 (chance 0.25 + 0.1), of the last 5 steps at least 0.7. Measured through
-the real stack (first 5 -> last 5 steps): GRPO 0.25 -> 0.92 (40 steps), Li2SAO 0.24 -> 0.89
-and LiSAO 0.20 -> 0.89-0.90 (50 steps, actor lr 5e-4: the critic-based advantages collapsed a
-run at 1e-3), PACT 0.19 -> 0.86 and SR-PPO 0.16 -> 0.81 (50 steps after 10 critic-only ones).
+the real stack (first 5 -> last 5 steps): GRPO 0.25 -> 0.92 (40 steps), Li2SAO 0.24 ->
+0.83-0.86 (50 steps, actor lr cosine-decayed 5e-4 -> 5e-5) and LiSAO 0.20 -> 0.89-0.90 (50
+steps, actor lr 5e-4: the critic-based advantages collapsed a run at 1e-3), PACT 0.19 -> 0.86
+and SR-PPO 0.16 -> 0.81 (50 steps after 10 critic-only ones).
 Li2SAO also evaluates 16 held-out prompts every 10 steps (``eval.jsonl``).
 Each run is a fresh stack (the engine's weights and the adapter's version counter belong to
 one run: a second run on the same engine would start from the first one's trained policy).
@@ -24,6 +25,8 @@ GRPO test took 310 s with a second toy run beside it.
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 import subprocess
 import sys
@@ -119,6 +122,10 @@ def test_li2sao_learns_and_switches_inside_its_window(tmp_path: Path) -> None:
     metrics, batches = _run("li2sao", tmp_path / "run")
     _check_learned(metrics, STEPS["li2sao"])
     _check_refresh_and_versions(metrics, batches, CRITIC_WARMUP["li2sao"])
+    # the config's cosine decay (5e-4 -> 5e-5 over 50 optimizer steps) reached the trainer
+    lrs = [m["actor/lr"] for m in metrics]
+    assert lrs[0] == pytest.approx(5e-4) and all(a > b for a, b in itertools.pairwise(lrs))
+    assert lrs[-1] == pytest.approx(5e-5 + 4.5e-4 * (1 + math.cos(math.pi * 49 / 50)) / 2)
     # trainer/configs/toy_li2sao.yaml: gate {t_min: 5, consecutive: 5, t_max: 20}
     phases = [b["phase"] for b in batches]
     drain = phases.index("draining")  # the step right after the switch

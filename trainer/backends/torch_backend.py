@@ -53,6 +53,7 @@ from trainer.algorithms.kl import reference_kl
 from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult, StepObjective
 from trainer.backends.critic import ValueModel, freeze_attention
+from trainer.backends.lr_schedule import lr_lambda
 from trainer.backends.parallel import DataParallel, full_tensor, shard
 from trainer.checkpoint import atomic_directory
 from trainer.config import OptimizerConfig, TrainerConfig
@@ -86,11 +87,6 @@ def _load_models(model_dir: Path) -> tuple[nn.Module, nn.Module, Any]:
     except (ValueError, KeyError, OSError) as exc:
         raise BackendError(f"cannot load the model in {model_dir}: {exc}") from exc
     return actor, body, tokenizer
-
-
-def _warmup(config: OptimizerConfig) -> Callable[[int], float]:
-    steps = config.warmup_steps
-    return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
 
 
 def _optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.optim.AdamW:
@@ -263,16 +259,17 @@ class TorchBackend:
         self.vocab_size = int(actor.config.vocab_size)
 
     def _init_optimizers(self) -> None:
-        """AdamW and the warm-up schedule for the actor and the critic's trainable parameters."""
+        """AdamW and the lr schedule (lr_schedule.py) of the actor and the critic's trainable
+        parameters."""
         config = self.config
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
         self.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.actor_optimizer, _warmup(config.actor)
+            self.actor_optimizer, lr_lambda(config.actor)
         )
         self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.critic_optimizer, _warmup(config.critic.optimizer)
+            self.critic_optimizer, lr_lambda(config.critic.optimizer)
         )
 
     def _reference_model(self) -> PolicyScorer:

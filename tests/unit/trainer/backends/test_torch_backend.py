@@ -213,7 +213,8 @@ def assert_same_state(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
 
 @pytest.mark.slow  # saves and reloads checkpoints, three backends
 def test_save_load_resumes_bit_exact(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg = {"actor": {"lr": 1e-3, "warmup_steps": 3}, "critic": {"optimizer": {"lr": 1e-3}}}
+    actor = {"lr": 1e-3, "schedule": "cosine", "decay_steps": 3}  # lr 1 -> 0.75 -> 0.25 x
+    cfg = {"actor": actor, "critic": {"optimizer": {"lr": 1e-3, "warmup_steps": 3}}}
     a = backend(tiny_model_dir, **cfg)
     first, second = constructed_batch(a), constructed_batch(a, rewards=(0.0, 1.0))
     m_first = a.train_step(first, StepObjective())

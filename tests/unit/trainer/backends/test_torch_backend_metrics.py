@@ -75,3 +75,21 @@ def test_entropy_grad_norm_and_warm_up_lr_of_each_step(tiny_model_dir: Path) -> 
     assert lrs == pytest.approx([1e-3 / 2, 1e-3, 1e-3])
     # the critic takes K = 2 steps per train step: its first step's lr is (1/2, 1, 1) x lr
     assert critic_lrs == pytest.approx([1e-3, 2e-3, 2e-3])
+
+
+def test_cosine_decay_sets_the_lr_of_each_step(tiny_model_dir: Path) -> None:
+    b = backend(
+        tiny_model_dir,
+        actor={"lr": 1e-3, "schedule": "cosine", "decay_steps": 2, "min_lr_ratio": 0.1},
+        critic={"optimizer": {"lr": 2e-3, "schedule": "linear", "decay_steps": 4}},
+    )
+    batch = on_policy_batch(b)
+    lrs, critic_lrs = [], []
+    for _ in range(4):
+        metrics = b.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+        lrs.append(metrics["actor/lr"])
+        critic_lrs.append(metrics["critic/lr"])
+    # cosine over 2 optimizer steps: peak, halfway (1 + 0.1) / 2, then the floor 0.1
+    assert lrs == pytest.approx([1e-3, 0.55e-3, 1e-4, 1e-4])
+    # linear to 0 over 4 critic steps, K = 2 per train step: each step's first pass logs
+    assert critic_lrs == pytest.approx([2e-3, 1e-3, 0.0, 0.0], abs=1e-12)
