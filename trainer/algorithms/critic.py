@@ -194,8 +194,22 @@ def value_loss_terms(
     with the graph to ``value_logits``; SR-PPO's critic loss is
     ``(a * first + b * second) / third``, and it reports the two terms as the critic's BCE
     and MSE. ``probabilities``: ``sigmoid(value_logits)`` with its graph, when the caller
-    has it already (an ``ObjectiveBatch``'s ``values``).
+    has it already (an ``ObjectiveBatch``'s ``values``). ``targets``: ``[N, T]``, or ``[N]``
+    for one target per row (SR-PPO's ``y = R``): the MSE gap broadcasts the row's target, and
+    only the masked targets of the ``y z`` term are built.
     """
+    if targets.ndim == 1:
+        weights = _mask_weights(mask, value_logits)
+        y = targets.detach()
+        softplus = torch.logaddexp(value_logits, value_logits.new_zeros(()))
+        weighted_y = (weights * y[:, None]).reshape(-1)  # a constant: one product backwards
+        bce = torch.dot(softplus.reshape(-1), weights.reshape(-1)) - torch.dot(
+            value_logits.reshape(-1), weighted_y
+        )
+        v = torch.sigmoid(value_logits) if probabilities is None else probabilities
+        gap = (v - y[:, None]).mul_(weights)  # 0 off the mask
+        mse = torch.dot(gap.reshape(-1), gap.reshape(-1))
+        return bce, mse, weights.sum().clamp(min=1.0)
     z, y, weights = _flat_head_inputs(value_logits, targets, mask)
     v = None if probabilities is None else probabilities.reshape(-1)
     return _bce_sum(z, y, weights), _mse_sum(z, y, weights, v), weights.sum().clamp(min=1.0)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -202,7 +203,8 @@ def _advantage_metrics(adv: Tensor, am: ActionMask) -> dict[str, Tensor | float]
             total, first, second = weights.sum(), (adv * weights).sum(), (adv * adv * weights).sum()
         else:  # 0 off the action tokens already
             total = am.total(adv.dtype)
-            first, second = adv.sum(), (adv * adv).sum()
+            flat = adv.reshape(-1)
+            first, second = flat.sum(), torch.dot(flat, flat)  # (one pass each)
         mean = first / total
         var = (second / total - mean * mean).clamp(min=0)
     return {"actor/adv_mean": mean, "actor/adv_std": var.sqrt()}
@@ -331,11 +333,10 @@ def _critic_explained_variance(returns: Tensor, values: Tensor, am: ActionMask) 
         return torch.where(var_g > 0, 1 - variance(residual) / var_g.clamp(min=1e-300), torch.nan)
 
 
-def _outcome_explained_variance(rewards: Tensor, am: ActionMask, residual_var: Tensor) -> Tensor:
+def _outcome_explained_variance(rewards: Tensor, counts: Tensor, residual_var: Tensor) -> Tensor:
     """``1 - Var(G - V) / Var(G)`` over action tokens for ``G = R`` on every action token:
-    ``Var(G)`` from the ``[N]`` rewards weighted by the rows' action counts."""
+    ``Var(G)`` from the ``[N]`` rewards weighted by the rows' action counts (float64)."""
     with torch.no_grad():
-        counts = am.row_counts(torch.float64)
         r = rewards.to(torch.float64)
         count = counts.sum()
         mean = (r * counts).sum() / count
@@ -468,19 +469,49 @@ def _masked_mean(x: Tensor, weights: Tensor, count: Tensor) -> Tensor:
         return torch.dot(x.reshape(-1), weights.reshape(-1)).to(torch.float64) / count
 
 
-def _value_gap(rewards: Tensor, old_values: Tensor, am: ActionMask) -> Tensor:
-    """``Delta_+-`` (PACT sec. 5.3): mean ``V`` over the action tokens of ``R = 1`` rows minus
-    that of ``R = 0`` rows; NaN when either kind is missing."""
+class _RowMoments(NamedTuple):
+    """Per-row sums over the action tokens, float64: their count, ``sum V`` and ``sum V^2``."""
+
+    counts: Tensor
+    first: Tensor
+    second: Tensor
+
+    @classmethod
+    def of(cls, values: Tensor, am: ActionMask) -> _RowMoments:
+        with torch.no_grad():
+            masked = values * am.weights(values.dtype)
+            first = masked.sum(dim=1).to(torch.float64)
+            second = masked.mul_(values).sum(dim=1).to(torch.float64)
+            return cls(am.row_counts(torch.float64), first, second)
+
+
+def _outcome_critic_explained_variance(rewards: Tensor, moments: _RowMoments) -> Tensor:
+    """:func:`_critic_explained_variance` for ``G = R`` on every action token (an outcome
+    reward, ``gamma = 1``) from the rows' moments: ``sum_t (R_i - V_t)^2 = n_i R_i^2 -
+    2 R_i sum V + sum V^2`` per row, no further ``[N, T]`` pass."""
     with torch.no_grad():
-        counts = am.row_counts(torch.float64)
-        sums = torch.linalg.vecdot(old_values, am.weights(old_values.dtype), dim=1)
-        sums = sums.to(torch.float64)
+        r = rewards.to(torch.float64)
+        counts, first, second = moments
+        count = counts.sum()
+        mean = (r * counts - first).sum() / count
+        residual_var = (r * r * counts - 2 * r * first + second).sum() / count - mean * mean
+        return _outcome_explained_variance(rewards, counts, residual_var)
+
+
+def _value_gap(rewards: Tensor, moments: _RowMoments) -> Tensor:
+    """``Delta_+-`` (PACT sec. 5.3): mean ``V`` over the action tokens of ``R = 1`` rows minus
+    that of ``R = 0`` rows, from the rows' moments of ``V_old``; NaN when either kind is
+    missing."""
+    with torch.no_grad():
+        counts, sums = moments.counts, moments.first
         ones, zeros = rewards == 1, rewards == 0
         mean_one = (sums * ones).sum() / (counts * ones).sum()
         return mean_one - (sums * zeros).sum() / (counts * zeros).sum()
 
 
-def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) -> dict[str, Tensor]:
+def _calibration_metrics(
+    rewards: Tensor, old_values: Tensor, am: ActionMask, moments: _RowMoments
+) -> dict[str, Tensor]:
     """Critic calibration on the action tokens (PACT sec. 5.3): BCE and MSE of ``V_old``
     against ``R`` in ``[0, 1]``, and :func:`_value_gap`.
 
@@ -489,14 +520,13 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
     """
     with torch.no_grad():
         weights = am.weights(old_values.dtype)
-        counts = am.row_counts(torch.float64)
 
         def row_sums(x: Tensor) -> Tensor:
             return torch.linalg.vecdot(x, weights, dim=1).to(torch.float64)
 
         v = old_values.clamp(1e-7, 1 - 1e-7)
         r = rewards.to(torch.float64)
-        first, second = row_sums(old_values), row_sums(old_values.square())
+        counts, first, second = moments
         log_v = row_sums(v.log())
         log_not_v = row_sums(v.neg_().add_(1.0).log_())  # v is ours (the clamp's copy)
         count = counts.sum()
@@ -504,7 +534,7 @@ def _calibration_metrics(rewards: Tensor, old_values: Tensor, am: ActionMask) ->
         return {
             "critic/bce": -(r * log_v + (1 - r) * log_not_v).sum() / count,
             "critic/mse": squares.sum().clamp(min=0.0) / count,
-            "critic/value_gap": _value_gap(rewards, old_values, am),
+            "critic/value_gap": _value_gap(rewards, moments),
         }
 
 
@@ -538,7 +568,7 @@ def _pact_actor(
         # G = R and A = G - V_old: the residual's variance is the advantages' (computed above)
         residual_var = metrics["actor/adv_std"] ** 2  # type: ignore[operator]
         metrics["critic/explained_variance"] = _outcome_explained_variance(
-            rewards, mask, residual_var
+            rewards, mask.row_counts(torch.float64), residual_var
         )
     else:
         returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1
@@ -567,9 +597,14 @@ def _pact_critic(batch: ObjectiveBatch, config: ObjectiveConfig) -> ObjectiveRes
     metrics["critic/is_weight_mean"] = _masked_mean(
         is_weights, keep.view(torch.uint8).to(is_weights.dtype), kept
     )
-    returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1: G
-    metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
-    metrics.update(_calibration_metrics(rewards, old_values, mask))
+    moments = _RowMoments.of(old_values, mask)
+    if config.gamma == 1.0:  # lambda = 1: G = R on every action token
+        metrics["critic/explained_variance"] = _outcome_critic_explained_variance(rewards, moments)
+    else:
+        returns = discounted_returns(rewards, mask, config.gamma, check=False)  # lambda = 1: G
+        ev = _critic_explained_variance(returns, old_values, mask)
+        metrics["critic/explained_variance"] = ev
+    metrics.update(_calibration_metrics(rewards, old_values, mask, moments))
     return ObjectiveResult(None, critic_loss, _to_floats(metrics), "gae")
 
 
@@ -618,9 +653,9 @@ def srppo_objective(
     mask = batch.mask
     estimate = ESTIMATORS.get("srppo")(batch, config, None)  # sec. 4.2
     actor_loss, policy_metrics = _policy_loss("ppo_clip", batch, estimate.advantages, config)
-    returns = rewards[:, None] * mask.weights(rewards.dtype)  # sec. 4.3: Pass@1 target y = R
     # sec. 4.3: a BCE + b MSE (= bce_value_loss; the two terms are also the critic's metrics)
-    bce, mse, count = value_loss_terms(logits, returns, mask, values)
+    # on the Pass@1 target y = R, one per row
+    bce, mse, count = value_loss_terms(logits, rewards.to(logits.dtype), mask, values)
     critic_loss = (config.srppo_bce_coef * bce + config.srppo_mse_coef * mse) / count
     q_hat = first_action_values(old_values, mask, check=False).clamp(0.0, 1.0)
     passk = srppo_passk_weights(q_hat, config.srppo_k, check=False)
@@ -633,10 +668,11 @@ def srppo_objective(
     for name, rows in (("hard", hard), ("medium", ~hard & ~easy), ("easy", easy)):
         metrics[f"actor/passk_share_{name}"] = (passk * rows).sum() / total  # NaN if total 0
     metrics["critic/loss"] = critic_loss.detach()
-    metrics["critic/explained_variance"] = _critic_explained_variance(returns, old_values, mask)
+    moments = _RowMoments.of(old_values, mask)  # the targets y = R: explained variance of R
+    metrics["critic/explained_variance"] = _outcome_critic_explained_variance(rewards, moments)
     metrics["critic/bce"] = bce.detach() / count
     metrics["critic/mse"] = mse.detach() / count
-    metrics["critic/value_gap"] = _value_gap(rewards, old_values, mask)
+    metrics["critic/value_gap"] = _value_gap(rewards, moments)
     return ObjectiveResult(actor_loss, critic_loss, _to_floats(metrics), "gae")
 
 

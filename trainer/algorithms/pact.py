@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.algorithms.gae import check_gae_inputs, skip_observation_gae
+from trainer.algorithms.gae import check_gae_inputs, discounted_returns
 from trainer.algorithms.masks import ActionMask
 from trainer.algorithms.policy_losses import _clipped_exp
 from trainer.algorithms.validation import (
@@ -50,8 +50,15 @@ def pact_advantages(
     ``values`` is the critic frozen before the iteration (``V_old``); no whitening. 0 off the
     action tokens, no gradient.
     """
-    adv, _ = skip_observation_gae(rewards, values, action_mask, gamma, 1.0, check=check)
-    return adv
+    am = ActionMask.of(action_mask, check=check)
+    if check:
+        check_gae_inputs(rewards, values, am, gamma)
+    dtype = torch.promote_types(rewards.dtype, values.dtype)
+    # lambda = 1 telescopes (LI2SAO_SPEC appendix A.2, Eq. 36): A_t = G_t - V(s_t), with G
+    # the discounted reward-to-go (R on every action token for an outcome and gamma = 1);
+    # skip_observation_gae(..., lam=1)'s advantages without its returns (tested equal)
+    returns = discounted_returns(rewards.detach().to(dtype), am, gamma, check=False)
+    return returns.addcmul_(values.detach().to(dtype), am.weights(dtype), value=-1.0)
 
 
 def pact_credit(
@@ -97,14 +104,12 @@ def _span_credit(
     ``gamma V(first token of the row's next span) - V_t``, or ``R - V_t`` (``[N]`` outcome
     rewards; 0 for per-token rewards, which the caller adds) at the row's last span.
     """
-    mask = am.mask
     weights = am.weights(v.dtype)
     # Thm. 1 inside a span: C_t = gamma V_{t+1} - V_t (x 0 elsewhere: the inputs are finite;
     # a product of float weights is the cheap form of the bool mask ``follows``)
-    inner = (v[:, 1:] * gamma).sub_(v[:, :-1]).mul_(weights[:, 1:]).mul_(weights[:, :-1])
-    follows = mask[:, 1:] & mask[:, :-1]  # u_j with u_{j+1} = u_j + 1
-    ends = (mask & ~F.pad(follows, (0, 1))).nonzero()  # last token of each span, row-major
-    starts = (mask & ~F.pad(follows, (1, 0))).nonzero()  # first token of each span
+    step = v[:, 1:] - v[:, :-1] if gamma == 1.0 else (v[:, 1:] * gamma).sub_(v[:, :-1])
+    inner = step.mul_(weights[:, 1:]).mul_(weights[:, :-1])
+    starts, ends = am.spans()  # first and last token of each span, row-major
     # span k ends at ends[k]; the next action is starts[k + 1] when it lies in the same row
     same_row = ends[:-1, 0] == starts[1:, 0]
     following = torch.zeros(ends.shape[0], dtype=v.dtype, device=v.device)

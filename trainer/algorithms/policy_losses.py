@@ -207,8 +207,15 @@ def ppo_clip_policy_loss(
     )
     rho = _clipped_exp(log_ratio)  # exactly 1 off the action tokens
     count = am.total(torch.float64)
-    clip = _ppo_row_clip if adv.shape[1] == 1 else _ppo_token_clip
-    per_token, adv, low_frac, high_frac = clip(rho, adv, weights, eps_low, eps_high, count)
+    signs = adv if adv.shape[1] == 1 else _row_signs(adv)
+    if signs is not None:  # one sign per row: per-row clip bounds, the advantages as they are
+        per_token, low_frac, high_frac = _ppo_row_clip(
+            rho, signs, weights, eps_low, eps_high, count
+        )
+    else:
+        per_token, adv, low_frac, high_frac = _ppo_token_clip(
+            rho, adv, weights, eps_low, eps_high, count
+        )
     loss = -_aggregate(per_token, adv, am, aggregation, trajectory_index)  # Eq. 1
     metrics = {
         "clip_frac_low": low_frac,
@@ -219,24 +226,41 @@ def ppo_clip_policy_loss(
     return loss, metrics
 
 
+def _row_signs(adv: Tensor) -> Tensor | None:
+    """``[N, 1]`` with each row's advantage sign (any value of that sign, 0 for an all-zero
+    row) when no row of the ``[N, T]`` advantages mixes signs, else None.
+
+    Outcome advantages usually have one sign per row: ``w (R - V)`` with ``R`` in ``{0, 1}``
+    and a sigmoid ``V`` (SR-PPO, PACT with the PPO loss) is ``>= 0`` on a solved row and
+    ``<= 0`` on a failed one. A row min and max decide; on an accelerator the ``bool``
+    waits for it (one host synchronisation).
+    """
+    low, high = adv.amin(dim=1), adv.amax(dim=1)  # (row-wise aminmax is ~5x slower on CPU)
+    if not bool(((low >= 0) | (high <= 0)).all()):
+        return None
+    return (low + high)[:, None]  # > 0, < 0 or 0 with the row's sign
+
+
 def _ppo_row_clip(
-    rho: Tensor, adv: Tensor, weights: Tensor, eps_low: float, eps_high: float, count: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One advantage per row (``adv`` ``[N, 1]``): ``min(rho A, clip(rho) A)`` is
+    rho: Tensor, signs: Tensor, weights: Tensor, eps_low: float, eps_high: float, count: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Advantages of one sign per row (``signs`` ``[N, 1]``: the advantage of a per-row
+    advantage, or :func:`_row_signs`): ``min(rho A, clip(rho) A)`` is
     ``A * clamp(rho, max=1 + eps_high)`` for ``A > 0`` and ``A * clamp(rho, min=1 - eps_low)``
     for ``A < 0`` -- one clamp with per-row bounds (same value and gradient as the min form);
-    the aggregation multiplies the row sum by ``A_i``.
+    the aggregation multiplies by ``A`` (the row sum by ``A_i`` for a per-row advantage).
 
-    Returns ``(per-token factor, advantages for the aggregation, low, high clip fractions)``.
+    Returns ``(per-token factor, low, high clip fractions)``. A token whose own advantage is 0
+    in a row of one sign counts as clipped when its ratio is outside (its term is 0 either way).
     """
-    positive, negative = adv > 0, adv < 0
-    lower = torch.full_like(adv, -math.inf, dtype=rho.dtype).masked_fill_(negative, 1 - eps_low)
-    upper = torch.full_like(adv, math.inf, dtype=rho.dtype).masked_fill_(positive, 1 + eps_high)
+    positive, negative = signs > 0, signs < 0
+    lower = torch.full_like(signs, -math.inf, dtype=rho.dtype).masked_fill_(negative, 1 - eps_low)
+    upper = torch.full_like(signs, math.inf, dtype=rho.dtype).masked_fill_(positive, 1 + eps_high)
     bounded = torch.clamp(rho, min=lower, max=upper)
     with torch.no_grad():  # the clamp moved a token <=> its clipped branch is active
         low_frac = _fraction(bounded > rho, count)
         high_frac = _fraction(bounded < rho, count)
-    return bounded * weights, adv, low_frac, high_frac
+    return bounded * weights, low_frac, high_frac
 
 
 def _ppo_token_clip(
@@ -251,11 +275,12 @@ def _ppo_token_clip(
     """
     with torch.no_grad():
         ratio = rho.detach()
+        adv = adv * weights  # 0 off the actions: so are the value, slope and constant below
         gain = ratio * adv  # rho A
         value = torch.minimum(gain, ratio.clamp(1.0 - eps_low, 1.0 + eps_high).mul_(adv))
         deficit = gain.sub_(value)  # > 0 exactly where the clipped branch is active
-        slope = (deficit == 0).to(adv.dtype).mul_(adv).mul_(weights)
-        const = torch.addcmul(value, ratio, slope, value=-1.0).mul_(weights)
+        slope = (deficit == 0).to(adv.dtype).mul_(adv)
+        const = torch.addcmul(value, ratio, slope, value=-1.0)
         clipped = torch.count_nonzero(deficit)  # 0 off the actions (rho = 1 there)
         high = torch.count_nonzero(deficit * (adv > 0))  # rho > 1 + eps_high, A > 0
     per_token = torch.addcmul(const, rho, slope)  # Eq. 1 (LI2SAO_SPEC "PPO clip")

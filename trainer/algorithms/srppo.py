@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from trainer.algorithms.masks import ActionMask
@@ -63,6 +64,12 @@ def srppo_advantages(
         require_rewards(rewards)
         require_rewards_in(rewards, 0.0, 1.0, "normalise them first (normalize_rewards)")
         _check_k(k)
-    adv = pact_advantages(rewards, values, am, gamma, check=check)
     passk = srppo_passk_weights(first_action_values(values.detach(), am, check=False), k)
+    if gamma == 1.0 and rewards.ndim == 1:  # R - V(s_{u_j}) on every action token
+        dtype = torch.promote_types(rewards.dtype, values.dtype)
+        w = passk.to(dtype)[:, None]
+        scaled_r = rewards.detach().to(dtype)[:, None] * w
+        scaled = torch.addcmul(scaled_r, values.detach(), w, value=-1)
+        return scaled.mul_(am.weights(dtype))  # sec. 4.2: A = w^ R - w^ V in one pass
+    adv = pact_advantages(rewards, values, am, gamma, check=check)
     return adv.mul_(passk.to(adv.dtype)[:, None])  # sec. 4.2: A = w^ (R - V)

@@ -19,6 +19,7 @@ from trainer.algorithms import (
     terminal_reward_tokens,
     terminal_values,
 )
+from trainer.algorithms.critic import value_loss_terms
 
 SEEDS = range(12)
 
@@ -118,3 +119,23 @@ def test_terminal_values_reads_last_action_token() -> None:
     assert terminal_values(values, mask).tolist() == [3.0, 11.0]
     rewards = terminal_reward_tokens(torch.tensor([2.0, -1.0]), mask)
     assert rewards.tolist() == [[0, 0, 0, 2.0, 0, 0], [0, 0, 0, 0, 0, -1.0]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_value_loss_terms_with_one_target_per_row_equal_the_token_form(seed: int) -> None:
+    """SR-PPO's ``y = R`` given as ``[N]`` targets: the same BCE and MSE sums and gradients as
+    the ``[N, T]`` targets ``R`` on every action token."""
+    b = random_batch(seed, torch.float64)
+    mask = b.action_mask
+    y = torch.rand(mask.shape[0], generator=torch.Generator().manual_seed(seed), dtype=b.logp.dtype)
+    grads = []
+    terms = []
+    for targets in (y, y[:, None] * mask):
+        z = b.old_values.clone().requires_grad_()
+        bce, mse, count = value_loss_terms(z, targets, mask)
+        (bce + 2 * mse).backward()
+        terms.append((bce.item(), mse.item(), count.item()))
+        grads.append(z.grad)
+    assert terms[0] == pytest.approx(terms[1], rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+    assert bool((grads[0][~mask] == 0).all())  # nothing off the mask

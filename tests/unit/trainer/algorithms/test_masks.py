@@ -20,6 +20,7 @@ from trainer.algorithms import (
     terminal_values,
     whiten,
 )
+from trainer.algorithms.masks import flat_nonzero
 
 
 def test_action_mask_facts() -> None:
@@ -75,3 +76,40 @@ def test_functions_agree_on_raw_and_wrapped_masks(seed: int) -> None:
         policy_lag(b.trainer_version, b.token_versions, b.action_mask),
         policy_lag(b.trainer_version, b.token_versions, am),
     )
+
+
+def _loop_spans(mask: list[list[bool]]) -> tuple[list[list[int]], list[list[int]]]:
+    starts, ends = [], []
+    for i, row in enumerate(mask):
+        for t, on in enumerate(row):
+            if on and (t == 0 or not row[t - 1]):
+                starts.append([i, t])
+            if on and (t == len(row) - 1 or not row[t + 1]):
+                ends.append([i, t])
+    return starts, ends
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_spans_match_a_loop(seed: int) -> None:
+    """First and last token of every span of consecutive action tokens, row-major: spans at a
+    row's first and last position, single-token spans, whole-row spans."""
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 1 + seed % 5, 1 + seed * 3
+    mask = torch.rand(n, t, generator=gen) < (0.2 + 0.06 * seed)
+    mask[torch.arange(n), torch.randint(0, t, (n,), generator=gen)] = True  # >= 1 per row
+    if seed == 11:
+        mask[0] = True  # one span over the whole row
+    starts, ends = ActionMask(mask).spans()
+    want_starts, want_ends = _loop_spans(mask.tolist())
+    assert starts.tolist() == want_starts and ends.tolist() == want_ends
+    assert starts.dtype == ends.dtype == torch.long
+
+
+def test_spans_by_hand_and_flat_nonzero() -> None:
+    mask = torch.tensor([[1, 1, 0, 1], [0, 1, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    starts, ends = ActionMask(mask).spans()
+    assert starts.tolist() == [[0, 0], [0, 3], [1, 1], [2, 0], [2, 2]]
+    assert ends.tolist() == [[0, 1], [0, 3], [1, 1], [2, 0], [2, 3]]
+    flags = torch.tensor([False, True, True, False, True])
+    assert flat_nonzero(flags).tolist() == [1, 2, 4]
+    assert flat_nonzero(torch.zeros(3, dtype=torch.bool)).tolist() == []

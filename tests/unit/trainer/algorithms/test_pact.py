@@ -136,6 +136,9 @@ def test_pact_advantages_and_credit_match_reference(seed, dtype, device, gamma) 
     ]
     gae, _ = ref.skip_observation_gae(token_rewards, x[1], x[2], gamma, [1.0] * len(x[0]))
     _assert_close(pact_advantages(rewards, b.old_values, b.action_mask, gamma), gae, dtype)
+    # and the library's lambda = 1 GAE to the bit (pact_advantages skips its returns)
+    lam_one, _ = skip_observation_gae(rewards, b.old_values, b.action_mask, gamma, 1.0)
+    assert torch.equal(pact_advantages(rewards, b.old_values, b.action_mask, gamma), lam_one)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -206,6 +206,17 @@ def test_srppo_matches_reference(seed, dtype, device, k) -> None:
     q = [min(max(v, 0), 1) for v in first]
     hard = sum(w for w, qi in zip(passk, q, strict=True) if qi < 3 / 8) / sum(passk)
     assert shares[0] == pytest.approx(hard, rel=rel, abs=rel)
+    # explained variance of the targets y = R by V_old over the action tokens, and the gap
+    picked = [(i, t) for i, row in enumerate(mask) for t, on in enumerate(row) if on]
+    g = [rewards[i] for i, _ in picked]
+    resid = [rewards[i] - old_values[i][t] for i, t in picked]
+    mean = sum(g) / len(g)
+    var_g = sum((x - mean) ** 2 for x in g) / len(g)
+    mean_r = sum(resid) / len(resid)
+    var_r = sum((x - mean_r) ** 2 for x in resid) / len(resid)
+    if var_g > 0:
+        ev = m["critic/explained_variance"]
+        assert ev == pytest.approx(1 - var_r / var_g, rel=rel * 10, abs=rel)
 
 
 def test_critic_metrics_hand_example() -> None:

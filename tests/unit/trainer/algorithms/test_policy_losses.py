@@ -111,12 +111,24 @@ def test_dis_survives_huge_log_ratios_off_and_on_actions() -> None:
     assert float(metrics["masked_low_frac"]) == pytest.approx(1 / 3)
 
 
+def _row_signed(b) -> torch.Tensor:
+    """Per-token advantages of one sign per row (the outcome layout of SR-PPO's ``w (R - V)``),
+    one row all zero: the PPO loss's per-row-bounds path."""
+    magnitude = _advantages(b, per_token=True).abs() * b.action_mask
+    signs = torch.where(torch.arange(b.logp.shape[0]) % 2 == 0, 1.0, -1.0).to(b.logp)
+    signs[-1] = 0.0
+    return magnitude * signs[:, None]
+
+
 @on_devices_and_dtypes
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_ppo_matches_reference(seed: int, aggregation: str, dtype: torch.dtype, device: str):
+@pytest.mark.parametrize("layout", ["row", "token", "row-signed tokens"])
+def test_ppo_matches_reference(
+    seed: int, aggregation: str, dtype: torch.dtype, device: str, layout: str
+) -> None:
     b = random_batch(seed, dtype, device)
-    adv = _advantages(b, per_token=seed % 2 == 1)
+    adv = _row_signed(b) if layout == "row-signed tokens" else _advantages(b, layout == "token")
     metrics, [clip_frac] = _check_against_reference(
         ppo_clip_policy_loss, ref.ppo_loss, b, adv, (0.2, 0.28), aggregation
     )
