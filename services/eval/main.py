@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -30,6 +30,7 @@ from sandbox_worker.evaluation.run_report import (
 )
 from sandbox_worker.images import instance_image
 from services.datasets import DatasetError, load_instances
+from services.datasets.denylist import apply_denylist, load_denylist
 from services.datasets.predictions import GOLD, Prediction, gold_predictions, load_predictions
 from services.eval.generate import PREDICTIONS_FILE, StackError, generate
 from services.eval.grade import Grader, Outcome
@@ -54,16 +55,30 @@ class RunPlan:
     predictions: dict[str, Prediction]  # every prediction of the file (the harness's submitted)
     images: dict[str, str]
     todo: list[str]  # ids to grade now (non-empty patch, not completed on --resume)
+    denied: dict[str, str] = field(default_factory=dict)  # left out by --deny: id -> reason
 
 
-def select_instances(args: argparse.Namespace) -> list[SWEInstance]:
+def select_instances(args: argparse.Namespace) -> tuple[list[SWEInstance], dict[str, str]]:
+    """The instances to run (``--instances``, less ``--deny``'s, then ``--max-instances``) and
+    the selected ids the deny-list left out, with their reasons."""
     instances = load_instances(args.dataset, only=args.instances)
-    return instances if args.max_instances is None else instances[: args.max_instances]
+    denied: dict[str, str] = {}
+    if args.deny is not None:
+        listed = load_denylist(args.deny)
+        instances, dropped = apply_denylist(instances, listed)
+        denied = {inst.instance_id: listed[inst.instance_id] for inst in dropped}
+        if not instances:
+            raise SetupError(f"every selected instance is on the deny-list {args.deny}")
+    if args.max_instances is not None:
+        instances = instances[: args.max_instances]
+    return instances, denied
 
 
 def plan_run(args: argparse.Namespace) -> RunPlan:
     """Load and check every input; a :class:`DatasetError` / :class:`SetupError` otherwise."""
-    instances = select_instances(args)
+    instances, denied = select_instances(args)
+    for iid, reason in denied.items():
+        print(f"{iid}: skipped, on the deny-list ({reason or 'no reason given'})", file=sys.stderr)
     if args.predictions == GOLD:
         predictions = gold_predictions(instances)
     else:
@@ -92,7 +107,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
         and not pred.is_empty
         and not (args.resume and is_completed(root, run_id, pred))
     ]
-    return RunPlan(root, run_id, instances, predictions, images, todo)
+    return RunPlan(root, run_id, instances, predictions, images, todo, denied)
 
 
 def grade_all(
@@ -150,6 +165,8 @@ def summary_lines(report: dict[str, object]) -> list[str]:
 def write_report(plan: RunPlan) -> tuple[Path, dict[str, object]]:
     ids = [inst.instance_id for inst in plan.instances]
     report = make_run_report(plan.predictions, ids, plan.root, plan.run_id)
+    if plan.denied:  # not part of the total; the harness's keys stay as they are
+        report["denied_ids"] = sorted(plan.denied)
     path = run_report_path(plan.root, plan.run_id, plan.predictions)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=4) + "\n")
@@ -166,7 +183,7 @@ def generate_first(args: argparse.Namespace) -> int | None:
     for existing in (root / PREDICTIONS_FILE, run_dir):
         if existing.exists() and not args.resume:
             raise SetupError(f"{existing} exists: pass --resume to continue that run")
-    instances = select_instances(args)
+    instances, _ = select_instances(args)
     try:
         path, aborted = generate(args, instances, root)
     except StackError as exc:

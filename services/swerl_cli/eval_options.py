@@ -87,7 +87,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=_id_list, metavar="ID,ID,...",
                    help="only these instances of the dataset")  # fmt: skip
     p.add_argument("--max-instances", type=positive_int, metavar="N",
-                   help="only the first N instances (after --instances)")  # fmt: skip
+                   help="only the first N instances (after --instances and --deny)")  # fmt: skip
+    p.add_argument("--deny", metavar="FILE",
+                   help="instance deny-list (an id a line, '# reason'; services/datasets/"
+                        "denylist.py): those instances are skipped, left out of the total and "
+                        "listed as denied_ids in the run report")  # fmt: skip
     p.add_argument("--resume", action="store_true",
                    help="continue the run RUN_ID: instances with a report.json are not graded "
                         "again")  # fmt: skip

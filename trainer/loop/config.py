@@ -85,6 +85,12 @@ class GateSettings(StrictModel):
         return self
 
 
+DENY_FILE_HELP = (
+    "instance deny-list (services/datasets/denylist.py: an id a line, '# reason'): listed ids "
+    "are left out at start-up, each logged with its reason"
+)
+
+
 class DatasetConfig(StrictModel):
     """Where the prompts come from: instance ids, drawn in seeded shuffled epochs.
 
@@ -96,6 +102,7 @@ class DatasetConfig(StrictModel):
     instances_file: str = Field(
         default="", description="file with one instance id per line (added after instance_ids)"
     )
+    deny_file: str = Field(default="", description=DENY_FILE_HELP)
     kind: TaskKind | None = Field(
         default=None, description="task kind of every request: swe | toy (None: swe)"
     )
@@ -130,6 +137,7 @@ class EvalSettings(StrictModel):
     instances_file: str = Field(
         default="", description="file with one held-out id per line (added after instance_ids)"
     )
+    deny_file: str = Field(default="", description=DENY_FILE_HELP)
     n_samples: int = Field(default=1, ge=1, le=64, description="samples per held-out instance")
     sampling: SamplingConfig | None = Field(
         default=None, description="sampling of the evaluation (None: train.rollout.sampling)"

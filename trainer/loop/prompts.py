@@ -7,14 +7,20 @@ resumed run restores the cursor and draws exactly what the dead run would have d
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
+from services.datasets.denylist import load_denylist
+from services.datasets.loader import DatasetError
 from trainer.loop.config import DatasetConfig, EvalSettings
+
+log = logging.getLogger("swerl.trainer.prompts")
 
 
 def load_instance_ids(config: DatasetConfig | EvalSettings, section: str = "dataset") -> list[str]:
-    """``instance_ids`` then the non-empty lines of ``instances_file``; duplicates are an error
+    """``instance_ids`` then the non-empty lines of ``instances_file``, less the ids on the
+    ``deny_file`` deny-list; duplicates are an error, so is a list that the deny-list empties
     (``section`` names the config section in the messages)."""
     ids = list(config.instance_ids)
     if config.instances_file:
@@ -31,7 +37,26 @@ def load_instance_ids(config: DatasetConfig | EvalSettings, section: str = "data
         seen.add(instance_id)
     if not ids:
         raise ValueError(f"{section}: no instance ids")
+    if config.deny_file:
+        ids = _without_denied(ids, config.deny_file, section)
     return ids
+
+
+def _without_denied(ids: list[str], deny_file: str, section: str) -> list[str]:
+    """``ids`` without those on the deny-list, each one left out logged with its reason."""
+    try:
+        denied = load_denylist(deny_file)
+    except DatasetError as exc:
+        raise ValueError(f"{section}.deny_file: {exc}") from exc
+    kept = [i for i in ids if i not in denied]
+    for instance_id in ids:
+        if instance_id in denied:
+            reason = denied[instance_id] or "no reason given"
+            log.warning("%s: %s left out, on the deny-list %s (%s)", section, instance_id,
+                        deny_file, reason)  # fmt: skip
+    if not kept:
+        raise ValueError(f"{section}: every instance id is on the deny-list {deny_file}")
+    return kept
 
 
 class PromptCursor:

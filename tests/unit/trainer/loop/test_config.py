@@ -13,6 +13,8 @@ from services.protocol import RolloutRequest
 from tests.support.engines import tiny_model_path
 from trainer.loop.cli import load_run_config, main
 from trainer.loop.config import (
+    DatasetConfig,
+    EvalSettings,
     TrainConfig,
     load_train_config,
     resolve_schedule,
@@ -119,6 +121,26 @@ def test_cursor_draws_seeded_epochs_and_resumes_exactly(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match="'x' is listed twice"):
         load_instance_ids(DatasetConfig(instance_ids=["x"], instances_file=str(f)))
+
+
+def test_the_deny_list_leaves_ids_out_with_their_reasons(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    deny = tmp_path / "deny.txt"
+    deny.write_text("# broken\nb  # flaky on gold\nnot-in-the-run\n")
+    cfg = DatasetConfig(instance_ids=["a", "b", "c"], deny_file=str(deny))
+    with caplog.at_level("WARNING", logger="swerl.trainer.prompts"):
+        assert load_instance_ids(cfg) == ["a", "c"]
+    assert "b left out" in caplog.text and "flaky on gold" in caplog.text
+    held_out = EvalSettings(instance_ids=["b", "e"], deny_file=str(deny))
+    assert load_instance_ids(held_out, "eval") == ["e"]
+    with pytest.raises(ValueError, match="every instance id is on the deny-list"):
+        load_instance_ids(DatasetConfig(instance_ids=["b"], deny_file=str(deny)))
+    with pytest.raises(ValueError, match=r"dataset\.deny_file: .*no such deny-list file"):
+        load_instance_ids(DatasetConfig(instance_ids=["a"], deny_file=str(tmp_path / "none")))
+    deny.write_text("a\na\n")
+    with pytest.raises(ValueError, match="listed twice"):
+        load_instance_ids(DatasetConfig(instance_ids=["a", "c"], deny_file=str(deny)))
 
 
 @pytest.mark.slow
