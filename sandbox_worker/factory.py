@@ -147,6 +147,7 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
         workdir=cfg.workdir,
         limits=sandbox_limits(cfg.sandbox),
         openhands=cfg.openhands,
+        snapshot_images=cfg.image_dataset == "swesmith",
         evaluation=EvalConfig(
             workdir=cfg.workdir,
             test_timeout_s=cfg.evaluation.test_timeout_s,

@@ -121,6 +121,9 @@ class RunnerSettings:
     openhands: OpenHandsConfig = field(default_factory=OpenHandsConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     agent_server_startup_s: float = 300.0
+    # images hold a repository snapshot shared by many instances (SWE-smith,
+    # rollout.image_dataset "swesmith"): the label check compares repository + snapshot commit
+    snapshot_images: bool = False
 
 
 @dataclass
@@ -271,16 +274,27 @@ class SandboxTrajectoryRunner:
     def _check_labels(self, image: str, instance: SWEInstance) -> None:
         """An image labelled for another repository or base commit (images swerl builds carry
         ``swerl.repo`` / ``swerl.base_commit``) is a wrong image: aborted before anything runs.
-        Images without the labels (the official ones) are checked by their HEAD instead."""
+        A SWE-smith snapshot image (``settings.snapshot_images``) must hold the repository and
+        commit its instance id names. Images without the labels (the official ones) are checked
+        by their HEAD instead."""
         try:
             labels = self.backend.image_labels(image)
         except (SandboxInfraError, OSError) as exc:
             raise _Abort(f"image label lookup failed: {exc}") from exc
         if not labels or "swerl.base_commit" not in labels or not instance.base_commit:
             return
-        problem = images.label_mismatch(
-            image, labels, repo=instance.repo, commit=instance.base_commit
-        )
+        if self.settings.snapshot_images:  # SWE-smith: the id names the snapshot
+            try:
+                snap = images.swesmith_snapshot(instance.instance_id)
+            except ValueError as exc:
+                raise _Abort(f"wrong image naming: {exc}", retryable=False) from exc
+            problem = images.label_mismatch(
+                image, labels, repo=snap.repo, commit=snap.commit8, swesmith=True
+            )
+        else:
+            problem = images.label_mismatch(
+                image, labels, repo=instance.repo, commit=instance.base_commit
+            )
         if problem is not None:
             raise _Abort(f"wrong image: {problem}", retryable=False)
 

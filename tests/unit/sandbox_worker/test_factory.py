@@ -69,6 +69,9 @@ def test_settings_follow_the_config() -> None:
     assert s.evaluation.limits.disk_mb == 300
     assert s.evaluation.workdir == s.workdir == "/testbed"
     assert runner_settings(cfg(adapter_url="https://adapter").rollout).adapter_port == 443
+    assert s.snapshot_images is False  # one image per instance unless the images are SWE-smith's
+    for dataset, snapshot in (("swesmith", True), ("swegym", False), ("swebench", False)):
+        assert runner_settings(cfg(image_dataset=dataset).rollout).snapshot_images is snapshot
 
 
 def test_backend_kwargs() -> None:

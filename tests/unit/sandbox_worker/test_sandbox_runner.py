@@ -7,6 +7,7 @@ told, and that every sandbox is gone afterwards (the ``harness`` fixture fails o
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -405,6 +406,39 @@ def test_image_labelled_for_another_commit_is_aborted_before_anything_runs(
     harness.backend.labels[IMAGE] = labels
     outcome = harness.runner(agent(EndReason.FINISHED)).run(make_task(), make_ctx())
     assert outcome.status is not OutcomeStatus.ABORTED, outcome.abort_reason
+
+
+def test_a_swesmith_snapshot_image_must_hold_the_repository_and_commit_its_id_names(
+    harness: Harness,
+) -> None:
+    """rollout.image_dataset swesmith: one image per repository snapshot, so the label check
+    compares the repository and the 8-hex commit of the instance id, not the row's commit."""
+    inst = harness.instance
+    assert inst.base_commit is not None
+    harness.settings = dataclasses.replace(harness.settings, snapshot_images=True)
+    labels = {"swerl.repo": inst.repo, "swerl.base_commit": inst.base_commit}
+    harness.backend.labels[IMAGE] = labels
+
+    def run(instance_id: str) -> Any:
+        smith = inst.model_copy(update={"instance_id": instance_id})
+        runner = harness.runner(agent(EndReason.FINISHED), instances={instance_id: smith})
+        return runner.run(make_task(instance_id), make_ctx())
+
+    owner, name = inst.repo.split("/")
+    # the id names another snapshot commit: the row's own base commit does not save it
+    other = run(f"{owner}__{name}.{'0' * 8}.lm_rewrite__abc")
+    assert other.status is OutcomeStatus.ABORTED and other.retryable is False
+    assert f"the instance wants {inst.repo}@00000000" in (other.abort_reason or "")
+    # another repository with the same commit
+    elsewhere = run(f"{owner}__other.{inst.base_commit[:8]}.lm_rewrite__abc")
+    assert f"wants {owner}/other@{inst.base_commit[:8]}" in (elsewhere.abort_reason or "")
+    # an id that is not of SWE-smith's form cannot be checked: a naming error, no retry
+    bad = run(inst.instance_id)
+    assert "wrong image naming: not a SWE-smith instance id" in (bad.abort_reason or "")
+    assert bad.retryable is False
+    # the snapshot the id names: the check passes
+    ok = run(f"{owner}__{name}.{inst.base_commit[:8]}.lm_rewrite__abc")
+    assert "wrong image" not in (ok.abort_reason or ""), ok.abort_reason
 
 
 def test_worker_node_names_are_mapped_to_the_backend_alphabet(harness: Harness) -> None:
