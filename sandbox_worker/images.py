@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +220,9 @@ class RootfsInfo:
     testbed: Path | None  # the image's /testbed tree when it is not root/testbed
     env: tuple[str, ...]  # the image's ENV, "KEY=value"
     workdir: str
+    # the image's swerl.* labels (repository, base commit: the worker's label check); None in
+    # a stamp written before trees carried them
+    labels: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -229,6 +233,7 @@ class RootfsInfo:
                 "testbed": str(self.testbed) if self.testbed else None,
                 "env": list(self.env),
                 "workdir": self.workdir,
+                "labels": self.labels,
             },
             indent=1,
         )
@@ -236,6 +241,21 @@ class RootfsInfo:
 
 def rootfs_stamp(image: str, cache: Path | None = None) -> Path:
     return (cache or cache_dir()) / "rootfs" / f"{rootfs_key(image)}.json"
+
+
+def swerl_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The ``swerl.*`` labels of an image (what a tree stamp keeps)."""
+    return {k: v for k, v in (labels or {}).items() if k.startswith("swerl.")}
+
+
+def _stamp_labels(value: object, stamp: Path) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ImageNotFoundError(f"unreadable root filesystem stamp {stamp}: bad labels")
+    return dict(value)
 
 
 def rootfs_info(image: str, cache: Path | None = None) -> RootfsInfo:
@@ -257,6 +277,7 @@ def rootfs_info(image: str, cache: Path | None = None) -> RootfsInfo:
         testbed=Path(data["testbed"]) if data.get("testbed") else None,
         env=tuple(data.get("env") or ()),
         workdir=data.get("workdir") or "/",
+        labels=_stamp_labels(data.get("labels"), stamp),
     )
     if not (info.root / "usr").is_dir() or (info.testbed and not info.testbed.is_dir()):
         raise ImageNotFoundError(f"root filesystem of {image!r} is incomplete: {info.root}")

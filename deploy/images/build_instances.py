@@ -30,6 +30,7 @@ whole.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -271,12 +272,18 @@ def _remove_replaced(client: docker.DockerClient, image: str, previous: str | No
         print(f"warning: the replaced image of {image} stays: {exc}", file=sys.stderr)
 
 
-def _stamp_current(image: str, image_id: str) -> bool:
+def _stamp_current(image: str, image_id: str, labels: dict[str, str] | None = None) -> bool:
+    """Whether ``image``'s tree is registered for ``image_id``; a current stamp without the
+    image's labels (written before trees carried them) gets them added, without a rebuild."""
     try:
         info = images.rootfs_info(image)
     except images.ImageNotFoundError:
         return False
-    return info.image_id == image_id
+    if info.image_id != image_id:
+        return False
+    if labels is not None and info.labels != labels:
+        _write_stamp(dataclasses.replace(info, labels=labels))
+    return True
 
 
 def _write_stamp(info: images.RootfsInfo) -> None:
@@ -328,7 +335,8 @@ def register_base_rootfs(client: docker.DockerClient, base: str) -> str:
 def build_rootfs(client: docker.DockerClient, image: str, base_root: str) -> bool:
     """Register the bwrap tree of ``image``; returns whether anything was (re)built."""
     img = client.images.get(image)
-    if _stamp_current(image, img.id):
+    labels = images.swerl_labels(img.labels)
+    if _stamp_current(image, img.id, labels):
         return False
     key = images.rootfs_key(image)
     rootfs_dir = images.cache_dir() / "rootfs"
@@ -343,7 +351,7 @@ def build_rootfs(client: docker.DockerClient, image: str, base_root: str) -> boo
             shutil.rmtree(dest, ignore_errors=True)
             with _stream_tar(iter(bits)) as tar:
                 extract_single_tree(tar, dest)
-            info = images.RootfsInfo(image, img.id, Path(base_root), dest, env, workdir)
+            info = images.RootfsInfo(image, img.id, Path(base_root), dest, env, workdir, labels)
         else:
             dest = rootfs_dir / key
             tmp = rootfs_dir / f"{key}.tmp"
@@ -353,7 +361,7 @@ def build_rootfs(client: docker.DockerClient, image: str, base_root: str) -> boo
                 tar.extractall(tmp, filter="fully_trusted")  # our own image, built just now
             shutil.rmtree(dest, ignore_errors=True)
             tmp.replace(dest)
-            info = images.RootfsInfo(image, img.id, dest, None, env, workdir)
+            info = images.RootfsInfo(image, img.id, dest, None, env, workdir, labels)
     finally:
         container.remove(force=True)
     _write_stamp(info)

@@ -443,6 +443,14 @@ class BwrapBackend(hostdir.HostDirBackend):
             return False
         return True
 
+    def image_labels(self, image: str) -> dict[str, str] | None:
+        """The image's ``swerl.*`` labels as its tree's stamp recorded them (None: no tree, or
+        a stamp from before trees carried labels; ``images build`` adds them)."""
+        try:
+            return images.rootfs_info(image, self.config.rootfs_cache).labels
+        except images.ImageNotFoundError:
+            return None
+
     def _state_dir(self, name: str) -> Path:
         return self.config.state_root / name
 

@@ -11,10 +11,12 @@ SWE-smith ``jyangballin/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536`` for in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sandbox_worker import images
+from sandbox_worker.backends.base import ImageNotFoundError
 from tests.support.paths import TEST_DATA
 
 INDEX = [
@@ -93,3 +95,24 @@ def test_label_check_per_image_kind() -> None:
         "img", snap, repo="pallets/click", commit="abc12345", swesmith=True
     )
     assert other_repo is not None and "pallets/click@abc12345" in other_repo
+
+
+def test_a_tree_stamp_keeps_the_images_swerl_labels(tmp_path: Path) -> None:
+    (tmp_path / "tree" / "usr").mkdir(parents=True)
+    labels = images.swerl_labels({"swerl.repo": "acme/tool", "swerl.base_commit": "a" * 40,
+                                  "maintainer": "someone"})  # fmt: skip
+    assert labels == {"swerl.repo": "acme/tool", "swerl.base_commit": "a" * 40}
+    info = images.RootfsInfo("acme/img:1", "sha256:x", tmp_path / "tree", None, (), "/", labels)
+    stamp = images.rootfs_stamp("acme/img:1", tmp_path)
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text(info.to_json())
+    assert images.rootfs_info("acme/img:1", tmp_path) == info
+    # a stamp written before trees carried labels: no labels known (the HEAD check still runs)
+    old = json.loads(stamp.read_text())
+    del old["labels"]
+    stamp.write_text(json.dumps(old))
+    assert images.rootfs_info("acme/img:1", tmp_path).labels is None
+    old["labels"] = ["not", "a", "map"]
+    stamp.write_text(json.dumps(old))
+    with pytest.raises(ImageNotFoundError, match="bad labels"):
+        images.rootfs_info("acme/img:1", tmp_path)
