@@ -109,7 +109,7 @@ class MetricsFollower:
 
 
 def run(config: Path, run_dir: Path, steps: int | None, slots: int,
-        out: TextIO | None = None) -> int:  # fmt: skip
+        out: TextIO | None = None, nproc: int = 1) -> int:  # fmt: skip
     """Start the toy stack, run the trainer to its end (a progress line per step on ``out``),
     stop the stack. The trainer's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -119,16 +119,27 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int,
     try:
         svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token)
         env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
-        return run_trainer(config, run_dir, steps, env, out)
+        return run_trainer(config, run_dir, steps, env, out, nproc)
     finally:
         stack.stop_all()
 
 
+def trainer_command(config: Path, nproc: int = 1) -> list[str]:
+    """``python -m trainer train --config config``; with ``nproc > 1`` under torchrun
+    (``--standalone``: a rendezvous on loopback), rank 0 driving and the others following."""
+    if nproc < 1:
+        raise StackError(f"--nproc must be >= 1, got {nproc}")
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    train = ["-m", "trainer", "train", "--config", str(config)]
+    return [sys.executable, *(launcher if nproc > 1 else []), *train]
+
+
 def run_trainer(config: Path, run_dir: Path, steps: int | None, env: dict[str, str],
-                out: TextIO | None = None) -> int:  # fmt: skip
+                out: TextIO | None = None, nproc: int = 1) -> int:  # fmt: skip
     """``python -m trainer train --config config`` to its end with ``env`` (a progress line
-    per step on ``out``; the log in ``run_dir/trainer.log``). Its exit code."""
-    cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
+    per step on ``out``; the log in ``run_dir/trainer.log``), under torchrun with ``nproc``
+    ranks when ``nproc > 1``. Its exit code."""
+    cmd = trainer_command(config, nproc)
     cmd += ["--steps", str(steps)] if steps is not None else []
     total = steps if steps is not None else configured_steps(config)
     follower = MetricsFollower(run_dir / "train" / "metrics.jsonl", total, out or sys.stdout)
@@ -156,12 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True, type=Path, help="logs, metrics, weights of the run")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--slots", type=int, default=8, help="toy worker slots (8)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="trainer ranks (1); N > 1 runs torchrun --standalone with N CPU ranks: "
+                        "FSDP2 data parallel over gloo, rank 0 drives")  # fmt: skip
     args = p.parse_args(argv)
+    if args.nproc < 1:
+        p.error(f"--nproc must be >= 1, got {args.nproc}")
     # SIGTERM (a job runner, a test's timeout) unwinds like Ctrl-C: the trainer and every
     # service of the stack are stopped by run()'s finally blocks, none is left running.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        code = run(args.config, args.run_dir, args.steps, args.slots)
+        code = run(args.config, args.run_dir, args.steps, args.slots, nproc=args.nproc)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

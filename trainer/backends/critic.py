@@ -56,7 +56,8 @@ class ValueModel(nn.Module):
             input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False
         ).last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1])[inputs.index]
-        out = self.value_head(picked).squeeze(-1).float()
+        # a copy, not a view of the head's output: FSDP2 loses its backward hook on a view
+        out = self.value_head(picked).squeeze(-1).to(torch.float32, copy=True)
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
 
 

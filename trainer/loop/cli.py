@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 import yaml
@@ -19,6 +20,9 @@ from services.manager.config import ManagerConfig
 from trainer.config import TrainerConfig
 from trainer.loop.config import TrainConfig, resolve_schedule
 from trainer.publish import PublishConfig
+
+if TYPE_CHECKING:
+    from trainer.loop.ranks import Ranks
 
 DESCRIPTION = """\
 The training loop of swerl: rollouts through the rollout manager, Li2SAO (or a baseline) on the
@@ -32,12 +36,16 @@ Per-step metrics go to RUN_DIR/metrics.jsonl and RUN_DIR/tensorboard/. See docs/
 """
 
 EPILOG = """\
-exit status: 0 done, 1 the run failed, 2 bad configuration.
+exit status: 0 done, 1 the run failed, 2 bad configuration (or launcher environment).
+
+under torchrun (WORLD_SIZE > 1) rank 0 drives the run and the other ranks follow its backend
+calls (docs/training.md "Several ranks").
 
 examples:
   python -m trainer train --config run.yaml
   python -m trainer train --config run.yaml --resume        # continue from the last checkpoint
   python -m trainer train --config run.yaml --print-config  # the effective sections
+  torchrun --nproc-per-node=8 -m trainer train --config run.yaml  # 8 ranks, one driver
 """
 
 
@@ -99,9 +107,42 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(cfg.dump(), end="")
         return 0
+    from trainer.loop.ranks import RankError, init_ranks
+
+    try:
+        ranks = init_ranks(cfg.trainer.device)
+    except RankError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
+    if ranks is None:
+        return _drive(cfg, args.resume, None)
+    code = _drive(cfg, args.resume, ranks) if ranks.leader else _follow(cfg, ranks)
+    if code == 0:
+        ranks.close()  # after a failure a rank may sit in a collective: torchrun ends the group
+    return code
+
+
+def _follow(cfg: RunConfig, ranks: Ranks) -> int:
+    """A rank > 0: its backend makes rank 0's calls (trainer.loop.ranks); no Redis, no adapter."""
+    from trainer.backends import create_backend
+    from trainer.loop.ranks import follow
+
+    log = logging.getLogger("swerl.train")
+    log.info("rank %d of %d: following rank 0", ranks.rank, ranks.world)
+    try:
+        return 0 if follow(create_backend(cfg.trainer), ranks) else 1
+    except Exception as exc:
+        log.exception("rank %d failed", ranks.rank)
+        print(f"error: rank {ranks.rank}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _drive(cfg: RunConfig, resume: bool, ranks: Ranks | None) -> int:
+    """The driver (the only process, or rank 0 of a group)."""
     from trainer.backends import create_backend
     from trainer.loop.driver import LoopParts, TrainLoop
+    from trainer.loop.ranks import LeaderBackend
     from trainer.publish import make_publisher
     from trainer.publish.base import AdminClient
 
@@ -111,17 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     admin = None
     if cfg.publish is not None:
         admin = AdminClient(cfg.publish.adapter_url, cfg.publish.admin_token, cfg.publish.timeout_s)
+    leader: LeaderBackend | None = None
+    failed = True
     try:
+        backend = create_backend(cfg.trainer)
+        if ranks is not None:
+            backend = leader = LeaderBackend(backend, ranks)  # type: ignore[assignment]
+            log = logging.getLogger("swerl.train")
+            log.info("rank 0 of %d: driving; the other ranks follow", ranks.world)
         if cfg.train.run_dispatcher:
             manager.start()
         served = (lambda: max(admin.served_versions())) if admin is not None else None
-        parts = LoopParts(create_backend(cfg.trainer), manager, store, publisher, served)
-        state = TrainLoop(cfg.train, cfg.trainer, parts, resume=args.resume).run()
+        parts = LoopParts(backend, manager, store, publisher, served)
+        state = TrainLoop(cfg.train, cfg.trainer, parts, resume=resume).run()
+        failed = False
     except Exception as exc:
         logging.getLogger("swerl.train").exception("training failed")
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if leader is not None:
+            leader.stop(failed=failed)
         if publisher is not None:
             publisher.close()
         if admin is not None:

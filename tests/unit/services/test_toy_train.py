@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from services.local_stack import StackError, adapter_env
 from services.toy_train import (
     MetricsFollower,
     configured_steps,
+    main,
     progress_line,
     toy_model_dir,
+    trainer_command,
     trainer_env,
 )
 from trainer.loop.cli import load_run_config
@@ -107,3 +110,19 @@ def test_the_progress_total_comes_from_the_config(tmp_path: Path) -> None:
         bad.write_text(text)
         assert configured_steps(bad) is None, text
     assert configured_steps(tmp_path / "missing.yaml") is None
+
+
+def test_the_trainer_runs_under_torchrun_only_with_several_ranks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = CONFIGS / "toy_li2sao.yaml"
+    train = ["-m", "trainer", "train", "--config", str(config)]
+    assert trainer_command(config) == [sys.executable, *train]
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]
+    assert trainer_command(config, 3) == [sys.executable, *launcher, *train]
+    with pytest.raises(StackError, match="--nproc must be >= 1, got 0"):
+        trainer_command(config, 0)
+    with pytest.raises(SystemExit) as exit_info:  # refused before any service starts
+        main(["--config", str(config), "--run-dir", "/nonexistent/x", "--nproc", "0"])
+    assert exit_info.value.code == 2
+    assert "--nproc must be >= 1, got 0" in capsys.readouterr().err
