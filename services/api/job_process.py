@@ -81,6 +81,9 @@ class ProcessJobService:
         failures = 0
         while not self.stop_event.is_set():
             try:
+                if not self.ready_to_claim():
+                    self.stop_event.wait(self.cfg.poll_interval_s)
+                    continue
                 job = self.claims.claim(
                     self.kind, self.cfg.group, self.holder, self.cfg.lease_ttl_s, self.claim_limit
                 )
@@ -113,6 +116,15 @@ class ProcessJobService:
 
     # -- one job ----------------------------------------------------------------------------
 
+    def ready_to_claim(self) -> bool:
+        """Whether to claim now (subclasses: a multi-node leader waits for its followers)."""
+        return True
+
+    def job_problem(self, job_id: str) -> str | None:
+        """Why the running job must stop although its process runs (subclasses: a follower
+        node's process failed), checked while it runs; None: keep going."""
+        return None
+
     def run_job(self, job: Claim) -> None:
         """Prepare the job's command and :meth:`run_process` it (subclasses)."""
         raise NotImplementedError
@@ -143,20 +155,7 @@ class ProcessJobService:
     def _spawn(
         self, argv: list[str], out: BinaryIO, env: Mapping[str, str]
     ) -> subprocess.Popen[bytes] | str:
-        """The process (its own process group, :attr:`stop_signal` when the service dies), or
-        why the command cannot be executed (missing, not executable)."""
-        stop = self.stop_signal
-
-        def die_with_parent() -> None:  # in the child between fork and exec
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, stop)
-
-        try:
-            return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=dict(env), start_new_session=True, preexec_fn=die_with_parent,
-            )  # fmt: skip
-        except OSError as exc:
-            return exc.strerror or str(exc)
+        return spawn_process(argv, out, env, self.stop_signal)
 
     def _watch(
         self, job_id: str, proc: subprocess.Popen[bytes], lease: LeaseKeeper, log_path: Path
@@ -172,6 +171,11 @@ class ProcessJobService:
                     job_id, JobState.CANCELLED, f"cancelled ({self.process_noun} exit {code})"
                 )
                 return
+            problem = self.job_problem(job_id)
+            if problem is not None:
+                code = self.terminate(proc)
+                self.finish(job_id, JobState.FAILED, f"{problem} ({self.process_noun} exit {code})")
+                return
             if self.stop_event.wait(0.2):
                 self.terminate(proc)
                 self.finish(job_id, JobState.QUEUED, f"{self.name} stopped: queued again")
@@ -181,11 +185,35 @@ class ProcessJobService:
 
     def terminate(self, proc: subprocess.Popen[bytes]) -> int:
         """:attr:`stop_signal` to the process group, SIGKILL after ``stop_grace_s``."""
-        if proc.poll() is None:
-            os.killpg(proc.pid, self.stop_signal)
-            try:
-                proc.wait(timeout=self.cfg.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        return terminate_process(proc, self.stop_signal, self.cfg.stop_grace_s)
+
+
+def spawn_process(
+    argv: list[str], out: BinaryIO, env: Mapping[str, str], stop: signal.Signals
+) -> subprocess.Popen[bytes] | str:
+    """``argv`` in its own process group, output to ``out``, ``stop`` sent to it when this
+    process dies (``PR_SET_PDEATHSIG``); or why it cannot be executed (missing, not
+    executable)."""
+
+    def die_with_parent() -> None:  # in the child between fork and exec
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, stop)
+
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            env=dict(env), start_new_session=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def terminate_process(proc: subprocess.Popen[bytes], stop: signal.Signals, grace_s: float) -> int:
+    """``stop`` to the process group, SIGKILL after ``grace_s``; the exit status."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, stop)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode

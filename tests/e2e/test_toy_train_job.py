@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -17,11 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.local_stack import LocalStack, start_toy_services
 from services.swerl_cli.client import ApiClient
-from services.toy_train import toy_model_dir
-from services.toy_train_job import split_config, start_job_services, start_trainer_service
+from services.toy_train_job import start_job_services, start_trainer_service
 from tests.support.paths import REPO_ROOT
+from tests.support.toy_jobs import toy_job_stack
 from tests.support.training_runs import run_composer
 from trainer.checkpoint import latest_checkpoint
 
@@ -83,33 +81,16 @@ def test_a_sigkilled_trainer_services_job_resumes_from_its_checkpoint_on_the_nex
     checkpoint after step 2; its training process dies with it (PR_SET_PDEATHSIG), the lease
     runs out, a second trainer service claims the job (attempt 2) and runs it with --resume
     from the checkpoint to the end."""
-    raw = yaml.safe_load((REPO_ROOT / "trainer" / "configs" / "toy_li2sao.yaml").read_text())
-    raw["train"]["checkpoint_every"] = 2
-    base, ids, spec = split_config(raw, 5)
-    run_dir = tmp_path / "toy"
-    run_dir.mkdir()
-    dataset = run_dir / "train-ids.txt"
-    dataset.write_text("\n".join(ids) + "\n")
-    checkpoints = run_dir / "checkpoints"
-    model = toy_model_dir()
-    worker, admin, token = (secrets.token_hex(16) for _ in range(3))
-    stack = LocalStack(run_dir)
-    try:
-        svc = start_toy_services(stack, model, worker, slots=8, admin_token=admin)
-        env = {"SWERL_MANAGER__REDIS_URL": svc.redis_url,
-               "SWERL_PUBLISH__ADAPTER_URL": svc.adapter_url,
-               "SWERL_PUBLISH__ADMIN_TOKEN": admin,
-               "SWERL_PUBLISH__WEIGHTS_DIR": str(run_dir / "weights")}  # fmt: skip
-        url = start_job_services(stack, run_dir, base, svc.redis_url, env, token)
-        api = ApiClient(url, token)
-        full = {**spec, "model": str(model), "dataset": str(dataset),
-                "checkpoint_dir": str(checkpoints)}  # fmt: skip
-        job_id = api.submit("train", full, None)["id"]
+    with toy_job_stack(tmp_path, 5, {"checkpoint_every": 2}) as toy:
+        stack, run_dir, checkpoints = toy.stack, toy.run_dir, toy.checkpoints
+        url = start_job_services(stack, run_dir, toy.base, toy.redis_url, toy.env, toy.token)
+        api = ApiClient(url, toy.token)
+        job_id = api.submit("train", toy.spec, None)["id"]
         wait_for(lambda: latest_checkpoint(checkpoints), 300, "checkpoint", run_dir)
         first = stack.procs["trainer-service"]
         os.kill(first.pid, signal.SIGKILL)
         first.popen.wait(timeout=30)
-        start_trainer_service(stack, "trainer-service-2", run_dir, svc.redis_url, env)
+        start_trainer_service(stack, "trainer-service-2", run_dir, toy.redis_url, toy.env)
 
         def ended() -> dict | None:
             job = api.job(job_id)
@@ -117,8 +98,6 @@ def test_a_sigkilled_trainer_services_job_resumes_from_its_checkpoint_on_the_nex
 
         job = wait_for(ended, 400, "end of the job", run_dir)
         api.close()
-    finally:
-        stack.stop_all()
     assert isinstance(job, dict)
     assert job["state"] == "succeeded", job
     assert job["attempt"] == 2 and job["progress"]["current_step"] == 5

@@ -8,6 +8,11 @@ it, like the driver) and fails with exit 1 when there is none; a missing config 
 
 Each start appends ``{pid, resume, start_step, config}`` to ``RUN_DIR/invocations.jsonl`` so a
 test sees every attempt. ``SWERL_STANDIN_STEP_S`` (default 0.3) is the time of one step.
+
+``SWERL_STANDIN_ROLE=follower`` plays a follower node's ranks: it appends its start to
+``RUN_DIR/invocations-follower.jsonl``, takes the steps' time and writes nothing else (rank 0
+writes metrics and checkpoints). ``SWERL_STANDIN_EXIT=N`` exits with ``N`` after the first
+step (a crashing rank).
 """
 
 from __future__ import annotations
@@ -51,11 +56,19 @@ def main(argv: list[str] | None = None) -> int:
         start = int(read_manifest(latest)["step"])
         truncate_steps(run_dir / METRICS_FILE, start)
     run_dir.mkdir(parents=True, exist_ok=True)
+    follower = os.environ.get("SWERL_STANDIN_ROLE") == "follower"
     invocation = {"pid": os.getpid(), "resume": args.resume, "start_step": start}
-    _append(run_dir / "invocations.jsonl", {**invocation, "config": args.config})
+    name = "invocations-follower.jsonl" if follower else "invocations.jsonl"
+    _append(run_dir / name, {**invocation, "config": args.config})
     step_s = float(os.environ.get("SWERL_STANDIN_STEP_S", "0.3"))
+    crash = os.environ.get("SWERL_STANDIN_EXIT")
     for step in range(start + 1, steps + 1):
         time.sleep(step_s)
+        if crash is not None:
+            print(f"error: rank crashed at step {step}", file=sys.stderr)
+            return int(crash)
+        if follower:
+            continue
         write_checkpoint(ckpts / f"step-{step}", {}, {"step": step})
         row = {"step": step, "phase": "bootstrap" if step <= 2 else "single",
                "reward/mean": step / steps, "version": step}  # fmt: skip

@@ -8,6 +8,7 @@ import signal
 from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
 from services.queue.connection import connect
 from trainer.service.config import SECTION, TrainerServiceConfig
+from trainer.service.follower import TrainerFollower
 from trainer.service.service import TrainerService
 
 DESCRIPTION = """\
@@ -17,6 +18,11 @@ Trainer service of swerl: claims the train jobs of its trainer group from the jo
 command on it, heartbeats the job's lease with the run's progress (step, phase, reward from
 metrics.jsonl), honours cancel, and marks the job succeeded or failed from the exit status.
 A job whose trainer died is claimed again and started with --resume from its checkpoint dir.
+
+A group spanning N nodes (nnodes = N): the service on node rank 0 (the leader) claims a job
+only while the services of ranks 1..N-1 (the followers) are present, and hands it to them;
+each follower runs the same run config with its own command (its torchrun --node-rank) and
+stops when the job ends. A follower never claims.
 See docs/training.md ("The trainer service") and docs/api.md ("Execution").
 """
 
@@ -33,6 +39,7 @@ examples:
   python -m trainer serve --redis redis://127.0.0.1:6379/0 --group default
   python -m trainer serve --config node.yaml --base-config /etc/swerl/trainer.yaml
   python -m trainer serve --print-config
+  python -m trainer serve --nnodes 4 --node-rank 2   # a follower node of a 4-node group
 """
 
 
@@ -45,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lease-ttl", type=float, metavar="S", help="lease of a claimed job in seconds (30)"
     )
+    p.add_argument("--nnodes", type=int, metavar="N", help="nodes of the group's torchrun (1)")
+    p.add_argument("--node-rank", type=int, metavar="R", help="this node's rank; 0 leads (0)")
     add_common_arguments(p, SECTION)
     return p.parse_args(argv)
 
@@ -57,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         "base_config": args.base_config,
         "runs_dir": args.runs_dir,
         "lease_ttl_s": args.lease_ttl,
+        "nnodes": args.nnodes,
+        "node_rank": args.node_rank,
     }
     cfg = load_cli_config(TrainerServiceConfig, SECTION, args, overrides)
     if isinstance(cfg, int):
         return cfg
     configure_logging(cfg.log_level)
     client = connect(cfg.redis_url)
-    service = TrainerService(cfg, client)
+    service = TrainerFollower(cfg, client) if cfg.node_rank > 0 else TrainerService(cfg, client)
     signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.config import StrictModel, register_section
 from services.protocol.ids import Ident
@@ -35,7 +35,19 @@ class TrainerServiceConfig(StrictModel):
     stop_grace_s: float = Field(
         30.0, ge=0, le=3600, description="SIGTERM to SIGKILL of a stopped training process"
     )
+    nnodes: int = Field(
+        1, ge=1, le=1024, description="nodes of the group's torchrun (>1: a multi-node group)"
+    )
+    node_rank: int = Field(
+        0, ge=0, description="this node's rank: 0 claims jobs (the leader), >0 joins them"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> TrainerServiceConfig:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        return self
 
 
 register_section(SECTION, TrainerServiceConfig)

@@ -12,6 +12,12 @@ dead attempt left no complete checkpoint: then it starts over). The training pro
 SIGTERM when the service dies (``PR_SET_PDEATHSIG``), so a SIGKILLed service leaves no trainer
 writing into the checkpoint dir its successor resumes from. The claim / lease / child-process
 loop is :class:`services.api.job_process.ProcessJobService`'s.
+
+A multi-node group (``nnodes > 1``): this service is node rank 0, the leader. It claims only
+while every follower node is present, publishes the claimed job as the group's assignment
+(the run config's text, ``resume``) for the followers (:mod:`trainer.service.follower`) to
+run their torchrun on, withdraws it when its own process ends, and fails the job as soon as
+a follower's process fails (:mod:`trainer.service.nodes`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,6 +38,7 @@ from services.api.schemas import JobKind, JobState, Progress
 from trainer.checkpoint import latest_checkpoint
 from trainer.loop.metrics import METRICS_FILE
 from trainer.service.config import TrainerServiceConfig
+from trainer.service.nodes import Assignment, NodeDirectory
 from trainer.service.spec import SpecError, load_base, training_env, write_run_config
 
 TAIL_BYTES = 65536  # metrics.jsonl is read from its end: its last complete line
@@ -83,6 +91,42 @@ class TrainerService(ProcessJobService):
         self.cfg: TrainerServiceConfig = cfg
         self.base = load_base(cfg.base_config)
         self.command = cfg.command or [sys.executable, "-m", "trainer", "train"]
+        self.nodes = NodeDirectory(client, cfg.key_prefix, cfg.group)
+        self._waiting_for: list[int] = []
+        self._running: Assignment | None = None
+        self._checked = 0.0
+
+    # -- a multi-node group: the leader's side (trainer.service.nodes) ------------------------
+    @property
+    def multi_node(self) -> bool:
+        return self.cfg.nnodes > 1
+
+    def ready_to_claim(self) -> bool:
+        """A multi-node leader claims only while every follower node is present."""
+        if not self.multi_node:
+            return True
+        missing = self.nodes.missing(self.cfg.nnodes)
+        if missing != self._waiting_for:
+            if missing:
+                self.log.info("group %r: waiting for follower nodes %s before claiming",
+                              self.cfg.group, missing)  # fmt: skip
+            else:
+                self.log.info("group %r: all %d nodes present", self.cfg.group, self.cfg.nnodes)
+            self._waiting_for = missing
+        return not missing
+
+    def job_problem(self, job_id: str) -> str | None:
+        """A follower node's process of this attempt failed (checked once per poll)."""
+        running = self._running
+        now = time.monotonic()
+        if running is None or now - self._checked < self.cfg.poll_interval_s:
+            return None
+        self._checked = now
+        failed = self.nodes.failed_followers(running.job_id, running.attempt)
+        if not failed:
+            return None
+        ranks = ", ".join(f"node {r} exited with {c}" for r, c in sorted(failed.items()))
+        return f"a follower node failed: {ranks} (see attempt-{running.attempt}.node<R>.log)"
 
     def run_job(self, job: Claim) -> None:
         """Run one claimed job until it ends, its lease is lost or the service stops."""
@@ -93,13 +137,32 @@ class TrainerService(ProcessJobService):
         except SpecError as exc:
             self.finish(job.job_id, JobState.FAILED, f"cannot start: {exc}")
             return
-        argv = [*self.command, "--config", str(config)]
-        if self._resumes(job, raw):
-            argv.append("--resume")
+        resume = self._resumes(job, raw)
+        argv = [*self.command, "--config", str(config), *(["--resume"] if resume else [])]
         steps = int(raw["steps"])
-        report = lambda: progress_of(last_metrics(run_dir), steps)  # noqa: E731
         log_path = run_dir / f"attempt-{job.attempt}.log"
-        self.run_process(job, argv, log_path, training_env(self.environ), report)
+        if not self.multi_node:
+            report = lambda: progress_of(last_metrics(run_dir), steps)  # noqa: E731
+            self.run_process(job, argv, log_path, training_env(self.environ), report)
+            return
+        # the followers run the same file: the assignment lives while the lease does
+        assignment = Assignment(
+            job_id=job.job_id, attempt=job.attempt, config=config.read_text(), resume=resume
+        )
+        value = self.nodes.assign(assignment, self.cfg.lease_ttl_s)
+        self.store.log(job.job_id, f"attempt {job.attempt}: assigned to the group's "
+                       f"{self.cfg.nnodes} nodes")  # fmt: skip
+
+        def report() -> tuple[Progress, dict[str, float]]:
+            self.nodes.refresh(value, self.cfg.lease_ttl_s)  # at each heartbeat of the lease
+            return progress_of(last_metrics(run_dir), steps)
+
+        self._running = assignment
+        try:
+            self.run_process(job, argv, log_path, training_env(self.environ), report)
+        finally:
+            self._running = None
+            self.nodes.clear(value)  # the followers stop their processes
 
     def _resumes(self, job: Claim, raw: Mapping[str, object]) -> bool:
         if raw.get("resume"):

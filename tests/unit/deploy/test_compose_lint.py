@@ -76,6 +76,10 @@ def test_engines_expose_metrics_and_gpu_services_reserve_gpus(compose: dict[str,
     assert per_job.startswith("[torchrun, ") and per_job.endswith(", -m, trainer, train]")
     for flag in ("--nnodes=${NNODES", "--node-rank=${NODE_RANK", "--master-addr=${MASTER_ADDR"):
         assert flag in per_job
+    # the service knows the same place in the group: rank 0 claims, the others follow
+    env = trainer["environment"]
+    assert env["SWERL_TRAINER_SERVICE__NNODES"] == "${NNODES:-1}"
+    assert env["SWERL_TRAINER_SERVICE__NODE_RANK"] == "${NODE_RANK:-0}"
 
 
 def test_the_sandbox_state_dir_is_the_same_path_inside_and_out(compose: dict[str, Any]) -> None:

@@ -30,13 +30,19 @@ def api(redis_url: str, tmp_path: Path) -> Iterator[ApiServer]:
 
 @pytest.fixture
 def start_service(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    """``start_service(step_s=0.3, command=None, base=None)``: a trainer service of group
-    ``default`` with a 3 s lease, the driver stand-in as its training command unless
-    ``command``; ``base`` is laid over its base run file; runs land in ``tmp_path/runs``."""
+    """``start_service(step_s=0.3, command=None, base=None, nodes=None, env=None)``: a trainer
+    service of group ``default`` with a 3 s lease, the driver stand-in as its training command
+    unless ``command``; ``base`` is laid over its base run file; ``nodes``: ``(nnodes,
+    node_rank)`` of a multi-node group; ``env`` added to its environment; runs land in
+    ``tmp_path/runs``."""
     started: list[ManagedProcess] = []
 
     def start(
-        step_s: float = 0.3, command: list[str] | None = None, base: dict[str, Any] | None = None
+        step_s: float = 0.3,
+        command: list[str] | None = None,
+        base: dict[str, Any] | None = None,
+        nodes: tuple[int, int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> ManagedProcess:
         n = len(started)
         sections: dict[str, Any] = {"train": {"publish": False}}  # no adapter in these tests
@@ -53,12 +59,14 @@ def start_service(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Mana
                 "stop_grace_s": 5.0,
             }
         }
+        if nodes is not None:
+            cfg["trainer_service"].update(nnodes=nodes[0], node_rank=nodes[1])
         path = tmp_path / f"service{n}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         argv = [sys.executable, "-m", "trainer", "serve", "--config", str(path)]
         argv += ["--redis", redis_url, "--runs-dir", str(tmp_path / "runs")]
-        env = {"SWERL_STANDIN_STEP_S": str(step_s), "PYTHONDONTWRITEBYTECODE": "1"}
-        proc = launch(f"trainer-service-{n}", argv, tmp_path / f"service{n}.log", env=env,
+        extra = {"SWERL_STANDIN_STEP_S": str(step_s), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+        proc = launch(f"trainer-service-{n}", argv, tmp_path / f"service{n}.log", env=extra,
                       cwd=REPO_ROOT, grace_s=10)  # fmt: skip
         started.append(proc)
         return proc
