@@ -49,6 +49,7 @@ def run(model_dir: str, batch_file: str, export_dir: str, world: int) -> dict:
         "stepped": dict(backend.named_weights()),
         "value_head": backend.critic.value_head.weight.detach().clone(),
         "save_refused": refused,
+        "checkpoint_problem": backend.checkpoint_problem(),  # known before any save
     }
 
 
@@ -66,6 +67,7 @@ def run_data_parallel(model_dir: str, batch_file: str) -> dict:
         "stepped": dict(backend.named_weights()),
         "value_head": backend.critic.value_head.weight.detach().clone(),
         "world": backend.dp.world,
+        "checkpoint_problem": backend.checkpoint_problem(),
     }
 
 

@@ -11,6 +11,8 @@ backend only through :class:`TrainerBackend`:
 * ``export_hf(dir)`` -- the actor as a Hugging Face directory (safetensors, config, tokenizer)
   that transformers and the engines' ``/update_weights_from_disk`` load;
 * ``named_weights()`` -- the actor's tensors under their HF names (distributed weight sync);
+* ``checkpoint_problem()`` -- why ``save`` / ``load`` cannot work with this layout (None
+  when they can), asked before a run starts rather than at its first checkpoint;
 * ``save(dir, extra)`` / ``load(dir) -> extra`` -- a full checkpoint: actor, critic, both
   optimisers, the policy version, the step counter and RNG states, plus the caller's own
   JSON state (the driver's readiness gate, data cursor);
@@ -91,6 +93,8 @@ class TrainerBackend(Protocol):
     def export_hf(self, directory: str | Path) -> Path: ...
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]: ...
+
+    def checkpoint_problem(self) -> str | None: ...
 
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path: ...
 

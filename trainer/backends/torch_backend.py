@@ -727,6 +727,10 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def checkpoint_problem(self) -> str | None:
+        """Why :meth:`save` would fail (never: every layout checkpoints)."""
+        return None
+
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
         """Full checkpoint: actor, critic, both optimisers and schedulers, version, steps, RNG
         states, and the caller's JSON-serialisable ``extra`` state (returned by :meth:`load`).

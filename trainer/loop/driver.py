@@ -83,6 +83,9 @@ class TrainLoop:
         self.step = 0
         self.skipped = 0
         self.checkpoint_dir = Path(trainer.checkpoint.dir or Path(train.run_dir) / "checkpoints")
+        problem = self.backend.checkpoint_problem()
+        if problem is not None:  # a run checkpoints (checkpoint_every, its last step): fail now
+            raise CheckpointError(f"this run cannot checkpoint: {problem}")
         resume_step = self._resume() if resume else self._check_fresh()
         self.log = MetricsLog(train.run_dir, tensorboard=train.tensorboard, resume_step=resume_step)
         self.evaluator = PeriodicEval(parts.manager, train, writer=self.log.writer)

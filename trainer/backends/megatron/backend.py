@@ -509,11 +509,18 @@ class MegatronBackend(TorchBackend):
         self._one_process_checkpoints()
         return torch_checkpoint.load(self, directory)
 
-    def _one_process_checkpoints(self) -> None:
+    def checkpoint_problem(self) -> str | None:
+        """Why :meth:`save` / :meth:`load` would fail with this layout (None: they work)."""
         parallel = self.config.megatron.tensor_parallel * self.pp * self.ep
         if parallel > 1 or self.dp.enabled:
-            raise BackendError(
+            return (
                 "checkpoints of the megatron backend under tensor, pipeline, expert or data "
                 "parallel are not built yet (Megatron dist-checkpointing); one-process "
                 "checkpoints are"
             )
+        return None
+
+    def _one_process_checkpoints(self) -> None:
+        problem = self.checkpoint_problem()
+        if problem is not None:
+            raise BackendError(problem)

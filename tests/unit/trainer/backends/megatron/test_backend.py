@@ -267,6 +267,9 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
     assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
+    assert two["checkpoint_problem"] == two["save_refused"]  # the driver refuses before step 1
+    assert two["dp"]["checkpoint_problem"] == two["save_refused"]
+    assert one.checkpoint_problem() is None  # one process checkpoints
     # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
     dp = two["dp"]
     assert dp["world"] == 2
