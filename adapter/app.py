@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -51,12 +51,15 @@ from adapter.service import AdapterService
 from adapter.weight_sync import DistributedWeights
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
+if TYPE_CHECKING:
+    from adapter.relay import RelayService
+
 log = logging.getLogger("adapter.app")
 
 ROUTERS = (chat, trajectories, admin, health)
 
 
-def create_app(service: AdapterService) -> FastAPI:
+def create_app(service: AdapterService | RelayService) -> FastAPI:
     """The FastAPI application around ``service`` (started and stopped with the app)."""
 
     @asynccontextmanager
@@ -69,7 +72,8 @@ def create_app(service: AdapterService) -> FastAPI:
 
     app = FastAPI(title="swerl adapter", lifespan=lifespan)
     app.state.service = service
-    app.state.distributed = DistributedWeights(service.router, service.weights)
+    relay = service.router is None  # relay mode: no engines, no weights
+    app.state.distributed = None if relay else DistributedWeights(service.router, service.weights)
     install_error_handlers(app)
     if not service.access.training_mode:
         log.warning(

@@ -35,13 +35,46 @@ class RefreshMode(StrEnum):
     TOKEN = "token"  # pause the engines (abort mode), load, continue the interrupted requests
 
 
+class UpstreamConfig(StrictModel):
+    """Relay mode: an OpenAI-compatible endpoint answers instead of SGLang engines."""
+
+    url: str = Field(
+        min_length=1,
+        description="base URL of the endpoint, up to /v1 (POST {url}/chat/completions)",
+    )
+    model: str = Field(min_length=1, description="the model name the endpoint is asked for")
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable holding the endpoint's API key (never the key itself)",
+    )
+    timeout_s: float = Field(default=600.0, gt=0, description="one completion's time limit")
+    max_connections: int = Field(default=64, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        url = value.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream URL must start with http:// or https://, got {url!r}")
+        return url
+
+
 class AdapterConfig(StrictModel):
     """Everything the adapter needs; see docs/adapter.md for what each key does."""
 
     engines: list[str] = Field(
-        min_length=1, description="base URLs of the SGLang(-protocol) engines"
+        default_factory=list,
+        description="base URLs of the SGLang(-protocol) engines (empty only in relay mode)",
     )
-    model: str = Field(min_length=1, description="model directory (tokenizer + chat template)")
+    model: str = Field(
+        default="", description="model directory (tokenizer + chat template; not in relay mode)"
+    )
+    upstream: UpstreamConfig | None = Field(
+        default=None,
+        description="relay mode: answer from this OpenAI-compatible endpoint and record text "
+        "turns (no tokens; such records are not trainable)",
+    )
     redis_url: str = Field(default="redis://127.0.0.1:6379/0")
     key_prefix: str = Field(default="swerl:", min_length=1)
     host: str = "127.0.0.1"
@@ -175,6 +208,22 @@ class AdapterConfig(StrictModel):
             **{k: v for k, v in defaults.items() if data.get(k) is None},
             **{k: v for k, v in data.items() if not (k in defaults and v is None)},
         }
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> AdapterConfig:
+        if self.upstream is not None:
+            if self.engines:
+                raise ValueError("engines and upstream exclude each other (relay mode has none)")
+            return self
+        if not self.engines:
+            raise ValueError("engines: at least one engine URL (or upstream for relay mode)")
+        if not self.model:
+            raise ValueError("model: the model directory is required (or upstream for relay mode)")
+        return self
+
+    @property
+    def relay(self) -> bool:
+        return self.upstream is not None
 
     @model_validator(mode="after")
     def _check_credentials(self) -> AdapterConfig:

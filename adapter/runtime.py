@@ -89,6 +89,14 @@ class TrajectoryRuntime:
         for name, delta in committed.counters.items():
             self._pending_counters[name] = self._pending_counters.get(name, 0) + delta
 
+    def add_entries(self, entries: list[bytes], counters: dict[str, int]) -> None:
+        """Queue entries that are not token turns (relay mode's text turns) and their counters."""
+        if not self.lock.locked():
+            raise RuntimeInvariantError(f"{self.trajectory_id}: entries added without its lock")
+        self._pending_entries.extend(entries)
+        for name, delta in counters.items():
+            self._pending_counters[name] = self._pending_counters.get(name, 0) + delta
+
     def _current_index(self) -> int:
         if self._state is None:
             raise RuntimeInvariantError(

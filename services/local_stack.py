@@ -93,6 +93,20 @@ class LocalStack:
                     http_ok(f"{url}/health"), env=env)  # fmt: skip
         return url
 
+    def start_relay_adapter(
+        self, upstream: str, model: str, key_env: str | None, redis_url: str, env: dict[str, str]
+    ) -> str:
+        """The adapter in relay mode in front of the OpenAI-compatible ``upstream`` (its API
+        key read from ``$key_env`` by the adapter, never passed on). Its URL."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        key = ["--upstream-key-env", key_env] if key_env else []
+        self.python("adapter", "adapter",
+                    ["--upstream-url", upstream, "--upstream-model", model, *key,
+                     "--redis", redis_url, "--port", str(port)],
+                    http_ok(f"{url}/health"), env=env)  # fmt: skip
+        return url
+
     def stop_all(self) -> None:
         """Stop processes newest first, each fully before the next (the worker drains while
         Redis is still up): SIGTERM, then SIGKILL after ``STOP_GRACE_S``."""

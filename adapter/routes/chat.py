@@ -82,7 +82,7 @@ def _models(service: AdapterService) -> dict[str, Any]:
         "object": "model",
         "created": 0,
         "owned_by": "swerl",
-        "max_model_len": service.renderer.context_length,
+        "max_model_len": service.context_length,
     }
     return {"object": "list", "data": [model]}
 

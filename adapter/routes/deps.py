@@ -25,7 +25,12 @@ async def get_service(request: Request) -> AdapterService:
 
 
 async def get_distributed(request: Request) -> DistributedWeights:
-    distributed: DistributedWeights = request.app.state.distributed
+    distributed: DistributedWeights | None = request.app.state.distributed
+    if distributed is None:
+        raise APIError(
+            409, "relay mode: the adapter serves an upstream endpoint, it has no weights",
+            code="relay_mode",
+        )  # fmt: skip
     return distributed
 
 

@@ -1,5 +1,9 @@
 """Generation mode: run the training scaffold on every instance and write ``predictions.jsonl``.
 
+With ``--model-url`` the engines are replaced by any OpenAI-compatible endpoint: the adapter
+runs in relay mode (``adapter/relay.py``) and records text-only trajectories; the rest is the
+same.
+
 The same path as a training rollout, on one machine (``services/local_stack.py``, as
 ``services/demo.py`` composes it): a private Redis, the engines (``--engine-url``: SGLang
 serving the checkpoint; else the reference engine on CPU, scripted with ``--engine-script``),
@@ -38,18 +42,27 @@ def say(msg: str) -> None:
 
 
 def model_name(args: argparse.Namespace) -> str:
-    return args.model_name or Path(args.model).name
+    if args.model_name:
+        return str(args.model_name)
+    return str(args.upstream_model) if args.model_url else Path(args.model).name
 
 
 def start_engines_and_adapter(stack: LocalStack, args: argparse.Namespace) -> tuple[str, str]:
-    """Redis, the engines (unless --engine-url) and the adapter; their URLs."""
+    """Redis, the engines (unless --engine-url) and the adapter -- or, with --model-url, the
+    adapter relaying to that endpoint (text-only records); their URLs."""
     redis_url = stack.start_redis()
+    env = {"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN}
+    if args.model_url:
+        say(f"relaying to {args.model_url} (model {args.upstream_model}): text-only records")
+        url = stack.start_relay_adapter(
+            args.model_url, args.upstream_model, args.api_key_env, redis_url, env
+        )
+        return redis_url, url
     engines = list(args.engine_url or [])
     if not engines:
         script = Path(args.engine_script) if args.engine_script else None
         engines.append(stack.start_reference_engine("engine", Path(args.model), script))
     say(f"engines: {', '.join(engines)}")
-    env = {"SWERL_ADAPTER__WORKER_TOKEN": WORKER_TOKEN}
     adapter_url = stack.start_adapter(engines, Path(args.model), redis_url, env)
     return redis_url, adapter_url
 

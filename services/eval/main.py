@@ -177,7 +177,14 @@ def generate_first(args: argparse.Namespace) -> int | None:
     """Generation mode: write ``predictions.jsonl`` into the report directory and point
     ``args.predictions`` at it; an exit status when the run cannot go on, else None."""
     root = Path(args.report_dir)
-    if not Path(args.model).is_dir():
+    if args.model_url:
+        if not args.upstream_model:
+            raise SetupError("--model-url needs --upstream-model (the endpoint's model name)")
+        if not args.model_url.startswith(("http://", "https://")):
+            raise SetupError(f"--model-url must start with http:// or https://: {args.model_url}")
+        if args.api_key_env and not os.environ.get(args.api_key_env):
+            raise SetupError(f"--api-key-env: ${args.api_key_env} is not set")
+    elif not Path(args.model).is_dir():
         raise SetupError(f"--model {args.model}: no such checkpoint directory")
     run_dir = root / RUN_EVALUATION_LOG_DIR / (args.run_id or Path(PREDICTIONS_FILE).stem)
     for existing in (root / PREDICTIONS_FILE, run_dir):
@@ -209,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.state_root:  # the generation's sandbox worker reads its backend settings from here
         os.environ["SWERL_WORKER__ROLLOUT__BACKEND__STATE_ROOT"] = args.state_root
     try:
-        if args.model is not None and (code := generate_first(args)) is not None:
+        generates = args.model is not None or args.model_url is not None
+        if generates and (code := generate_first(args)) is not None:
             return code
         plan = plan_run(args)
     except (DatasetError, SetupError) as exc:

@@ -19,6 +19,12 @@ token. Records written before runs existed (no ``vr`` in the header) load as one
 Token data is stored packed (see :mod:`services.protocol.packing`). Wire format of one turn
 (``Turn.to_bytes``): ``b"SWT1"``, a little-endian u32 header length, a compact JSON header, then
 the packed observation ids, output ids and output logprobs whose lengths the header gives.
+
+A record made by the adapter in **relay mode** (an arbitrary OpenAI-compatible upstream,
+docs/adapter.md "Relay mode") has no segments: its turns are :class:`TextTurn` entries
+(``b"SWX1"`` + JSON): the request's messages new since the previous turn, the answer message,
+usage and timing. It has no token ids and no behaviour logprobs, so the trainer refuses it; it
+serves evaluation and inspection.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from services.protocol.packing import float_array, int_array, pack, unpack
 
 TURN_MAGIC = b"SWT1"
 SEGMENT_MAGIC = b"SWS1"
+TEXT_TURN_MAGIC = b"SWX1"
 
 
 class ProtocolError(ValueError):
@@ -192,6 +199,66 @@ class Turn:
         }
 
 
+@dataclass
+class TextTurn:
+    """One answered chat completion of a relay-mode trajectory (text, no tokens).
+
+    ``messages`` are the request's messages after those already recorded (the previous turns'
+    requests and answers); when the request's history does not extend the recorded
+    conversation (a condensed or rewritten history) ``history_reset`` is True and ``messages``
+    is the request's whole history.
+    """
+
+    messages: list[dict[str, Any]]
+    response: dict[str, Any]
+    finish_reason: str = "stop"
+    history_reset: bool = False
+    model: str = ""
+    engine: str = ""  # the upstream's base URL
+    started_at: float = 0.0
+    latency_s: float = 0.0
+    usage: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "response": self.response,
+            "finish_reason": self.finish_reason,
+            "history_reset": self.history_reset,
+            "model": self.model,
+            "engine": self.engine,
+            "started_at": self.started_at,
+            "latency_s": self.latency_s,
+            "usage": dict(self.usage),
+        }
+
+    def to_bytes(self) -> bytes:
+        return TEXT_TURN_MAGIC + json.dumps(self.to_json(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TextTurn:
+        if data[:4] != TEXT_TURN_MAGIC:
+            raise ProtocolError("not a text turn record (bad magic)")
+        try:
+            raw = json.loads(data[4:])
+            turn = cls(
+                messages=list(raw["messages"]),
+                response=dict(raw["response"]),
+                finish_reason=str(raw.get("finish_reason", "stop")),
+                history_reset=bool(raw.get("history_reset", False)),
+                model=str(raw.get("model", "")),
+                engine=str(raw.get("engine", "")),
+                started_at=float(raw.get("started_at", 0.0)),
+                latency_s=float(raw.get("latency_s", 0.0)),
+                usage={str(k): int(v) for k, v in dict(raw.get("usage", {})).items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProtocolError(f"bad text turn: {exc}") from exc
+        if not all(isinstance(m, dict) for m in turn.messages):
+            raise ProtocolError("bad text turn: messages must be objects")
+        return turn
+
+
 def check_version_runs(runs: list[tuple[int, int]], weight_version: int, n_tokens: int) -> None:
     """Runs start at 0 with ``weight_version``, then strictly increasing starts inside the
     output and a different version each (raises ProtocolError)."""
@@ -336,10 +403,16 @@ class TrajectoryRecord:
     segments: list[Segment] = field(default_factory=list)
     outcome: Outcome | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    text_turns: list[TextTurn] = field(default_factory=list)  # relay mode only
 
     @property
     def n_turns(self) -> int:
-        return sum(len(s.turns) for s in self.segments)
+        return sum(len(s.turns) for s in self.segments) + len(self.text_turns)
+
+    @property
+    def text_only(self) -> bool:
+        """Recorded in relay mode: text turns, no tokens (not trainable)."""
+        return bool(self.text_turns)
 
     @property
     def n_generated_tokens(self) -> int:
@@ -364,6 +437,7 @@ class TrajectoryRecord:
             ],
             "outcome": self.outcome.model_dump(mode="json") if self.outcome else None,
             "counters": dict(self.counters),
+            **({"text_turns": [t.to_json() for t in self.text_turns]} if self.text_turns else {}),
         }
 
     def to_entries(self) -> list[bytes]:
@@ -376,6 +450,7 @@ class TrajectoryRecord:
         for seg in self.segments:
             entries.append(seg.header_bytes())
             entries.extend(t.to_bytes() for t in seg.turns)
+        entries.extend(t.to_bytes() for t in self.text_turns)
         return entries
 
     @classmethod
@@ -394,6 +469,8 @@ class TrajectoryRecord:
                 if not rec.segments:
                     raise ProtocolError("turn entry before any segment entry")
                 rec.segments[-1].turns.append(Turn.from_bytes(raw))
+            elif raw[:4] == TEXT_TURN_MAGIC:
+                rec.text_turns.append(TextTurn.from_bytes(raw))
             else:
                 raise ProtocolError("unknown record entry (bad magic)")
         return rec

@@ -33,6 +33,8 @@ examples:
         --report-dir runs/eval --image-namespace swebench --workers 8 --resume
   swerl eval --dataset swe-bench-verified.parquet --model /ckpt/step-200 \\
         --engine-url http://sglang-0:30000,http://sglang-1:30000 --report-dir runs/eval-200
+  LLM_KEY=... swerl eval --dataset swe-bench-verified.parquet --model-url https://llm/v1 \
+        --upstream-model some-model --api-key-env LLM_KEY --report-dir runs/eval-endpoint
 
 exit status:
   0  the run report was written
@@ -71,6 +73,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                              "training on this checkpoint (its tokenizer and chat template; "
                              "served by --engine-url, else by the CPU reference engine), "
                              "then grade")  # fmt: skip
+    source.add_argument("--model-url", metavar="URL",
+                        help="generate the predictions first with any OpenAI-compatible "
+                             "endpoint (base URL up to /v1; --upstream-model names its model): "
+                             "the same agent and limits, the adapter relaying and recording "
+                             "text-only trajectories, then grade")  # fmt: skip
     p.add_argument("--report-dir", default="swerl-eval", metavar="DIR",
                    help="where logs and the run report go (default ./swerl-eval)")  # fmt: skip
     p.add_argument("--run-id", metavar="ID",
@@ -107,16 +114,24 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                         "eval_script, else the harness's spec for repo/version); 'swerl' = "
                         "swerl's pytest script (the mini set); 'auto' (default): harness "
                         "where it has a spec")  # fmt: skip
-    g = p.add_argument_group("generation (with --model)")
+    g = p.add_argument_group("generation (with --model or --model-url)")
     g.add_argument("--engine-url", type=_id_list, metavar="URL,URL,...",
                    help="SGLang-protocol engines serving --model (default: start the reference "
                         "engine on CPU, for small models and tests)")  # fmt: skip
     g.add_argument("--engine-script", metavar="FILE",
                    help="test machinery: the reference engine replays this scripted policy "
                         "(sandbox_worker/tasks/scripted.py) instead of sampling")  # fmt: skip
+    g.add_argument(
+        "--upstream-model",
+        metavar="NAME",
+        help="--model-url: the model the endpoint is asked for (required there)",
+    )
+    g.add_argument("--api-key-env", metavar="VAR",
+                   help="--model-url: environment variable holding the endpoint's API key "
+                        "(the key is never on a command line or in a sandbox)")  # fmt: skip
     g.add_argument("--model-name", metavar="NAME",
                    help="model_name_or_path of the predictions (default: the --model "
-                        "directory's name)")  # fmt: skip
+                        "directory's name, or --upstream-model)")  # fmt: skip
     g.add_argument("--max-steps", type=positive_int, default=300, metavar="N",
                    help="agent steps (LLM calls) per instance, as in training (300)")  # fmt: skip
     g.add_argument("--wall-time", type=positive_int, default=3600, metavar="S",

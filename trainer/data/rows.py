@@ -59,12 +59,18 @@ class SegmentRow:
 def check_record(record: TrajectoryRecord, vocab_size: int | None = None) -> None:
     """Raise :class:`RecordError` unless ``record`` is a finished, well-formed trajectory.
 
-    Checked: an outcome exists (the trajectory is finished); a trainable outcome has a finite
+    Checked: it has token turns (a relay-mode record has only text); an outcome exists (the
+    trajectory is finished); a trainable outcome has a finite
     reward; every segment has a non-empty prompt; generated ids and logprobs have equal lengths;
     logprobs are finite and <= 0; weight versions are >= 0; token ids lie in ``[0, vocab_size)``
     when the vocabulary size is given.
     """
     tid = record.meta.trajectory_id
+    if record.text_only:
+        raise RecordError(
+            f"trajectory {tid}: text-only record of a relay-mode adapter (no token ids, no "
+            "behaviour logprobs): not trainable"
+        )
     outcome = record.outcome
     if outcome is None:
         raise RecordError(f"trajectory {tid}: no outcome (the trajectory is not finished)")

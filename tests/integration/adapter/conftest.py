@@ -31,8 +31,9 @@ import uvicorn
 
 from adapter.app import create_app
 from adapter.config import AdapterConfig
+from adapter.lifecycle import open_store
 from adapter.rendering import Renderer
-from adapter.service import AdapterService, open_store
+from adapter.service import AdapterService
 from services.processes import free_port, start_in_parallel
 from tests.support.engines import ReferenceServer, launch_reference_server, tiny_model_path
 

@@ -212,3 +212,26 @@ def test_the_scripted_flag_round_trips_and_only_a_boolean_is_accepted() -> None:
     assert back.scripted and back.to_json()["scripted"] is True
     with pytest.raises(ProtocolError, match="sc must be a boolean"):
         Turn.from_bytes(_with_header(plain, sc=1))
+
+
+def test_text_turns_round_trip_and_make_a_text_only_record() -> None:
+    from services.protocol import TextTurn
+
+    turns = [
+        TextTurn(messages=[{"role": "user", "content": "fix the bug ✓"}],
+                 response={"role": "assistant", "content": None, "tool_calls": []},
+                 finish_reason="tool_calls", model="gpt-x", engine="http://u/v1",
+                 started_at=1.5, latency_s=0.25, usage={"prompt_tokens": 9}),
+        TextTurn(messages=[], response={"role": "assistant", "content": "done"},
+                 history_reset=True),
+    ]  # fmt: skip
+    record = TrajectoryRecord(meta=TrajectoryMeta(trajectory_id="t"), text_turns=turns)
+    back = TrajectoryRecord.from_entries(record.meta, record.to_entries())
+    assert back.text_turns == turns and back.text_only and back.n_turns == 2
+    assert back.to_json()["text_turns"][1]["history_reset"] is True
+    token_record = TrajectoryRecord(meta=TrajectoryMeta(trajectory_id="u"))
+    assert not token_record.text_only and "text_turns" not in token_record.to_json()
+    for bad in (b"SWX1not json", b'SWX1{"messages": "x", "response": {}}',
+                b'SWX1{"messages": [1], "response": {}}', b'SWX1{"response": {}}'):  # fmt: skip
+        with pytest.raises(ProtocolError, match="bad text turn"):
+            TrajectoryRecord.from_entries(record.meta, [bad])

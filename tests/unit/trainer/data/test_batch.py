@@ -187,3 +187,15 @@ def test_scripted_flag_survives_the_wire_format_and_a_scripted_only_batch_is_ref
     assert [t.scripted for t in replayed.segments[0].turns] == [True]  # record() round-trips
     with pytest.raises(BatchError, match="1 with scripted turns"):
         build_batch([replayed], trainer_version=0)
+
+
+def test_a_text_only_record_of_a_relay_adapter_is_refused() -> None:
+    from services.protocol import TextTurn
+
+    relayed = record("relayed", [([3, 4], [turn([], [5, 6], 0)])], reward=1.0)
+    relayed.segments.clear()  # what a relay-mode adapter records: text turns only
+    text = TextTurn(messages=[{"role": "user", "content": "hi"}], response={"content": "ok"})
+    relayed.text_turns.append(text)
+    # a malformed record, not a skippable batch: the training run stops with the reason
+    with pytest.raises(RecordError, match="trajectory relayed: text-only record"):
+        build_batch([record("fine", [([3, 4], [turn([], [5, 6], 0)])]), relayed], 0)
