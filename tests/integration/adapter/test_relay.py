@@ -153,6 +153,8 @@ def test_the_per_trajectory_boundary_holds_and_nothing_leaks(
         assert weights.status_code == 409 and "relay mode" in weights.text
         models = http.get("/v1/models", headers=auth).json()["data"]
         assert [m["id"] for m in models] == ["gpt-x"]
+        ready = http.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["upstream"] == "ok", ready.text
 
 
 def test_an_upstream_failure_is_an_infra_failure_and_a_refusal_is_the_agents(
