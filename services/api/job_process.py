@@ -120,9 +120,10 @@ class ProcessJobService:
         """Whether to claim now (subclasses: a multi-node leader waits for its followers)."""
         return True
 
-    def job_problem(self, job_id: str) -> str | None:
-        """Why the running job must stop although its process runs (subclasses: a follower
-        node's process failed), checked while it runs; None: keep going."""
+    def job_problem(self, job_id: str) -> tuple[JobState, str] | None:
+        """Why the running job must stop although its process runs, and how it ends
+        (``FAILED``, or ``QUEUED`` to run it again; subclasses: a follower node failed or was
+        lost), checked while it runs; None: keep going."""
         return None
 
     def run_job(self, job: Claim) -> None:
@@ -173,8 +174,9 @@ class ProcessJobService:
                 return
             problem = self.job_problem(job_id)
             if problem is not None:
+                state, why = problem
                 code = self.terminate(proc)
-                self.finish(job_id, JobState.FAILED, f"{problem} ({self.process_noun} exit {code})")
+                self.finish(job_id, state, f"{why} ({self.process_noun} exit {code})")
                 return
             if self.stop_event.wait(0.2):
                 self.terminate(proc)

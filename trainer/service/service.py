@@ -115,18 +115,27 @@ class TrainerService(ProcessJobService):
             self._waiting_for = missing
         return not missing
 
-    def job_problem(self, job_id: str) -> str | None:
-        """A follower node's process of this attempt failed (checked once per poll)."""
+    def job_problem(self, job_id: str) -> tuple[JobState, str] | None:
+        """Checked once per poll: a follower's process of this attempt failed (the job fails),
+        or a follower's service is gone, its presence expired (a lost node: the job is queued
+        again and resumes from its checkpoint once every node is back)."""
         running = self._running
         now = time.monotonic()
         if running is None or now - self._checked < self.cfg.poll_interval_s:
             return None
         self._checked = now
         failed = self.nodes.failed_followers(running.job_id, running.attempt)
-        if not failed:
-            return None
-        ranks = ", ".join(f"node {r} exited with {c}" for r, c in sorted(failed.items()))
-        return f"a follower node failed: {ranks} (see attempt-{running.attempt}.node<R>.log)"
+        if failed:
+            ranks = ", ".join(f"node {r} exited with {c}" for r, c in sorted(failed.items()))
+            log = f"attempt-{running.attempt}.node<R>.log"
+            return JobState.FAILED, f"a follower node failed: {ranks} (see {log})"
+        lost = self.nodes.missing(self.cfg.nnodes)
+        if lost:
+            return JobState.QUEUED, (
+                f"follower node(s) {lost} lost (presence expired): queued again, to resume "
+                "from the checkpoint when every node is back"
+            )
+        return None
 
     def run_job(self, job: Claim) -> None:
         """Run one claimed job until it ends, its lease is lost or the service stops."""

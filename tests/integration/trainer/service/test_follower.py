@@ -5,6 +5,8 @@ follower refuses what it must not run (an invalid run config, a rank another nod
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +112,39 @@ def test_a_crashing_follower_fails_the_job_at_once(
     assert got["message"].startswith("a follower node failed: node 1 exited with 3"), got
     (lead,) = invocations(tmp_path, job_id)
     wait_for(lambda: not alive(lead["pid"]), 10, "the leader's process to stop")
+
+
+@pytest.mark.slow
+def test_a_lost_follower_node_requeues_the_job_and_it_resumes_when_the_node_is_back(
+    api: ApiServer, start_service: Callable[..., ManagedProcess], tmp_path: Path
+) -> None:
+    leader = start_service(nodes=(2, 0))
+    first = start_service(nodes=(2, 1), env=FOLLOWER_ENV)
+    steps = 20
+    with api.client() as http:
+        job_id = submit(http, tmp_path, "lost", steps=steps)
+        wait_for(lambda: (job(http, job_id)["progress"]["current_step"] or 0) >= 3, 60,
+                 "step 3", leader.log_tail)  # fmt: skip
+        (lead,) = invocations(tmp_path, job_id)
+        os.kill(first.pid, signal.SIGKILL)  # the node's service dies; its process with it
+        first.popen.wait(timeout=10)
+        # its presence expires (3 s): the leader stops its own process, the job waits in line
+        wait_for(lambda: job(http, job_id)["state"] == "queued", 30, "the requeue",
+                 leader.log_tail)  # fmt: skip
+        assert "follower node(s) [1] lost" in job(http, job_id)["message"]
+        wait_for(lambda: not alive(lead["pid"]), 10, "the leader's process to stop")
+        time.sleep(1.0)  # without its follower the leader must not claim it again
+        assert job(http, job_id)["state"] == "queued"
+        start_service(nodes=(2, 1), env=FOLLOWER_ENV)  # the node is back
+        wait_for(lambda: job(http, job_id)["state"] in TERMINAL, 60, "the resumed job",
+                 leader.log_tail)  # fmt: skip
+        got = job(http, job_id)
+    assert got["state"] == "succeeded" and got["attempt"] == 2, got
+    runs = invocations(tmp_path, job_id)
+    assert [r["resume"] for r in runs] == [False, True] and runs[1]["start_step"] >= 3
+    assert [r["resume"] for r in follower_runs(tmp_path, job_id)] == [False, True]
+    rows = read_jsonl(tmp_path / "runs" / job_id / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step once
 
 
 @pytest.fixture
