@@ -63,12 +63,12 @@ class TrainerFollower:
         self.stop_event = threading.Event()
         self.done: tuple[str, int] | None = None  # the last assignment this node ran
         self.log = logging.getLogger("swerl.trainer.follower")
-        self._said: str | None = None  # the last waiting / refusal message (logged once)
+        self.status: str | None = None  # the last waiting / refusal message (logged once)
 
     def _say(self, message: str, level: int = logging.INFO) -> None:
-        if message != self._said:
+        if message != self.status:
             self.log.log(level, message)
-            self._said = message
+            self.status = message
 
     # -- the loop ---------------------------------------------------------------------------
     def serve(self) -> None:
@@ -107,7 +107,7 @@ class TrainerFollower:
             self._say(f"node rank {self.rank} of group {self.cfg.group!r}: waiting for a job")
             return
         self.done = assignment.key
-        self._said = None
+        self.status = None
         self.run(assignment)
 
     # -- one assignment ---------------------------------------------------------------------

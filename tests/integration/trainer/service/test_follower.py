@@ -184,4 +184,4 @@ def test_a_follower_does_not_run_while_another_node_holds_its_rank(
     node = follower(tmp_path, client)
     node.poll_once()
     assert node.done is None and not (tmp_path / "runs").exists()
-    assert "is held by the-other-node" in (node._said or "")
+    assert "is held by the-other-node" in (node.status or "")
