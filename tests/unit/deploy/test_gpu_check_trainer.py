@@ -1,0 +1,26 @@
+"""``deploy/gpu_check_trainer.sh`` (the trainer's GPU check, run on a device machine): its help,
+and on a machine without a GPU a clear FAIL line and exit 1 before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from tests.support.deploy_scripts import DEPLOY
+
+SCRIPT = DEPLOY / "gpu_check_trainer.sh"
+
+
+def test_help_lists_the_checks() -> None:
+    out = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    for check in ("score", "toy Li2SAO run", "torchrun with 2 ranks (NCCL"):
+        assert check in out.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run the script itself")
+def test_without_a_gpu_it_fails_at_once(tmp_path: object) -> None:
+    got = subprocess.run([str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert got.returncode == 1
+    assert got.stdout.strip() == "FAIL cuda: torch sees no GPU (torch.cuda.is_available() is False)"
