@@ -17,13 +17,18 @@ is what the backends' data-parallel and model-parallel collectives need. The cal
 their own gloo group with a long timeout (:data:`CONTROL_TIMEOUT`): a follower waits there while
 rank 0 waits for rollouts, which can take much longer than the default 30 minutes. A follower
 whose call fails exits non-zero; torchrun then stops the whole group, so a failure on any
-rank fails the run instead of hanging it.
+rank fails the run instead of hanging it. Every rank dies with its launcher
+(:func:`die_with_launcher`): torchrun gives each rank a session of its own, so killing the
+launcher's process group does not reach them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -46,6 +51,7 @@ COLLECTIVE_OPS = frozenset(
     {"train_step", "logprobs_and_values", "export_hf", "named_weights", "save", "load"}
 )
 SET_VERSION, STOP, ABORT = "set_version", "stop", "abort"
+PR_SET_PDEATHSIG = 1
 
 
 class RankError(RuntimeError):
@@ -114,6 +120,25 @@ def launcher_world(environ: Mapping[str, str] | None = None) -> int:
     return world
 
 
+def die_with_launcher() -> None:
+    """SIGKILL this rank when its launcher dies (``PR_SET_PDEATHSIG``; Linux).
+
+    torchrun starts every rank in a session of its own, so a launcher killed hard (the trainer
+    service's SIGKILL after its grace, an OOM kill) would leave its ranks training and writing
+    checkpoints into a directory the next attempt resumes from. A rank without its launcher
+    has nobody to report to; checkpoints are written atomically, so dying at once is safe.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        log.warning("PR_SET_PDEATHSIG failed (errno %d): this rank may outlive its launcher",
+                    ctypes.get_errno())  # fmt: skip
+    elif os.getppid() != parent:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def init_ranks(device: str, environ: Mapping[str, str] | None = None) -> Ranks | None:
     """Join the launcher's group (``env://``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
     None for a single process. NCCL for a CUDA ``device`` (each rank on GPU ``LOCAL_RANK``),
@@ -128,6 +153,7 @@ def init_ranks(device: str, environ: Mapping[str, str] | None = None) -> Ranks |
     if world == 1:
         return None
     if not dist.is_initialized():
+        die_with_launcher()
         backend = "gloo"
         if device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))

@@ -69,8 +69,11 @@ def run_config(tmp: Path, redis_url: str, model_dir: Path) -> Path:
     return path
 
 
-def trainer(tmp: Path, config: Path, *args: str) -> ManagedProcess:
-    argv = [sys.executable, "-m", "trainer", "train", "--config", str(config), *args]
+def trainer(tmp: Path, config: Path, nproc: int, *args: str) -> ManagedProcess:
+    """``python -m trainer train``; with ``nproc > 1`` under torchrun (rank 0 drives)."""
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    argv = [sys.executable, *(ranks if nproc > 1 else []), "-m", "trainer", "train",
+            "--config", str(config), *args]  # fmt: skip
     return launch("trainer", argv, tmp / f"trainer{len(args)}.log", cwd=REPO_ROOT, grace_s=0)
 
 
@@ -79,9 +82,13 @@ def steps_logged(run: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2], ids=["one-process", "two-ranks"])
 def test_li2sao_switch_kill_and_resume(
-    tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs, model_dir: Path
-) -> None:
+    tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs, model_dir: Path,
+    nproc: int,
+) -> None:  # fmt: skip
+    """Two ranks (torchrun, FSDP2 over gloo): the same run; the kill takes every rank, the
+    resume loads the sharded checkpoint on both (rank 0 broadcasts the load)."""
     budget_s = 300  # measured 59-73 s on the loaded 2-core machine (two trainer start-ups)
     t0 = time.monotonic()
     procs.manager(redis_url)
@@ -90,10 +97,10 @@ def test_li2sao_switch_kill_and_resume(
     write_records(redis_url, records_for_run("t", 40, 2, 2))
     config, run = run_config(tmp_path, redis_url, model_dir), tmp_path / "run"
 
-    first = trainer(tmp_path, config)
+    first = trainer(tmp_path, config, nproc)
     try:
         wait_for(lambda: 3 in steps_logged(run), 180, "step 3 of the first run", first.log_tail)
-        first.popen.send_signal(signal.SIGKILL)
+        first.signal_group(signal.SIGKILL)  # the trainer (under torchrun: every rank) dies
         first.popen.wait(timeout=10)
     finally:
         first.stop(grace_s=0)
@@ -102,13 +109,18 @@ def test_li2sao_switch_kill_and_resume(
     killed_step, dead_seq = state["step"], state["collector"]["seq"]
     assert killed_step in (2, 4)
 
-    second = trainer(tmp_path, config, "--resume")
+    second = trainer(tmp_path, config, nproc, "--resume")
     try:
         wait_for(lambda: second.popen.poll() is not None, 180, "the resumed run", second.log_tail)
     finally:
         second.stop(grace_s=0)
     assert second.popen.returncode == 0, second.log_tail()
 
+    if nproc > 1:  # one driver; rank 1 loaded the checkpoint with it and trained to the end
+        assert "rank 0 of 2: driving" in second.log()
+        assert re.search(r"rank 1: stop after \d+ calls", second.log()), second.log_tail()
+        manifest = json.loads((run / "checkpoints" / f"step-{STEPS}" / "manifest.json").read_text())
+        assert {"rng-0.pt", "rng-1.pt"} <= set(manifest["files"])
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # no step lost or twice
     assert [r["phase"] for r in rows] == ["bootstrap"] * 2 + ["draining"] + ["single"] * 3

@@ -199,3 +199,45 @@ def test_train_exits_2_on_a_malformed_launcher_environment(
         monkeypatch.delenv(key, raising=False)
     assert train_main(["--config", str(config)]) == 2
     assert "WORLD_SIZE is set but RANK, MASTER_ADDR, MASTER_PORT is not" in capsys.readouterr().err
+
+
+def test_a_rank_dies_with_its_launcher(tmp_path: Path) -> None:
+    """torchrun gives each rank its own session: only PR_SET_PDEATHSIG reaches an orphan."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "rank.pid"
+    rank = (
+        "import os, sys, time\n"
+        "from trainer.loop.ranks import die_with_launcher\n"
+        "die_with_launcher()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    launcher = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).parents[4])
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()):
+        assert time.monotonic() < deadline and parent.poll() is None, "the rank did not start"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)  # the launcher dies hard; the rank is in its own session
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the rank outlived its launcher"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
