@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from adapter.auth import UntrackedPolicy
 from services.config import StrictModel, register_section
@@ -63,17 +63,17 @@ class UpstreamConfig(StrictModel):
 class AdapterConfig(StrictModel):
     """Everything the adapter needs; see docs/adapter.md for what each key does."""
 
-    engines: list[str] = Field(
-        default_factory=list,
-        description="base URLs of the SGLang(-protocol) engines (empty only in relay mode)",
-    )
-    model: str = Field(
-        default="", description="model directory (tokenizer + chat template; not in relay mode)"
-    )
+    # upstream first: the engines' and the model's validators read it (info.data)
     upstream: UpstreamConfig | None = Field(
         default=None,
         description="relay mode: answer from this OpenAI-compatible endpoint and record text "
         "turns (no tokens; such records are not trainable)",
+    )
+    engines: list[str] = Field(
+        description="base URLs of the SGLang(-protocol) engines (none in relay mode)"
+    )
+    model: str = Field(
+        description="model directory (tokenizer + chat template; none in relay mode)"
     )
     redis_url: str = Field(default="redis://127.0.0.1:6379/0")
     key_prefix: str = Field(default="swerl:", min_length=1)
@@ -209,17 +209,13 @@ class AdapterConfig(StrictModel):
             **{k: v for k, v in data.items() if not (k in defaults and v is None)},
         }
 
-    @model_validator(mode="after")
-    def _check_mode(self) -> AdapterConfig:
-        if self.upstream is not None:
-            if self.engines:
-                raise ValueError("engines and upstream exclude each other (relay mode has none)")
-            return self
-        if not self.engines:
-            raise ValueError("engines: at least one engine URL (or upstream for relay mode)")
-        if not self.model:
-            raise ValueError("model: the model directory is required (or upstream for relay mode)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _relay_mode_defaults(cls, data: Any) -> Any:
+        """Relay mode has no engines and no model directory: they default to none there."""
+        if isinstance(data, dict) and data.get("upstream") is not None:
+            return {"engines": [], "model": "", **data}
+        return data
 
     @property
     def relay(self) -> bool:
@@ -241,7 +237,12 @@ class AdapterConfig(StrictModel):
 
     @field_validator("engines")
     @classmethod
-    def _check_engines(cls, value: list[str]) -> list[str]:
+    def _check_engines(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        relay = info.data.get("upstream") is not None
+        if relay and value:
+            raise ValueError("engines and upstream exclude each other (relay mode has none)")
+        if not relay and not value:
+            raise ValueError("at least one engine URL (or upstream for relay mode)")
         cleaned = [u.strip().rstrip("/") for u in value]
         for url in cleaned:
             if not url.startswith(("http://", "https://")):
@@ -249,6 +250,13 @@ class AdapterConfig(StrictModel):
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("engine URLs must be distinct")
         return cleaned
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str, info: ValidationInfo) -> str:
+        if not value and info.data.get("upstream") is None:
+            raise ValueError("the model directory is required (or upstream for relay mode)")
+        return value
 
     @field_validator("redis_url")
     @classmethod

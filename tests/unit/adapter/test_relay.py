@@ -75,8 +75,10 @@ def test_the_configuration_picks_one_mode() -> None:
     problems = {
         "engines and upstream exclude each other": {
             "engines": ["http://e:1"], "upstream": {"url": "http://u/v1", "model": "m"}},
-        "at least one engine URL (or upstream": {"model": "/m"},
-        "model: the model directory is required": {"engines": ["http://e:1"]},
+        "engines\n  Field required": {"model": "/m"},
+        "model\n  Field required": {"engines": ["http://e:1"]},
+        "at least one engine URL (or upstream": {"engines": [], "model": "/m"},
+        "the model directory is required": {"engines": ["http://e:1"], "model": ""},
         "upstream URL must start with http": {"upstream": {"url": "ftp://u", "model": "m"}},
         "api_key_env": {"upstream": {"url": "http://u", "model": "m", "api_key_env": "A B"}},
     }  # fmt: skip
