@@ -3,11 +3,12 @@
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE MOE_DIR MOE_BATCH_FILE OUT_FILE. Joins a gloo
 group on loopback, builds the megatron backend with PP = WORLD stages (the tiny model's layers
 split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
-weights from every stage, tries a checkpoint (refused under PP) and takes one Li2SAO step.
-Then the same ranks re-initialise megatron's ``parallel_state`` with EP = WORLD and score and
-step the tiny MoE (key ``ep``), and once more as plain data parallel on the MoE (key
-``moe_dp``). Rank 0 saves the outputs, the gathered weights before and after the steps, each
-rank's parameter names, the last stage's value head and the refusal to OUT_FILE. One process
+weights from every stage and takes one Li2SAO step, then checks that a fresh PP backend resumes
+from its checkpoint with the identical next step (key ``resume``). Then the same ranks
+re-initialise megatron's ``parallel_state`` with EP = WORLD and score, step and resume the
+tiny MoE (key ``ep``), and once more as plain data parallel on the MoE (key ``moe_dp``). Rank
+0 saves the outputs, the gathered weights before and after the steps, each rank's parameter
+names and the last stage's value head to OUT_FILE. One process
 pair serves every check (each process pays seconds of megatron-core import).
 """
 
@@ -18,8 +19,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.support.megatron_resume import resume_check, snapshot
 from tests.support.ranks import join_group
-from trainer.backends import BackendError, StepObjective
+from trainer.backends import StepObjective
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.config import TrainerConfig
 
@@ -29,38 +31,31 @@ LR = 1e-2  # the parallel steps' learning rate (actor and critic)
 STEP = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
 
 
-def refusal(call) -> str:
-    try:
-        call()
-    except BackendError as exc:
-        return str(exc)
-    return ""
+def make(model_dir: str, seed: int = 0, **settings: object) -> MegatronBackend:
+    config = TrainerConfig(model=model_dir, backend="megatron", seed=seed, **settings, **STEP)
+    return MegatronBackend(config)
 
 
 def run(model_dir: str, batch_file: str, world: int) -> dict:
-    config = TrainerConfig(
-        model=model_dir,
-        backend="megatron",
-        megatron={"pipeline_parallel": world},
-        batch=BATCH,
-        **STEP,
-    )
-    backend = MegatronBackend(config)
+    layout = {"megatron": {"pipeline_parallel": world}, "batch": BATCH}
+    backend = make(model_dir, **layout)
     batch = torch.load(batch_file, weights_only=False)
     names: list = [None] * world
     dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
     result = {
         "forward": backend.logprobs_and_values(batch),
-        "weights": dict(backend.named_weights()),
+        "weights": snapshot(backend),
         "stage_names": names,
-        "save_refused": refusal(lambda: backend.save(f"{batch_file}-ckpt")),
     }
     objective = StepObjective(algorithm="li2sao", phase="bootstrap")
     result["metrics"] = backend.train_step(batch, objective)
-    result["stepped"] = dict(backend.named_weights())
+    result["stepped"] = snapshot(backend)
     heads: list = [None] * world
     dist.all_gather_object(heads, backend.critic.value_head.weight.detach().clone())
     result["value_head"] = heads[-1]  # the last stage applies the value head
+    result["resume"] = resume_check(
+        backend, lambda seed: make(model_dir, seed, **layout), batch, f"{batch_file}-ckpt"
+    )
     return result
 
 
@@ -70,22 +65,23 @@ def run_expert_parallel(moe_dir: str, batch_file: str, world: int) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
-    config = TrainerConfig(
-        model=moe_dir, backend="megatron", megatron={"expert_parallel": world}, **STEP
-    )
-    backend = MegatronBackend(config)
+    layout = {"megatron": {"expert_parallel": world}}
+    backend = make(moe_dir, **layout)
     batch = torch.load(batch_file, weights_only=False)
     names: list = [None] * world
     dist.all_gather_object(names, sorted(n for n, _ in backend.actor.named_parameters()))
     result = {
         "forward": backend.logprobs_and_values(batch),
-        "weights": dict(backend.named_weights()),
+        "weights": snapshot(backend),
         "rank_names": names,
     }
     objective = StepObjective(algorithm="li2sao", phase="bootstrap")
     result["metrics"] = backend.train_step(batch, objective)
-    result["stepped"] = dict(backend.named_weights())
+    result["stepped"] = snapshot(backend)
     result["value_head"] = backend.critic.value_head.weight.detach().clone()
+    result["resume"] = resume_check(
+        backend, lambda seed: make(moe_dir, seed, **layout), batch, f"{batch_file}-ckpt"
+    )
     return result
 
 
@@ -103,7 +99,7 @@ def run_moe_data_parallel(moe_dir: str, batch_file: str) -> dict:
         "world": backend.dp.world,
         "forward": forward,
         "metrics": backend.train_step(batch, objective),
-        "stepped": dict(backend.named_weights()),
+        "stepped": snapshot(backend),
     }
 
 

@@ -3,11 +3,15 @@
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE EXPORT_DIR. Joins a gloo group on
 loopback, builds the megatron backend with TP = WORLD (:data:`CONFIG`), scores the batch,
 gathers the HF weights and exports the actor (every rank calls; rank 0 writes), takes one
-Li2SAO step, tries a checkpoint (refused under TP), and rank 0 saves the outputs, the weights
-before and after the step, the step's metrics and its own shard's shapes to OUT_FILE. Then
-the same ranks re-initialise megatron's ``parallel_state`` with TP=1 (data parallel over the
-world) and score and step the same global batch again (key ``dp``). One process pair serves
-every check (each process pays seconds of megatron-core import).
+Li2SAO step, then saves a checkpoint and checks that a fresh TP=2 backend resumes from it with
+the identical next step (:func:`tests.support.megatron_resume.resume_check`, key ``resume``).
+Rank 0 saves the outputs, the weights before and after the step, the step's metrics and its
+own shard's shapes to OUT_FILE. Then the same ranks re-initialise megatron's
+``parallel_state`` with TP=1 (data parallel over the world): the TP=2 checkpoint is refused
+by layout, the same global batch is scored and stepped again, and the data-parallel resume is
+checked too (key ``dp``; its checkpoint is left at EXPORT_DIR-dp-ckpt for the one-process
+load in the test). One process pair serves every check (each process pays seconds of
+megatron-core import).
 """
 
 from __future__ import annotations
@@ -17,58 +21,71 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.support.megatron_resume import resume_check, snapshot
 from tests.support.ranks import join_group
-from trainer.backends import BackendError, StepObjective
+from trainer.backends import StepObjective
 from trainer.backends.megatron.backend import MegatronBackend
+from trainer.checkpoint import CheckpointError
 from trainer.config import TrainerConfig
 
 LR = 1e-2  # the parity step's learning rate (actor and critic)
 CONFIG = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
 
 
+def make(model_dir: str, seed: int = 0, **settings: object) -> MegatronBackend:
+    config = TrainerConfig(model=model_dir, backend="megatron", seed=seed, **settings, **CONFIG)
+    return MegatronBackend(config)
+
+
 def run(model_dir: str, batch_file: str, export_dir: str, world: int) -> dict:
-    config = TrainerConfig(
-        model=model_dir, backend="megatron", megatron={"tensor_parallel": world}, **CONFIG
-    )
-    backend = MegatronBackend(config)
+    layout = {"megatron": {"tensor_parallel": world}}
+    backend = make(model_dir, **layout)
     batch = torch.load(batch_file, weights_only=False)
     fwd = backend.logprobs_and_values(batch)
-    weights = dict(backend.named_weights())
+    weights = snapshot(backend)
     backend.export_hf(export_dir)
     metrics = backend.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
-    try:
-        backend.save(f"{export_dir}-ckpt")
-        refused = ""
-    except BackendError as exc:
-        refused = str(exc)
-    return {
+    result = {
         "forward": fwd,
         "weights": weights,
         "shard": {n: tuple(p.shape) for n, p in backend.actor.named_parameters()},
         "metrics": metrics,
-        "stepped": dict(backend.named_weights()),
+        "stepped": snapshot(backend),
         "value_head": backend.critic.value_head.weight.detach().clone(),
-        "save_refused": refused,
         "checkpoint_problem": backend.checkpoint_problem(),  # known before any save
     }
+    result["resume"] = resume_check(
+        backend, lambda seed: make(model_dir, seed, **layout), batch, f"{export_dir}-ckpt"
+    )
+    return result
 
 
-def run_data_parallel(model_dir: str, batch_file: str) -> dict:
+def run_data_parallel(model_dir: str, batch_file: str, export_dir: str) -> dict:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
-    backend = MegatronBackend(TrainerConfig(model=model_dir, backend="megatron", **CONFIG))
+    backend = make(model_dir)
+    try:
+        backend.load(f"{export_dir}-ckpt")  # saved under TP=2
+        layout_refused = ""
+    except CheckpointError as exc:
+        layout_refused = str(exc)
     batch = torch.load(batch_file, weights_only=False)
     fwd = backend.logprobs_and_values(batch)
     metrics = backend.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
-    return {
+    result = {
         "forward": fwd,
         "metrics": metrics,
-        "stepped": dict(backend.named_weights()),
+        "stepped": snapshot(backend),
         "value_head": backend.critic.value_head.weight.detach().clone(),
         "world": backend.dp.world,
         "checkpoint_problem": backend.checkpoint_problem(),
+        "layout_refused": layout_refused,
     }
+    result["resume"] = resume_check(
+        backend, lambda seed: make(model_dir, seed), batch, f"{export_dir}-dp-ckpt"
+    )
+    return result
 
 
 def main() -> int:
@@ -76,7 +93,7 @@ def main() -> int:
     join_group(rank, world, port)
     try:
         result = run(model_dir, batch_file, export_dir, int(world))
-        result["dp"] = run_data_parallel(model_dir, batch_file)
+        result["dp"] = run_data_parallel(model_dir, batch_file, export_dir)
         if int(rank) == 0:
             torch.save(result, out_file)
     finally:

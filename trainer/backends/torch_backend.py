@@ -731,6 +731,23 @@ class TorchBackend:
         """Why :meth:`save` would fail (never: every layout checkpoints)."""
         return None
 
+    def checkpoint_scope(self) -> str:
+        """This rank's key prefix in a checkpoint: none, FSDP2's DTensors are global tensors
+        (:mod:`trainer.backends.torch_checkpoint` on model-parallel scopes)."""
+        return ""
+
+    def checkpoint_parallel(self) -> dict[str, int]:
+        """The model-parallel layout a checkpoint must be loaded into: none (DCP reshards the
+        FSDP2 shards to any data-parallel world size)."""
+        return {}
+
+    def backend_rng_state(self) -> dict[str, Any]:
+        """RNG states of the backend's own beyond torch / CUDA / Python / numpy: none."""
+        return {}
+
+    def set_backend_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Put back what :meth:`backend_rng_state` returned (nothing here)."""
+
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
         """Full checkpoint: actor, critic, both optimisers and schedulers, version, steps, RNG
         states, and the caller's JSON-serialisable ``extra`` state (returned by :meth:`load`).

@@ -1,5 +1,5 @@
-"""Checkpoints of the torch backend (and of the megatron backend at TP=1, which records its own
-name), sharded with torch.distributed.checkpoint (DCP).
+"""Checkpoints of the torch and megatron backends (each records its own name), sharded with
+torch.distributed.checkpoint (DCP).
 
 Layout of a checkpoint directory (docs/trainer.md "Checkpoints")::
 
@@ -9,13 +9,22 @@ Layout of a checkpoint directory (docs/trainer.md "Checkpoints")::
     dcp/__R_0.distcp   rank R's shards: actor, critic and both AdamW states (FSDP2 DTensor
                        shards under data parallel, whole tensors in one process)
     trainer.pt         both lr schedulers (rank 0)
-    rng-R.pt           rank R's RNG states: torch, CUDA (its device), Python, numpy
+    rng-R.pt           rank R's RNG states: torch, CUDA (its device), Python, numpy, and the
+                       backend's own (megatron's model-parallel RNG tracker)
 
 The model and optimiser states are taken with ``get_model_state_dict`` /
 ``get_optimizer_state_dict`` (fully qualified HF parameter names, so DCP can reshard them to
 another world size) and put back with the matching ``set_*`` functions. An optimiser that has
 not stepped yet is saved as "no state" rather than through DCP's zero-learning-rate
 initialisation step, which would change the next real step (Adam's bias correction counts it).
+
+Model parallel (the megatron backend under tensor, pipeline or expert parallel): each rank's
+tensors are its own shard under Megatron's local names, so the backend gives every rank a
+*scope* (its coordinates, ``tp1-pp0-ep0``) that prefixes its keys, and a *parallel layout*
+recorded in the manifest. Ranks with the same coordinates (data-parallel replicas) hold
+identical tensors under identical keys: DCP writes them once and every replica reads them. A
+checkpoint therefore loads into the same model-parallel layout under any data-parallel world
+size; another layout is refused by name (resharding across layouts is not built).
 """
 
 from __future__ import annotations
@@ -30,9 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -74,22 +85,38 @@ def _reshard(*roots: nn.Module) -> None:
                 module.reshard()
 
 
+def _world() -> tuple[int, int]:
+    """This process's rank and the world size (0, 1 without torch.distributed)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def _state(b: TorchBackend, optimizers: Mapping[str, bool]) -> dict[str, Any]:
-    """The DCP state dict: models always, an optimiser where ``optimizers[name]``."""
+    """The DCP state dict: models always, an optimiser where ``optimizers[name]``; keys under
+    the rank's scope when the backend shards the model itself (module docstring)."""
     _reshard(b.scorer, b.critic)
+    scope = b.checkpoint_scope()
+    prefix = f"{scope}." if scope else ""
     state: dict[str, Any] = {}
     for name, model, optimizer in _units(b):
-        state[name] = get_model_state_dict(model)
+        state[f"{prefix}{name}"] = get_model_state_dict(model)
         if optimizers[name]:
-            state[f"{name}_optimizer"] = get_optimizer_state_dict(model, optimizer)
+            state[f"{prefix}{name}_optimizer"] = get_optimizer_state_dict(model, optimizer)
     return state
 
 
+def _unscoped(b: TorchBackend, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` under the names of :func:`_units` (the scope prefix taken off)."""
+    scope = b.checkpoint_scope()
+    return {k[len(scope) + 1 :] if scope else k: v for k, v in state.items()}
+
+
 @contextlib.contextmanager
-def _one_process_quietly(b: TorchBackend) -> Iterator[None]:
+def _one_process_quietly() -> Iterator[None]:
     """DCP warns on every one-process save / load that it assumes one process: it is meant."""
     with warnings.catch_warnings():
-        if not b.dp.enabled:
+        if _world()[1] == 1:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
 
@@ -131,6 +158,7 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
     except (TypeError, ValueError) as exc:
         raise BackendError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
     optimizers = {name: bool(optimizer.state) for name, _, optimizer in _units(b)}
+    rank, world = _world()
     meta = {
         "backend": b.backend_name,
         "layout": LAYOUT,
@@ -138,19 +166,19 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
         "steps": b.steps,
         "fingerprint": b.fingerprint,
         "source_model": str(b.model_dir),
-        "world_size": b.dp.world,
+        "world_size": world,
+        "parallel": b.checkpoint_parallel(),
         "optimizer_state": optimizers,
         "extra": extra,
     }
-    rank = b.dp.rank
 
     def write(staging: Path) -> list[str]:
-        with _one_process_quietly(b):
-            dcp.save(
-                _state(b, optimizers), checkpoint_id=staging / DCP_DIR, no_dist=not b.dp.enabled
-            )
+        with _one_process_quietly():
+            dcp.save(_state(b, optimizers), checkpoint_id=staging / DCP_DIR, no_dist=world == 1)
         names = [f"{DCP_DIR}/{p.name}" for p in sorted((staging / DCP_DIR).glob(f"__{rank}_*"))]
-        parts = {rng_file(rank): rng_state(b.device)}
+        rng = rng_state(b.device)
+        rng["backend"] = b.backend_rng_state()
+        parts: dict[str, Any] = {rng_file(rank): rng}
         if rank == 0:
             parts[TRAINER_FILE] = {
                 "schedulers": {
@@ -167,6 +195,11 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
     return write_sharded_checkpoint(directory, write, meta)
 
 
+def _layout(parallel: Mapping[str, Any], keys: Mapping[str, int]) -> str:
+    """``tensor_parallel=2 pipeline_parallel=1`` for the ``keys`` of a parallel layout."""
+    return " ".join(f"{k}={parallel.get(k, 1)}" for k in keys) or "no model parallel"
+
+
 def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> None:
     if manifest.get("backend") != b.backend_name:
         raise CheckpointError(
@@ -176,6 +209,16 @@ def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> Non
         raise CheckpointError(
             f"{root}: checkpoint layout {manifest.get('layout')!r}, this backend reads {LAYOUT!r}"
         )
+    saved = manifest.get("parallel") or {}
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"corrupt manifest in {root}: 'parallel' {saved!r}")
+    mine = b.checkpoint_parallel()
+    if {k: saved.get(k, 1) for k in mine} != mine:
+        raise CheckpointError(
+            f"{root}: saved under {_layout(saved, mine)}, this trainer runs {_layout(mine, mine)};"
+            " resume with the saved layout (resharding across model-parallel layouts is not "
+            "built; the data-parallel world size may differ)"
+        )
     if manifest.get("fingerprint") != b.fingerprint:
         raise CheckpointError(
             f"{root}: checkpoint of another model (saved from "
@@ -184,6 +227,37 @@ def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> Non
     optimizers = manifest.get("optimizer_state")
     if not isinstance(optimizers, dict) or set(optimizers) != {"actor", "critic"}:
         raise CheckpointError(f"corrupt manifest in {root}: 'optimizer_state' {optimizers!r}")
+
+
+def _saved_keys(dcp_dir: Path) -> set[str]:
+    """Every (flattened) key DCP wrote in ``dcp_dir``."""
+    return set(dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata)
+
+
+def _only_saved_optimizer_state(state: dict[str, Any], saved: set[str]) -> dict[str, set[str]]:
+    """Drop from the load templates the optimiser state of parameters the checkpoint has none
+    for. A parameter that got no gradient before the save (a MoE expert no token reached, the
+    value head of a pipeline stage that does not apply it) has no AdamW state then, but a fresh
+    optimiser's template (DCP's zero-learning-rate initialisation) has one for every
+    parameter. Returns those parameters' names per optimiser (``actor_optimizer``, ...),
+    which :func:`_drop_state` leaves without state after the load, as they were saved."""
+    stateless: dict[str, set[str]] = {}
+    for top, unit in state.items():
+        if not top.endswith("_optimizer"):
+            continue
+        per_param = unit.get("state", {})
+        for fqn in list(per_param):
+            if not any(f"{top}.state.{fqn}.{key}" in saved for key in per_param[fqn]):
+                del per_param[fqn]
+                stateless.setdefault(top.rsplit(".", 1)[-1], set()).add(fqn)
+    return stateless
+
+
+def _drop_state(model: nn.Module, optimizer: torch.optim.Optimizer, names: set[str]) -> None:
+    """No optimiser state for the parameters ``names`` of ``model`` (see above)."""
+    for name, param in model.named_parameters():
+        if name in names:
+            optimizer.state.pop(param, None)
 
 
 def load(b: TorchBackend, directory: str | Path) -> dict[str, Any]:
@@ -198,7 +272,8 @@ def load(b: TorchBackend, directory: str | Path) -> dict[str, Any]:
     _check_fits(b, root, manifest)
     optimizers = {name: bool(manifest["optimizer_state"][name]) for name, _, _ in _units(b)}
     saved_world = int(manifest.get("world_size", 1))
-    rng_name = rng_file(b.dp.rank % saved_world)
+    rank, world = _world()
+    rng_name = rng_file(rank % saved_world)
     for name in (TRAINER_FILE, rng_name):
         if name not in manifest["files"]:
             raise CheckpointError(f"checkpoint {root}: part {name} is missing from the manifest")
@@ -206,14 +281,19 @@ def load(b: TorchBackend, directory: str | Path) -> dict[str, Any]:
     rng = torch.load(root / rng_name, map_location="cpu", weights_only=True)
     state = _state(b, optimizers)  # templates: DCP loads in place (and reshards)
     try:
-        with _one_process_quietly(b):
-            dcp.load(state, checkpoint_id=root / DCP_DIR, no_dist=not b.dp.enabled)
+        stateless = _only_saved_optimizer_state(state, _saved_keys(root / DCP_DIR))
+        with _one_process_quietly():
+            dcp.load(state, checkpoint_id=root / DCP_DIR, no_dist=world == 1)
     except Exception as exc:  # DCP's own errors (missing keys, shapes) as one clear error
         raise CheckpointError(f"{root}: cannot restore the sharded state: {exc}") from exc
+    state = _unscoped(b, state)
     for name, model, optimizer in _units(b):
         set_model_state_dict(model, state[name])
         if optimizers[name]:
-            set_optimizer_state_dict(model, optimizer, state[f"{name}_optimizer"])
+            missing = stateless.get(f"{name}_optimizer", set())
+            options = StateDictOptions(strict=not missing)  # strict unless some had no state
+            set_optimizer_state_dict(model, optimizer, state[f"{name}_optimizer"], options=options)
+            _drop_state(model, optimizer, missing)
         else:
             optimizer.state.clear()  # saved before its first step: it starts fresh again
     for scheduler, saved in (
@@ -226,6 +306,7 @@ def load(b: TorchBackend, directory: str | Path) -> dict[str, Any]:
         ):
             group["lr"] = lr  # an optimiser saved without state takes its lr from here
     set_rng_state(rng, b.device)
+    b.set_backend_rng_state(rng.get("backend") or {})
     b.version = int(manifest["policy_version"])
     b.steps = int(manifest["steps"])
     return dict(manifest.get("extra") or {})

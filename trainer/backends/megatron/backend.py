@@ -6,8 +6,9 @@ forwards, step-plan phases (:mod:`trainer.algorithms.step_plans`), whole-batch o
 per-token gradients, backpropagation, clipping and AdamW, and replaces what touches the
 models: building them (:mod:`trainer.backends.megatron.model`, weights converted from the HF
 checkpoint by :mod:`trainer.backends.megatron.convert`), the HF export and
-``named_weights`` (converted back). Checkpoints (TP=1) are the torch backend's
-(:mod:`trainer.backends.torch_checkpoint`) over the Megatron modules. The actor is a
+``named_weights`` (converted back). Checkpoints are the torch backend's
+(:mod:`trainer.backends.torch_checkpoint`) over the Megatron modules, each model-parallel
+rank's shard under its coordinates. The actor is a
 ``GPTModel``; the critic a second one with the linear/sigmoid value head, attention and
 embeddings frozen like the torch critic's.
 
@@ -26,12 +27,14 @@ first and last stage, and the weights are gathered from every stage. With ``expe
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
 (:func:`expert_parallel_grad_norm`). Tensor and data parallel together, MoE under tensor or
-pipeline parallel, the distributed optimizer, parallel checkpoints, bf16 and activation
-recompute are not built yet and raise :class:`BackendError`.
+pipeline parallel, the distributed optimizer, resharding a checkpoint to another
+model-parallel layout, bf16 and activation recompute are not built yet and raise
+:class:`BackendError`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Iterator, Mapping
@@ -202,7 +205,7 @@ class MegatronBackend(TorchBackend):
         if pp > 1:
             weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
         self._build_models(weights)
-        self.fingerprint = _fingerprint(self.actor, self.critic)
+        self.fingerprint = self._layout_fingerprint()
         # TP, PP and EP ranks hold the same rows; with TP=PP=EP=1 the world is data parallel
         self.dp = DataParallel.current() if tp == pp == ep == 1 else DataParallel()
         self._init_optimizers()
@@ -500,27 +503,58 @@ class MegatronBackend(TorchBackend):
     def save(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
         """Full checkpoint in the torch backend's layout (:mod:`trainer.backends.torch_checkpoint`:
         DCP shards of actor, critic and both AdamW states under Megatron names, schedulers, RNG
-        states, manifest); one process (TP=1) only so far."""
-        self._one_process_checkpoints()
+        states with megatron's model-parallel tracker, manifest). Every rank calls it; under
+        tensor, pipeline or expert parallel each rank's shard is keyed by its coordinates."""
         return torch_checkpoint.save(self, directory, extra)
 
     def load(self, directory: str | Path) -> dict[str, Any]:
-        """Restore a checkpoint written by :meth:`save` (checked before anything changes)."""
-        self._one_process_checkpoints()
+        """Restore a checkpoint written by :meth:`save` into the same model-parallel layout
+        (checked, with the files' checksums, before anything changes)."""
         return torch_checkpoint.load(self, directory)
 
-    def checkpoint_problem(self) -> str | None:
-        """Why :meth:`save` / :meth:`load` would fail with this layout (None: they work)."""
-        parallel = self.config.megatron.tensor_parallel * self.pp * self.ep
-        if parallel > 1 or self.dp.enabled:
-            return (
-                "checkpoints of the megatron backend under tensor, pipeline, expert or data "
-                "parallel are not built yet (Megatron dist-checkpointing); one-process "
-                "checkpoints are"
-            )
-        return None
+    def _model_parallel(self) -> bool:
+        return self.config.megatron.tensor_parallel * self.pp * self.ep > 1
 
-    def _one_process_checkpoints(self) -> None:
-        problem = self.checkpoint_problem()
-        if problem is not None:
-            raise BackendError(problem)
+    def checkpoint_scope(self) -> str:
+        """``tp<r>-pp<r>-ep<r>``, this rank's coordinates, under model parallel (each rank's
+        tensors are its own shard); none otherwise (data-parallel replicas share keys)."""
+        if not self._model_parallel():
+            return ""
+        return f"tp{self.tp_rank}-pp{self._pp_rank()}-ep{self._ep_rank()}"
+
+    def checkpoint_parallel(self) -> dict[str, int]:
+        """TP, PP and EP: a checkpoint loads into the layout it was saved from."""
+        return {
+            "tensor_parallel": self.config.megatron.tensor_parallel,
+            "pipeline_parallel": self.pp,
+            "expert_parallel": self.ep,
+        }
+
+    def backend_rng_state(self) -> dict[str, Any]:
+        """Megatron's model-parallel RNG streams (the tracker dropout forks)."""
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        states = get_cuda_rng_tracker().get_states()
+        return {"megatron_tracker": {k: v for k, v in states.items() if isinstance(v, Tensor)}}
+
+    def set_backend_rng_state(self, state: Mapping[str, Any]) -> None:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        saved = state.get("megatron_tracker")
+        if saved:
+            tracker = get_cuda_rng_tracker()
+            tracker.set_states({**tracker.get_states(), **saved})
+
+    def _layout_fingerprint(self) -> str:
+        """The checkpoint fingerprint of the whole model-parallel layout: every rank's
+        coordinates and parameter names / shapes (a collective under model parallel; pipeline
+        stages and expert ranks hold different parameters)."""
+        local = _fingerprint(self.actor, self.critic)
+        if not self._model_parallel():
+            return local
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, (self.checkpoint_scope(), local))
+        digest = hashlib.sha256()
+        for scope, fingerprint in sorted(set(ranks)):
+            digest.update(f"{scope}:{fingerprint};".encode())
+        return digest.hexdigest()

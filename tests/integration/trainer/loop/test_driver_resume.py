@@ -1,5 +1,6 @@
 """``python -m trainer train`` on the real stack (Redis, ``python -m services.manager``, a
-simulated ``python -m sandbox_worker``, the torch backend on the tiny model): Li2SAO's switch,
+simulated ``python -m sandbox_worker``, the tiny model on the torch backend, and on the megatron
+backend as two pipeline stages): Li2SAO's switch,
 then a SIGKILL and ``--resume``: every step exactly once, the same phases, nothing trained twice,
 the dead run's in-flight requests cancelled; ``python -m trainer report`` on the finished run.
 
@@ -42,7 +43,15 @@ IDS[11] = "p11.sleep60000"
 STEPS = 6
 
 
-def run_config(tmp: Path, redis_url: str, model_dir: Path) -> Path:
+# The trainer backends under test: the torch backend (FSDP2 under two ranks), and the megatron
+# backend with the tiny model's two layers as two pipeline stages (each rank its stage's shard).
+BACKENDS = {
+    "torch": {},
+    "megatron-pp2": {"backend": "megatron", "megatron": {"pipeline_parallel": 2}},
+}
+
+
+def run_config(tmp: Path, redis_url: str, model_dir: Path, backend: str = "torch") -> Path:
     sections = {
         "train": {
             "run_dir": str(tmp / "run"),
@@ -61,6 +70,7 @@ def run_config(tmp: Path, redis_url: str, model_dir: Path) -> Path:
             "algorithm": "li2sao",
             "batch": {"max_policy_lag": 1000},
             "checkpoint": {"keep_last": 2},
+            **BACKENDS[backend],
         },
         "manager": {"redis_url": redis_url},
     }
@@ -82,20 +92,25 @@ def steps_logged(run: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2], ids=["one-process", "two-ranks"])
+@pytest.mark.parametrize(
+    ("nproc", "backend"),
+    [(1, "torch"), (2, "torch"), (2, "megatron-pp2")],
+    ids=["one-process", "two-ranks", "megatron-two-stages"],
+)
 def test_li2sao_switch_kill_and_resume(
     tmp_path: Path, redis_url: str, queue: SubmitterQueue, procs: Procs, model_dir: Path,
-    nproc: int,
+    nproc: int, backend: str,
 ) -> None:  # fmt: skip
-    """Two ranks (torchrun, FSDP2 over gloo): the same run; the kill takes every rank, the
-    resume loads the sharded checkpoint on both (rank 0 broadcasts the load)."""
+    """Two ranks (torchrun, gloo): the same run; the kill takes every rank, the resume loads
+    the sharded checkpoint on both (rank 0 broadcasts the load): FSDP2 shards of the torch
+    backend, or the megatron backend's two pipeline stages."""
     budget_s = 300  # measured 59-73 s on the loaded 2-core machine (two trainer start-ups)
     t0 = time.monotonic()
     procs.manager(redis_url)
     procs.worker(redis_url, "n1", slots=4)
     wait_nodes(queue, {"n1"}, procs)
     write_records(redis_url, records_for_run("t", 40, 2, 2))
-    config, run = run_config(tmp_path, redis_url, model_dir), tmp_path / "run"
+    config, run = run_config(tmp_path, redis_url, model_dir, backend), tmp_path / "run"
 
     first = trainer(tmp_path, config, nproc)
     try:
@@ -121,6 +136,7 @@ def test_li2sao_switch_kill_and_resume(
         assert re.search(r"rank 1: stop after \d+ calls", second.log()), second.log_tail()
         manifest = json.loads((run / "checkpoints" / f"step-{STEPS}" / "manifest.json").read_text())
         assert {"rng-0.pt", "rng-1.pt"} <= set(manifest["files"])
+        assert manifest["backend"] == backend.split("-")[0]
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # no step lost or twice
     assert [r["phase"] for r in rows] == ["bootstrap"] * 2 + ["draining"] + ["single"] * 3

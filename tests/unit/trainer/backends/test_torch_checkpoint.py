@@ -1,5 +1,6 @@
 """kill -9 at random points of a trainer that checkpoints after every step: the newest
-complete checkpoint always loads, verifies and resumes the loop where it stopped."""
+complete checkpoint always loads, verifies and resumes the loop where it stopped; parameters
+saved without optimiser state come back without it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support.engines import REPO_ROOT
+from tests.unit.trainer.backends.test_torch_backend import constructed_batch
+from trainer.backends import StepObjective
 from trainer.backends.torch_backend import TorchBackend
 from trainer.checkpoint import latest_checkpoint, read_manifest
 from trainer.config import TrainerConfig
@@ -72,3 +76,27 @@ def test_kill_9_anywhere_in_a_saving_loop_leaves_the_newest_checkpoint_loadable(
         assert latest.name in kept and len(kept) <= KEEP + 1  # killed before its pruning
         leftovers = sorted(p.name for p in root.iterdir() if p.name.startswith("."))
         print(f"kill {kill}: newest step-{steps}, kept {kept}, leftovers {leftovers}")
+
+
+def test_a_parameter_without_optimizer_state_is_restored_without_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A parameter no gradient reached before the save (a MoE expert no token was routed to, a
+    pipeline stage's unused value head) has no AdamW state: the checkpoint still loads (a fresh
+    optimiser's template has state for every parameter), that parameter comes back without
+    state, and the next step equals the saved run's."""
+    config = {"actor": {"lr": 1e-3}, "critic": {"optimizer": {"lr": 1e-3}}}
+    a = TorchBackend(TrainerConfig(model=str(tiny_model_dir), **config))
+    batch = constructed_batch(a)
+    a.train_step(batch, StepObjective())
+    names = dict(a.actor.named_parameters())
+    unreached = "model.layers.0.mlp.up_proj.weight"
+    a.actor_optimizer.state.pop(names[unreached])  # as if no gradient had reached it
+    a.save(tmp_path / "ckpt")
+    want = a.train_step(batch, StepObjective())
+    b = TorchBackend(TrainerConfig(model=str(tiny_model_dir), **config))
+    b.load(tmp_path / "ckpt")
+    stateful = {n for n, p in b.actor.named_parameters() if p in b.actor_optimizer.state}
+    assert unreached not in stateful and len(stateful) == len(names) - 1
+    assert b.train_step(batch, StepObjective()) == want
+    assert all(torch.equal(p, names[n]) for n, p in b.actor.named_parameters())

@@ -1,5 +1,5 @@
 """The driver refuses a backend that cannot checkpoint before its first step, not at its
-first checkpoint (a megatron layout without dist-checkpointing)."""
+first checkpoint (the hook any backend with an uncheckpointable layout answers)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tests.support.megatron_resume import EXTRA, assert_resumed
 from tests.support.ranks import run_ranks
 from tests.support.trajectory_records import record, turn
 from trainer.backends import BackendError, StepObjective, create_backend
@@ -266,10 +267,12 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
     for name, tensor in one.named_weights():
         adam_parity(tensor, two["stepped"][name], hf[name])
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
-    assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
-    assert two["checkpoint_problem"] == two["save_refused"]  # the driver refuses before step 1
-    assert two["dp"]["checkpoint_problem"] == two["save_refused"]
-    assert one.checkpoint_problem() is None  # one process checkpoints
+    # checkpoints under TP=2: a fresh TP=2 backend resumes with the identical next step
+    assert two["checkpoint_problem"] is None and two["dp"]["checkpoint_problem"] is None
+    assert_resumed(two["resume"])
+    refused = two["dp"]["layout_refused"]  # the TP=2 checkpoint under TP=1: named, not loaded
+    assert "saved under tensor_parallel=2 pipeline_parallel=1 expert_parallel=1" in refused
+    assert "this trainer runs tensor_parallel=1" in refused
     # the same pair as TP=1 x DP=2: each rank scores and trains its groups, the sums are whole
     dp = two["dp"]
     assert dp["world"] == 2
@@ -280,3 +283,9 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
     for name, tensor in one.named_weights():
         adam_parity(tensor, dp["stepped"][name], hf[name])
     assert torch.allclose(dp["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
+    assert_resumed(dp["resume"])
+    # the data-parallel checkpoint loads into one process (replicas share their keys)
+    alone = make(model, "megatron", actor={"lr": LR}, critic={"optimizer": {"lr": LR}})
+    assert alone.load(f"{export}-dp-ckpt") == EXTRA and alone.steps == 1
+    resumed = alone.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    close_metrics(dp["resume"]["metrics"][0], resumed)

@@ -3,8 +3,8 @@ layer of the tiny model per stage) scores a batch through megatron's 1F1B schedu
 process, gathers the HF weights from both stages bit-exactly and takes the same Li2SAO step
 (backward through the schedule); the same processes as EP=2 on the tiny MoE (two experts per
 rank) score like one process, gather every expert bit-exactly and take the same step, and
-so does plain data parallel on the MoE;
-checkpoints (not built under PP) are refused with a clear error.
+so does plain data parallel on the MoE; under PP=2 and EP=2 a fresh backend resumes from a
+checkpoint with the identical next step.
 
 One process pair serves every check (each process pays seconds of megatron-core import)."""
 
@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.megatron_pp_worker import BATCH, STEP
+from tests.support.megatron_resume import assert_resumed
 from tests.support.ranks import run_ranks
 from tests.unit.trainer.backends.megatron.test_backend import (
     LR,
@@ -93,7 +94,7 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
         moved += int((tensor - hf[name]).abs().gt(0.5 * LR).sum())
     assert moved > 10_000
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
-    assert "under tensor, pipeline, expert or data parallel are not built" in two["save_refused"]
+    assert_resumed(two["resume"])  # a fresh PP=2 backend resumes with the identical step
     # expert parallel: each rank holds two of the four experts, yet scores every token
     ep = two["ep"]
     for names in ep["rank_names"]:
@@ -119,6 +120,7 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
     assert moved > 10_000
     head = one_moe.critic.value_head.weight
     assert torch.allclose(ep["value_head"], head, atol=1e-5, rtol=0)
+    assert_resumed(ep["resume"])  # each EP rank's experts saved and restored
     # the MoE under plain data parallel (TP=PP=EP=1, rows by group, experts replicated)
     dp = two["moe_dp"]
     assert dp["world"] == 2
