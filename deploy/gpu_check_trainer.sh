@@ -7,10 +7,12 @@
 # 1. `python -m trainer score` on the tiny model, torch and megatron backends, on cuda and on
 #    the CPU: the per-token logprobs must agree (fp32, max |diff| < 1e-3).
 # 2. The toy Li2SAO run (trainer/configs/toy_li2sao.yaml, 3 steps) through the whole local stack
-#    with the trainer on cuda: torch backend fp32, torch backend bf16, megatron backend fp32.
-#    Each must exit 0 with 3 metrics rows and a checkpoint of step 3.
-# 3. With 2 or more GPUs: the same run under torchrun with 2 ranks (NCCL, FSDP2; rank 0 drives,
-#    rank 1 follows), checkpoint shards of both ranks.
+#    with the trainer on cuda: torch backend fp32, torch backend bf16, megatron backend fp32,
+#    megatron with activation recompute. Each must exit 0 with 3 metrics rows and a checkpoint
+#    of step 3.
+# 3. With 2 or more GPUs: the same run under torchrun with 2 ranks (NCCL; rank 0 drives,
+#    rank 1 follows): the torch backend (FSDP2) and the megatron backend as two pipeline
+#    stages, checkpoint shards of both ranks.
 #
 # Prints one PASS / FAIL line per check and exits non-zero if any failed. Needs `make setup`
 # (the venv, the tiny and toy models, bwrap trees) and a CUDA build of torch.
@@ -18,7 +20,7 @@
 # Environment:
 #   PYTHON   python with swerl installed (default: .venv/bin/python)
 set -uo pipefail
-[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
@@ -91,10 +93,12 @@ toy_run() {  # NAME NPROC ENV...
 toy_run torch-fp32 1
 toy_run torch-bf16 1 SWERL_TRAINER__PRECISION=bf16
 toy_run megatron-fp32 1 SWERL_TRAINER__BACKEND=megatron
+toy_run megatron-recompute 1 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__ACTIVATION_CHECKPOINTING=true
 if [[ "$GPUS" -ge 2 ]]; then
   toy_run torch-2ranks-nccl 2
+  toy_run megatron-2stages-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__PIPELINE_PARALLEL=2
 else
-  echo "SKIP toy-torch-2ranks-nccl (one GPU: NCCL needs a GPU per rank)"
+  echo "SKIP toy-torch-2ranks-nccl, toy-megatron-2stages-nccl (one GPU: NCCL needs a GPU per rank)"
 fi
 
 exit $FAILED

@@ -28,8 +28,9 @@ batch (megatron's allgather dispatcher moves the tokens); the experts are gather
 weights out, and a step divides the experts' gradients by EP
 (:func:`expert_parallel_grad_norm`). Tensor and data parallel together, MoE under tensor or
 pipeline parallel, the distributed optimizer, resharding a checkpoint to another
-model-parallel layout, bf16 and activation recompute are not built yet and raise
-:class:`BackendError`.
+model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
+``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
+and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
 
 from __future__ import annotations
@@ -219,19 +220,27 @@ class MegatronBackend(TorchBackend):
         """Actor, critic (attention and embeddings frozen) and, with a KL term, the frozen
         reference policy, each a ``GPTModel`` holding this rank's ``weights``."""
         from trainer.backends.megatron import convert
-        from trainer.backends.megatron.model import MegatronScorer, MegatronValueModel, build_gpt
+        from trainer.backends.megatron.model import (
+            MegatronScorer,
+            MegatronValueModel,
+            build_gpt,
+            embeddings_require_grad,
+        )
 
         config, hf_config = self.config, self.hf_config
 
-        def gpt() -> nn.Module:
-            model = build_gpt(hf_config)
+        def gpt(recompute: bool = config.activation_checkpointing) -> nn.Module:
+            model = build_gpt(hf_config, recompute=recompute)
             convert.load_into(model, weights)
             return model.to(self.device)
 
         self.actor = gpt()
         generator = torch.Generator().manual_seed(config.seed)  # the torch critic's head init
         head, std = config.critic.head, config.critic.head_init_std
-        critic = MegatronValueModel(gpt(), int(hf_config.hidden_size), head, std, generator)
+        body = gpt()
+        if config.activation_checkpointing:
+            embeddings_require_grad(body)  # frozen embeddings, recomputed trainable layers
+        critic = MegatronValueModel(body, int(hf_config.hidden_size), head, std, generator)
         try:
             self.frozen_critic_params = freeze_attention(critic)
         except ValueError as exc:
@@ -240,7 +249,7 @@ class MegatronBackend(TorchBackend):
         self.scorer = MegatronScorer(self.actor)
         self.reference = None
         if config.kl_coef > 0:
-            self.reference = MegatronScorer(gpt().requires_grad_(False).eval())
+            self.reference = MegatronScorer(gpt(False).requires_grad_(False).eval())
         self.actor.train()
         self.critic.train()
         self.expert_params = {
@@ -260,8 +269,6 @@ class MegatronBackend(TorchBackend):
     def _check_settings(config: TrainerConfig) -> None:
         if config.precision != "fp32":
             raise BackendError("the megatron backend runs fp32 only so far (bf16 is not built)")
-        if config.activation_checkpointing:
-            raise BackendError("activation recompute is not built in the megatron backend yet")
 
     @staticmethod
     def _check_world(tp: int, pp: int = 1, ep: int = 1) -> None:

@@ -26,6 +26,12 @@ nothing else (each entry names what it replaces and why):
    embeddings the last stage moves its copy of the word embeddings to "the GPU" before the
    all-reduce that makes it equal to the first stage's.
 
+6. ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` -> None / a
+   no-op: activation recompute (``recompute_granularity="full"``) saves "all RNG states"
+   before a layer's forward and restores them for its recomputation: the CPU generator's and
+   the tracker's (2), which are this machine's, and the CUDA generator's, which does not
+   exist here.
+
 Not needed yet (the backend drives the backward itself, with torch's AdamW): Megatron DDP's
 and the DistributedOptimizer's CUDA streams, events and ``device="cuda"`` scratch tensors and
 its ``param.type()`` check, which the feasibility spike of issue 10 also had to replace. They
@@ -110,9 +116,19 @@ class _CpuTorch:
         return self._real.zeros(*args, **kwargs)
 
 
+def _no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
+    """(6) There is no CUDA generator to read: activation recompute keeps the CPU generator's
+    state and the tracker's (1-2) beside this one, which is None."""
+    return None
+
+
+def _set_no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
+    """(6) Nothing to put back (see :func:`_no_cuda_rng_state`)."""
+
+
 def install() -> list[str]:
-    """Apply the process-wide replacements above (1-4) when CUDA is unavailable; return what
-    is replaced."""
+    """Apply the process-wide replacements above (1-4, 6) when CUDA is unavailable; return
+    what is replaced."""
     if _INSTALLED or torch.cuda.is_available():
         return list(_INSTALLED)
     from megatron.core.pipeline_parallel import schedules
@@ -121,6 +137,8 @@ def install() -> list[str]:
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     megatron_random._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()  # type: ignore[assignment]
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    megatron_random._get_cuda_rng_state = _no_cuda_rng_state  # type: ignore[assignment]
+    megatron_random._set_cuda_rng_state = _set_no_cuda_rng_state  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     schedules.torch = _CpuTorch(torch)  # type: ignore[assignment]
     _INSTALLED.extend(
@@ -129,6 +147,7 @@ def install() -> list[str]:
             "megatron.core.tensor_parallel.random._CUDA_RNG_STATE_TRACKER",
             "torch.cuda.synchronize",
             "megatron.core.pipeline_parallel.schedules.torch.zeros(device='cuda')",
+            "megatron.core.tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state",
         ]
     )
     return list(_INSTALLED)

@@ -128,8 +128,12 @@ def head_dim(hf_config: Any) -> int:
     return int(explicit or hf_config.hidden_size // hf_config.num_attention_heads)
 
 
-def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> Any:
-    """Megatron's ``TransformerConfig`` for ``hf_config`` (fusions off, CPU initialisation)."""
+def transformer_config(
+    hf_config: Any, dtype: torch.dtype = torch.float32, recompute: bool = False
+) -> Any:
+    """Megatron's ``TransformerConfig`` for ``hf_config`` (fusions off, CPU initialisation);
+    ``recompute``: full activation recompute, one layer per checkpoint (each layer keeps only
+    its input and runs its forward again in the backward)."""
     from megatron.core import parallel_state
     from megatron.core.transformer import TransformerConfig
 
@@ -167,13 +171,24 @@ def transformer_config(hf_config: Any, dtype: torch.dtype = torch.float32) -> An
         gradient_accumulation_fusion=False,
         params_dtype=dtype,
         **moe_settings(hf_config),
+        **(
+            {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
+            if recompute
+            else {}
+        ),
     )
 
 
-def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
+def build_gpt(
+    hf_config: Any, dtype: torch.dtype = torch.float32, recompute: bool = False
+) -> nn.Module:
     """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape, this pipeline stage's part
     (the embedding on the first stage, the final norm and output layer on the last, the
-    stage's share of the layers); load weights with
+    stage's share of the layers; ``recompute``: :func:`transformer_config`'s); load weights with
     :func:`trainer.backends.megatron.convert.hf_to_megatron` (and
     :func:`~trainer.backends.megatron.convert.pipeline_stage`)."""
     from megatron.core import parallel_state
@@ -182,7 +197,7 @@ def build_gpt(hf_config: Any, dtype: torch.dtype = torch.float32) -> nn.Module:
 
     from trainer.backends.megatron import cpu_compat
 
-    config = transformer_config(hf_config, dtype)
+    config = transformer_config(hf_config, dtype, recompute)
     experts = num_experts(hf_config) if is_moe(hf_config) else None
     spec = get_gpt_layer_local_spec(
         num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
@@ -343,3 +358,21 @@ class MegatronValueModel(ValueModel):
         picked = pick(hidden, inputs)
         out = self.value_head(picked).squeeze(-1).float().reshape(inputs.index.shape)
         return torch.sigmoid(out) if self.head_kind == "sigmoid" and not raw else out
+
+
+def embeddings_require_grad(model: nn.Module) -> None:
+    """Make the embedding output of ``model`` (its first pipeline stage) require grad while
+    gradients are on. Activation recompute checkpoints each layer through an autograd
+    function whose output needs a gradient only if one of its inputs does: with frozen
+    embeddings (the critic) none would, and the recomputed layers' trainable MLPs would get
+    no gradient. (What HF's ``enable_input_require_grads`` does for the same reason.)"""
+    embedding = getattr(model, "embedding", None)
+    if embedding is None:  # a later stage: the schedule's received activations need grads
+        return
+
+    def needs_grad(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and not output.requires_grad:
+            return output.requires_grad_(True)
+        return output
+
+    embedding.register_forward_hook(needs_grad)

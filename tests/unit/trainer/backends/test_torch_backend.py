@@ -160,6 +160,40 @@ def test_micro_batching_accumulates_the_whole_batch_gradient(tiny_model_dir: Pat
     assert largest > 1e-4  # the step moved the weights
 
 
+def assert_stepped_alike(plain: TorchBackend, recomputed: TorchBackend, start: dict) -> None:
+    """After the same step with and without activation recompute: every actor and critic
+    tensor within 1e-6, and every critic MLP tensor moved from ``start`` (the critic's)."""
+    for model in ("actor", "critic"):
+        mine = dict(getattr(recomputed, model).named_parameters())
+        for name, tensor in getattr(plain, model).named_parameters():
+            assert torch.allclose(tensor, mine[name], atol=1e-6, rtol=0), (model, name)
+    mlp = [n for n in start if ".mlp." in n]
+    critic = dict(recomputed.critic.named_parameters())
+    assert mlp and all(float((critic[n] - start[n]).abs().max()) > 0 for n in mlp)
+
+
+def test_activation_checkpointing_takes_the_same_step(tiny_model_dir: Path) -> None:
+    """HF activation checkpointing in actor and critic body: the same step, and the critic's
+    MLPs still train (its embeddings are frozen: a checkpointed layer whose inputs need no
+    gradient would give its parameters none)."""
+    cfg = {"actor": {"lr": 1e-2}, "critic": {"optimizer": {"lr": 1e-2}}}
+    plain = backend(tiny_model_dir, **cfg)
+    recomputed = backend(tiny_model_dir, **cfg, activation_checkpointing=True)
+    assert (
+        recomputed.critic.body.is_gradient_checkpointing
+        and not plain.actor.is_gradient_checkpointing
+    )
+    start = {n: p.detach().clone() for n, p in plain.critic.named_parameters()}
+    batch = constructed_batch(plain, rewards=(1.0, 0.0, 0.0, 1.0))
+    want, got = (
+        plain.train_step(batch, StepObjective()),
+        recomputed.train_step(batch, StepObjective()),
+    )
+    for key, value in want.items():
+        assert abs(value - got[key]) <= 1e-5 * max(1.0, abs(value)), key
+    assert_stepped_alike(plain, recomputed, start)
+
+
 @pytest.mark.slow  # exports, reloads and serves the model
 def test_export_loads_in_transformers_and_the_engine_with_equal_logprobs(
     tiny_model_dir: Path, engine_url: str, tmp_path: Path

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from tests.support.megatron_resume import EXTRA, assert_resumed
 from tests.support.ranks import run_ranks
 from tests.support.trajectory_records import record, turn
+from tests.unit.trainer.backends.test_torch_backend import assert_stepped_alike
 from trainer.backends import BackendError, StepObjective, create_backend
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.backends.torch_backend import PolicyScorer, TorchBackend
@@ -196,8 +197,40 @@ def test_the_export_loads_in_transformers_with_the_same_logprobs(
 def test_unsupported_models_and_settings_are_named(tiny_model_dir: Path) -> None:
     with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
         make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
-    with pytest.raises(BackendError, match="activation recompute"):
-        make(tiny_model_dir, "megatron", activation_checkpointing=True)
+
+
+def recompute_parity(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full recompute (one layer per checkpoint) in actor and critic: every layer's forward
+    runs again in the backward, and the step is the plain step (metrics, actor and critic)."""
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    lrs = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+    plain = make(model_dir, "megatron", **lrs)
+    recomputed = make(model_dir, "megatron", activation_checkpointing=True, **lrs)
+    start = {n: p.detach().clone() for n, p in plain.critic.named_parameters()}
+    batch = parity_batch(plain)
+    real, runs = megatron_random.CheckpointFunction.backward, []
+
+    def counted(ctx, *grads):
+        runs.append(1)
+        return real(ctx, *grads)
+
+    monkeypatch.setattr(megatron_random.CheckpointFunction, "backward", staticmethod(counted))
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    want = plain.train_step(batch, objective)
+    assert not runs  # the plain backend keeps its activations
+    got = recomputed.train_step(batch, objective)
+    # actor and critic each recompute every layer (the critic's embeddings are frozen: without
+    # embeddings_require_grad its checkpoints had no backward and its MLPs no gradient)
+    assert len(runs) >= 2 * plain.hf_config.num_hidden_layers
+    close_metrics(want, got)
+    assert_stepped_alike(plain, recomputed, start)
+
+
+def test_activation_recompute_takes_the_same_step(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recompute_parity(tiny_model_dir, monkeypatch)
 
 
 def test_save_load_continues_with_the_identical_next_step(

@@ -2,7 +2,8 @@
 top-2, fp32): the Megatron MoE layer (router, per-expert SwiGLU, HF's renormalised top-k, no
 auxiliary loss, no dropped token) gives the same per-token logprobs, entropies and values, the
 same step (metrics; exported router and expert weights after one AdamW step at lr 1e-2), the
-critic's freezing rule on a MoE, and an export transformers loads with the same logprobs.
+critic's freezing rule on a MoE, an export transformers loads with the same logprobs, and
+activation recompute through the MoE layers.
 
 One pair of backends serves the forward and step checks (megatron-core's import is paid once
 per process, each MoE backend a fraction of a second)."""
@@ -22,6 +23,7 @@ from tests.unit.trainer.backends.megatron.test_backend import (
     close_metrics,
     make,
     parity_batch,
+    recompute_parity,
 )
 from trainer.backends import BackendError, StepObjective
 from trainer.backends.megatron.model import check_supported
@@ -135,3 +137,9 @@ def test_moe_shapes_and_parallel_settings_not_built_are_named(
         make(tiny_moe_dir, "megatron", megatron={"pipeline_parallel": 2})
     with pytest.raises(BackendError, match="a KL reference under pipeline parallel"):
         make(tiny_model_dir, "megatron", megatron={"pipeline_parallel": 2}, kl_coef=0.1)
+
+
+def test_activation_recompute_through_the_moe_layers_takes_the_same_step(
+    tiny_moe_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recompute_parity(tiny_moe_dir, monkeypatch)  # router and experts recomputed too
