@@ -11,7 +11,9 @@ For one :class:`RolloutTask` (see docs/tasks-and-rewards.md, "Trajectory runs"):
    (not retried) with a reason naming both;
 2. **create** the agent sandbox from the instance image: no network but the LLM relay to the
    adapter, the configured limits, the read-only agent-server bundle, ownership labels;
-3. **pin the diff base**: the repository's ``HEAD`` when the sandbox starts. For the images
+3. **make the task state** of a SWE-smith row (its bug applied, its failing tests hidden:
+   :mod:`sandbox_worker.task_state`; other images already are the task), then
+   **pin the diff base**: the repository's ``HEAD`` when the sandbox starts. For the images
    built here it *is* ``base_commit``; official SWE-bench images commit their environment setup
    on top of the base, so the agent's work is diffed against that start commit (the evaluation
    keeps such a descendant ``HEAD`` too). A ``HEAD`` that is not ``base_commit`` and does not
@@ -62,6 +64,7 @@ from sandbox_worker.records import OpenFailedError, close_record, open_record, t
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CANCELLED, RunContext
 from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
+from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import SWEInstance
 from services.protocol.tasks import RolloutTask
 from services.protocol.trajectory import Outcome, OutcomeStatus
@@ -281,9 +284,12 @@ class SandboxTrajectoryRunner:
             labels = self.backend.image_labels(image)
         except (SandboxInfraError, OSError) as exc:
             raise _Abort(f"image label lookup failed: {exc}") from exc
-        if not labels or "swerl.base_commit" not in labels or not instance.base_commit:
+        snapshot = self.settings.snapshot_images or instance.is_swesmith
+        if not labels or "swerl.base_commit" not in labels:
             return
-        if self.settings.snapshot_images:  # SWE-smith: the id names the snapshot
+        if not snapshot and not instance.base_commit:
+            return
+        if snapshot:  # SWE-smith: the id names the snapshot
             try:
                 snap = images.swesmith_snapshot(instance.instance_id)
             except ValueError as exc:
@@ -370,7 +376,13 @@ class SandboxTrajectoryRunner:
         """Diff base -> agent -> patch in the agent sandbox; an aborted ending raises."""
         s = self.settings
         try:
+            # SWE-smith: the bug applied, the F2P tests hidden (sandbox_worker.task_state)
+            instance = prepare_task(
+                sandbox, instance, s.workdir, scratch_dir=s.evaluation.scratch_dir
+            )
             base = resolve_diff_base(sandbox, instance, s.workdir)
+        except TaskStateError as exc:
+            raise _Abort(f"wrong image: {exc}", retryable=False) from exc
         except SandboxInfraError as exc:
             raise _Abort(f"sandbox failed: {exc}") from exc
         run.report["diff_base"] = {"commit": base.commit, "kind": base.kind}

@@ -96,7 +96,7 @@ def validate_instance(
         return evaluate_patch(backend, instance, patch, image, node=node, config=eval_config)
 
     if "gold" in checks:
-        gold = run(instance.patch)
+        gold = run(instance.gold_patch)
         result.excluded_p2p = p2p_failing_on_gold(gold)
         if result.excluded_p2p:
             kept = [t for t in instance.PASS_TO_PASS if t not in result.excluded_p2p]

@@ -104,6 +104,7 @@ from sandbox_worker.evaluation.structured_report import (
     StructuredReport,
     parse_structured_report,
 )
+from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import REPO_PATTERN, SWEInstance
 
 log = logging.getLogger(__name__)
@@ -290,6 +291,18 @@ def _evaluate_in(
     config: EvalConfig,
     transcript: list[str],
 ) -> dict[str, object]:
+    if instance.is_swesmith:  # the task state first: bug applied, F2P tests hidden
+        try:
+            instance = prepare_task(
+                sandbox,
+                instance,
+                config.workdir,
+                scratch_dir=config.scratch_dir,
+                timeout_s=config.step_timeout_s,
+            )
+        except TaskStateError as exc:
+            raise _InfraFailure(f"wrong image: {exc}") from None
+        transcript.append(f"$ task state of {instance.instance_id}: {instance.base_commit}")
     base = instance.base_ref
     result = sandbox.exec(
         reset_script(base), workdir=config.workdir, timeout_s=config.step_timeout_s
@@ -439,7 +452,8 @@ def _restore_infra(
         changed_untracked = {p for p in base.snapshot if before_sha.get(p) != after_sha.get(p)}
     exempt = set()
     if instance.patch:
-        exempt = set(modified_files(instance.patch)) | set(new_files(instance.patch))
+        gold = instance.gold_patch
+        exempt = set(modified_files(gold)) | set(new_files(gold))
     plan = plan_restore(
         base.tree,
         after,
@@ -591,8 +605,9 @@ def _run_tests(
     if instance.test_patch:
         test_patch_path = f"{config.scratch_dir}/swerl-test.diff"
         sandbox.write_file(test_patch_path, instance.test_patch.encode())
+    if instance.test_patch and not instance.is_swesmith:
         files = directives_of_test_patch(instance.test_patch)
-    else:
+    else:  # SWE-smith's test patch holds the hidden F2P files only: run every graded file
         files = files_of_test_ids(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
     runner = instance.test_cmd or config.test_cmd
     plugin = None

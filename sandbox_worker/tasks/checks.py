@@ -14,7 +14,12 @@ any SWE-bench-style instance.
 
 from __future__ import annotations
 
-from sandbox_worker.evaluation.patches import DEV_NULL, PatchedFile, patched_files
+from sandbox_worker.evaluation.patches import (
+    DEV_NULL,
+    PatchedFile,
+    files_of_test_ids,
+    patched_files,
+)
 from services.protocol.instance import SWEInstance
 
 TAMPER_LINE = 'raise RuntimeError("swerl validation: this protected test file was tampered with")'
@@ -26,8 +31,21 @@ class CheckPatchError(ValueError):
 
 
 def tampered_patch(instance: SWEInstance) -> str:
-    """Gold patch + a hunk inserting ``raise RuntimeError(...)`` into a protected test file."""
+    """Gold patch + a hunk inserting ``raise RuntimeError(...)`` into a protected test file
+    (SWE-smith: creating the first hidden F2P test file, which the task state removed)."""
+    if instance.is_swesmith:
+        hidden = files_of_test_ids(instance.FAIL_TO_PASS)
+        if not hidden:
+            raise CheckPatchError("no FAIL_TO_PASS test file to tamper with")
+        return _ensure_newline(instance.gold_patch) + _new_file_hunk(hidden[0])
     return _ensure_newline(instance.patch) + tamper_hunk(instance.test_patch)
+
+
+def _new_file_hunk(path: str) -> str:
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n"
+        f"--- {DEV_NULL}\n+++ b/{path}\n@@ -0,0 +1 @@\n+{TAMPER_LINE}\n"
+    )
 
 
 def tamper_hunk(test_patch: str) -> str:
@@ -38,11 +56,7 @@ def tamper_hunk(test_patch: str) -> str:
             return _insert_into_first_hunk(patched)
     for patched in files:
         if patched.source == DEV_NULL:
-            path = patched.target
-            return (
-                f"diff --git a/{path} b/{path}\nnew file mode 100644\n"
-                f"--- {DEV_NULL}\n+++ b/{path}\n@@ -0,0 +1 @@\n+{TAMPER_LINE}\n"
-            )
+            return _new_file_hunk(patched.target)
     raise CheckPatchError("the test patch modifies or creates no file to tamper with")
 
 
@@ -68,7 +82,7 @@ def _insert_into_first_hunk(patched: PatchedFile) -> str:
 def broken_patch(instance: SWEInstance) -> str:
     """The gold patch's modifications, redirected to files under a directory that is absent."""
     parts = []
-    for patched in patched_files(instance.patch):
+    for patched in patched_files(instance.gold_patch):
         if patched.source == DEV_NULL or patched.target == DEV_NULL or not patched.hunks:
             continue
         source = f"{MISSING_DIR}/{patched.source}"

@@ -88,13 +88,13 @@ def solution_turns(instance: SWEInstance, repo_dir: str = "/testbed") -> list[st
     """The scripted assistant outputs that apply ``instance``'s gold patch and finish."""
     if not _REPO_DIR_RE.match(repo_dir):
         raise ScriptBuildError(f"repo_dir must be a plain absolute path, got {repo_dir!r}")
-    if not instance.patch.strip():
+    if not instance.gold_patch.strip():
         raise ScriptBuildError(f"{instance.instance_id}: the gold patch is empty")
     apply = f"cd {repo_dir} && git apply --verbose {PATCH_PATH} && git status --short"
     return [
         tool_call(
             TERMINAL_TOOL,
-            {"command": write_patch_command(instance.patch)},
+            {"command": write_patch_command(instance.gold_patch)},
             thought=f"{LABEL} for {instance.instance_id}: write the reference patch.\n",
         ),
         tool_call(TERMINAL_TOOL, {"command": apply}, thought=f"{LABEL}: apply it.\n"),

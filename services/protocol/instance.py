@@ -8,9 +8,13 @@ as is. The variants differ in details this model absorbs:
 * ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` are JSON-encoded strings in SWE-bench's Hugging Face
   rows and plain lists in SWE-Gym / SWE-smith / parquet files: both are accepted, and
   :meth:`SWEInstance.to_swebench_dict` writes the JSON-string form back.
-* SWE-smith rows have no ``base_commit`` (the instance image's ``HEAD`` *is* the buggy base)
-  and no ``test_patch`` (the failing tests are already in the repository); both are optional,
-  and :attr:`SWEInstance.base_ref` says which revision to diff against.
+* SWE-smith rows (``repo`` in SWE-smith's mirror organisation, ``swesmith/<owner>__<name>.
+  <commit8>``; :attr:`SWEInstance.is_swesmith`) have no ``base_commit`` and no ``test_patch``,
+  and their ``patch`` is the diff that *introduces* the bug into the repository snapshot of
+  their image: the fix, :attr:`SWEInstance.gold_patch`, is its reverse. The task state (bug
+  applied, failing tests hidden) is made in each sandbox by :mod:`sandbox_worker.task_state`,
+  which gives the rest of the pipeline a SWE-bench-shaped instance (``base_commit`` the task
+  commit, ``test_patch`` the hidden tests).
 * Unknown extra columns (SWE-smith's ``image_name``, SWE-bench Verified's ``difficulty``,
   ``meta``...) are kept on purpose (``model_extra``, written back by ``to_swebench_dict``), not
   rejected: image naming and reports read them, and a loader that dropped columns would make
@@ -28,13 +32,17 @@ import json
 from datetime import date, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.protocol.diff_reverse import reverse_unified_diff
 from services.protocol.diffs import unified_diff_problem
 
 # instance ids appear in sandbox names, image tags and Redis keys: keep them to a safe alphabet.
 INSTANCE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+\-]{0,199}$"
 REPO_PATTERN = r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$"
+# SWE-smith's GitHub organisation of repository mirrors: its rows' ``repo`` is
+# ``swesmith/<owner>__<name>.<commit8>``.
+SWESMITH_ORG = "swesmith"
 # A commit hash or ref name; never whitespace or shell metacharacters.
 GIT_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/\-]{0,199}$"
 
@@ -83,6 +91,18 @@ class SWEInstance(BaseModel):
             raise ValueError(f"is not a unified diff: {problem}")
         return value
 
+    @model_validator(mode="after")
+    def _swesmith_bug_reverses(self) -> SWEInstance:
+        """A SWE-smith row's gold patch is the reverse of its ``patch``: it must have one."""
+        if self.is_swesmith:
+            try:
+                reverse_unified_diff(self.patch)
+            except ValueError as exc:
+                raise ValueError(
+                    f"patch: a SWE-smith bug patch must be reversible: {exc}"
+                ) from None
+        return self
+
     @field_validator("version", "created_at", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:
@@ -97,6 +117,16 @@ class SWEInstance(BaseModel):
     @classmethod
     def _none_is_empty(cls, value: Any) -> Any:
         return "" if value is None else value
+
+    @property
+    def is_swesmith(self) -> bool:
+        """A SWE-smith row: its ``patch`` introduces the bug (module docstring)."""
+        return self.repo.startswith(SWESMITH_ORG + "/")
+
+    @property
+    def gold_patch(self) -> str:
+        """The patch that resolves the instance: ``patch``, or its reverse for SWE-smith."""
+        return reverse_unified_diff(self.patch) if self.is_swesmith else self.patch
 
     @property
     def base_ref(self) -> str:

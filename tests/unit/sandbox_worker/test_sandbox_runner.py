@@ -8,6 +8,7 @@ told, and that every sandbox is gone afterwards (the ``harness`` fixture fails o
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -349,8 +350,6 @@ def test_image_with_setup_commit_diffs_against_its_start_head(
     harness: Harness, tmp_path: Path
 ) -> None:
     """Like an official SWE-bench image: HEAD is a commit on top of base_commit."""
-    import shutil
-
     template = tmp_path / "setup-image"
     shutil.copytree(harness.templates[IMAGE], template, symlinks=True)
     (template / "SETUP.txt").write_text("environment setup\n")
@@ -447,3 +446,48 @@ def test_worker_node_names_are_mapped_to_the_backend_alphabet(harness: Harness) 
     runner.run(make_task(), make_ctx(node="GPU_Node.7"))
     node = calls[0]["sandbox"].spec.node
     assert node != "GPU_Node.7" and node.startswith("gpu-node-") and len(node) <= 20
+
+
+def test_a_swesmith_row_runs_on_its_task_state(harness: Harness, tmp_path: Path) -> None:
+    """A SWE-smith row over a repository snapshot (the fixed code and its tests): the agent
+    starts with the bug in and the FAIL_TO_PASS test files hidden, its patch is taken against
+    that task commit, and the fix (the reverse of the row's patch) earns reward 1."""
+    from sandbox_worker.evaluation.patches import files_of_test_ids
+    from services.protocol.diff_reverse import reverse_unified_diff
+    from tests.unit.sandbox_worker.test_task_state import git
+
+    inst = harness.instance
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(harness.templates[IMAGE], snapshot, symlinks=True)
+    for diff in (inst.patch, inst.test_patch):
+        (tmp_path / "p.diff").write_text(diff)
+        git(snapshot, "apply", str(tmp_path / "p.diff"))
+    git(snapshot, "add", "-A")
+    git(snapshot, "commit", "-q", "-m", "snapshot")
+    harness.backend.templates[IMAGE] = snapshot
+    commit8 = git(snapshot, "rev-parse", "HEAD")[:8]
+    smith = inst.model_copy(
+        update={
+            "instance_id": f"swerl__spanlib.{commit8}.lm_rewrite__x1",
+            "repo": f"swesmith/swerl__spanlib.{commit8}",
+            "patch": reverse_unified_diff(inst.patch),
+            "base_commit": None,
+            "test_patch": "",
+        }
+    )
+    hidden = files_of_test_ids(smith.FAIL_TO_PASS)
+    seen: list[bool] = []
+
+    def fix(sandbox: Sandbox) -> None:
+        work = Path(harness.settings.workdir)
+        seen.extend((work / f).exists() for f in hidden)
+        sandbox.write_file(f"{work}/../fix.diff", smith.gold_patch.encode())
+        res = sandbox.exec("git apply ../fix.diff", workdir=str(work))
+        assert res.exit_code == 0, res.output
+
+    runner = harness.runner(agent(EndReason.FINISHED, fix), instances={smith.instance_id: smith})
+    outcome = runner.run(make_task(smith.instance_id), make_ctx())
+    assert hidden and seen == [False] * len(hidden)  # the graded tests were out of sight
+    assert outcome.status is OutcomeStatus.COMPLETED and outcome.reward == 1.0, outcome
+    assert outcome.patch == smith.gold_patch  # against the task commit: no test deletions
+    assert outcome.test_report["diff_base"]["kind"] == DIFF_BASE_COMMIT

@@ -66,6 +66,16 @@ def test_swesmith_style_rows_keep_extras_and_default_base(tmp_path: Path) -> Non
     assert smith.test_patch == "" and smith.PASS_TO_PASS == []
     assert smith.model_extra == {"image_name": SMITH_ROW["image_name"]}
     assert bench.instance_id == "octo__lib-17"
+    # SWE-smith's patch introduces the bug: the gold patch is its reverse
+    assert smith.is_swesmith and not bench.is_swesmith
+    assert smith.gold_patch == PATCH.replace("-a\n+b", "-b\n+a") and bench.gold_patch == PATCH
+
+
+def test_a_swesmith_bug_patch_that_cannot_be_reversed_is_a_row_error(tmp_path: Path) -> None:
+    binary = "diff --git a/x.bin b/x.bin\n--- a/x.bin\n+++ b/x.bin\nGIT binary patch\n"
+    path = write_jsonl(tmp_path / "d.jsonl", [{**SMITH_ROW, "patch": PATCH + binary}])
+    with pytest.raises(DatasetError, match="SWE-smith bug patch must be reversible"):
+        load_instances(path)
 
 
 def test_the_mini_set_loads() -> None:
