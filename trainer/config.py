@@ -119,6 +119,13 @@ class MegatronConfig(StrictModel):
         ge=1,
         description="pipeline stages (PP = world, TP = 1, dense models)",
     )
+    distributed_optimizer: bool = Field(
+        default=False,
+        description=(
+            "shard the AdamW states over the data-parallel ranks (ZeRO-1: torch's "
+            "ZeroRedundancyOptimizer; data parallel only, a no-op in one process)"
+        ),
+    )
 
 
 class TrainerConfig(StrictModel):

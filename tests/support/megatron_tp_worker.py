@@ -10,8 +10,8 @@ own shard's shapes to OUT_FILE. Then the same ranks re-initialise megatron's
 ``parallel_state`` with TP=1 (data parallel over the world): the TP=2 checkpoint is refused
 by layout, the same global batch is scored and stepped again, and the data-parallel resume is
 checked too (key ``dp``; its checkpoint is left at EXPORT_DIR-dp-ckpt for the one-process
-load in the test). One process pair serves every check (each process pays seconds of
-megatron-core import).
+load in the test), and once more with the distributed optimizer (key ``dp.zero``). One
+process pair serves every check (each process pays seconds of megatron-core import).
 """
 
 from __future__ import annotations
@@ -85,6 +85,40 @@ def run_data_parallel(model_dir: str, batch_file: str, export_dir: str) -> dict:
     result["resume"] = resume_check(
         backend, lambda seed: make(model_dir, seed), batch, f"{export_dir}-dp-ckpt"
     )
+    result["zero"] = run_distributed_optimizer(model_dir, batch, export_dir, backend)
+    return result
+
+
+def run_distributed_optimizer(
+    model_dir: str, batch: object, export_dir: str, plain: MegatronBackend
+) -> dict:
+    """The same data-parallel step with the AdamW states sharded over the ranks (ZeRO-1),
+    each rank's share of the states, the resume check, and the plain backend refusing the
+    sharded checkpoint."""
+    sharded = {"megatron": {"distributed_optimizer": True}}
+    zero = make(model_dir, **sharded)
+    metrics = zero.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    local = zero.checkpoint_optimizer(zero.actor_optimizer)
+    mine = sum(t.numel() for st in local.state.values() for t in st.values() if t.dim() > 0)
+    shares: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, mine)
+    result = {
+        "metrics": metrics,
+        "stepped": snapshot(zero),
+        "state_shares": shares,
+        "actor_numel": sum(p.numel() for p in zero.actor.parameters()),
+    }
+    ckpt = f"{export_dir}-zero-ckpt"
+
+    def fresh(seed: int) -> MegatronBackend:
+        return make(model_dir, seed, **sharded)
+
+    result["resume"] = resume_check(zero, fresh, batch, ckpt)
+    try:
+        plain.load(ckpt)
+        result["plain_refused"] = ""
+    except CheckpointError as exc:
+        result["plain_refused"] = str(exc)
     return result
 
 

@@ -265,6 +265,11 @@ class TorchBackend:
         self.actor_optimizer = _optimizer(list(self.actor.parameters()), config.actor)
         trainable = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_optimizer = _optimizer(trainable, config.critic.optimizer)
+        self._init_schedulers()
+
+    def _init_schedulers(self) -> None:
+        """The lr schedules (lr_schedule.py) of both optimisers."""
+        config = self.config
         self.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.actor_optimizer, lr_lambda(config.actor)
         )
@@ -731,10 +736,15 @@ class TorchBackend:
         """Why :meth:`save` would fail (never: every layout checkpoints)."""
         return None
 
-    def checkpoint_scope(self) -> str:
-        """This rank's key prefix in a checkpoint: none, FSDP2's DTensors are global tensors
-        (:mod:`trainer.backends.torch_checkpoint` on model-parallel scopes)."""
+    def checkpoint_scope(self, part: str = "model") -> str:
+        """This rank's key prefix in a checkpoint for ``part`` (``model`` or ``optimizer``):
+        none, FSDP2's DTensors are global tensors (:mod:`trainer.backends.torch_checkpoint` on
+        model-parallel scopes)."""
         return ""
+
+    def checkpoint_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimiser whose state a checkpoint holds for ``optimizer``: itself."""
+        return optimizer
 
     def checkpoint_parallel(self) -> dict[str, int]:
         """The model-parallel layout a checkpoint must be loaded into: none (DCP reshards the

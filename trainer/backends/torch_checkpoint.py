@@ -71,8 +71,21 @@ def rng_file(rank: int) -> str:
 
 
 def _units(b: TorchBackend) -> Iterator[tuple[str, nn.Module, torch.optim.Optimizer]]:
-    yield "actor", b.actor, b.actor_optimizer
-    yield "critic", b.critic, b.critic_optimizer
+    """Each model with the optimiser whose state is checkpointed (under a distributed
+    optimiser: this rank's local one, holding its shard of the states)."""
+    yield "actor", b.actor, b.checkpoint_optimizer(b.actor_optimizer)
+    yield "critic", b.critic, b.checkpoint_optimizer(b.critic_optimizer)
+
+
+def _keys(b: TorchBackend) -> dict[str, str]:
+    """``actor`` / ``actor_optimizer`` / ... -> this rank's key in the checkpoint (under the
+    backend's scopes, module docstring)."""
+    keys = {}
+    for name, _, _ in _units(b):
+        for part, short in (("model", name), ("optimizer", f"{name}_optimizer")):
+            scope = b.checkpoint_scope(part)
+            keys[short] = f"{scope}.{short}" if scope else short
+    return keys
 
 
 def _reshard(*roots: nn.Module) -> None:
@@ -96,20 +109,19 @@ def _state(b: TorchBackend, optimizers: Mapping[str, bool]) -> dict[str, Any]:
     """The DCP state dict: models always, an optimiser where ``optimizers[name]``; keys under
     the rank's scope when the backend shards the model itself (module docstring)."""
     _reshard(b.scorer, b.critic)
-    scope = b.checkpoint_scope()
-    prefix = f"{scope}." if scope else ""
+    keys = _keys(b)
     state: dict[str, Any] = {}
     for name, model, optimizer in _units(b):
-        state[f"{prefix}{name}"] = get_model_state_dict(model)
+        state[keys[name]] = get_model_state_dict(model)
         if optimizers[name]:
-            state[f"{prefix}{name}_optimizer"] = get_optimizer_state_dict(model, optimizer)
+            state[keys[f"{name}_optimizer"]] = get_optimizer_state_dict(model, optimizer)
     return state
 
 
 def _unscoped(b: TorchBackend, state: Mapping[str, Any]) -> dict[str, Any]:
-    """``state`` under the names of :func:`_units` (the scope prefix taken off)."""
-    scope = b.checkpoint_scope()
-    return {k[len(scope) + 1 :] if scope else k: v for k, v in state.items()}
+    """``state`` under the names of :func:`_units` (the scope prefixes taken off)."""
+    short = {key: name for name, key in _keys(b).items()}
+    return {short[k]: v for k, v in state.items()}
 
 
 @contextlib.contextmanager
@@ -195,7 +207,7 @@ def save(b: TorchBackend, directory: str | Path, extra: Mapping[str, Any] | None
     return write_sharded_checkpoint(directory, write, meta)
 
 
-def _layout(parallel: Mapping[str, Any], keys: Mapping[str, int]) -> str:
+def _layout(parallel: Mapping[str, Any], keys: Mapping[str, Any]) -> str:
     """``tensor_parallel=2 pipeline_parallel=1`` for the ``keys`` of a parallel layout."""
     return " ".join(f"{k}={parallel.get(k, 1)}" for k in keys) or "no model parallel"
 
@@ -213,9 +225,10 @@ def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> Non
     if not isinstance(saved, dict):
         raise CheckpointError(f"corrupt manifest in {root}: 'parallel' {saved!r}")
     mine = b.checkpoint_parallel()
-    if {k: saved.get(k, 1) for k in mine} != mine:
+    keys = {**dict.fromkeys(mine), **dict.fromkeys(saved)}  # either side's, in this order
+    if any(saved.get(k, 1) != mine.get(k, 1) for k in keys):
         raise CheckpointError(
-            f"{root}: saved under {_layout(saved, mine)}, this trainer runs {_layout(mine, mine)};"
+            f"{root}: saved under {_layout(saved, keys)}, this trainer runs {_layout(mine, keys)};"
             " resume with the saved layout (resharding across model-parallel layouts is not "
             "built; the data-parallel world size may differ)"
         )
@@ -246,10 +259,17 @@ def _only_saved_optimizer_state(state: dict[str, Any], saved: set[str]) -> dict[
         if not top.endswith("_optimizer"):
             continue
         per_param = unit.get("state", {})
-        for fqn in list(per_param):
-            if not any(f"{top}.state.{fqn}.{key}" in saved for key in per_param[fqn]):
-                del per_param[fqn]
-                stateless.setdefault(top.rsplit(".", 1)[-1], set()).add(fqn)
+        missing = {
+            fqn
+            for fqn in per_param
+            if not any(f"{top}.state.{fqn}.{key}" in saved for key in per_param[fqn])
+        }
+        if per_param and missing == set(per_param):  # not one parameter: another layout
+            raise CheckpointError(f"the checkpoint holds no optimiser state under {top!r}")
+        for fqn in missing:
+            del per_param[fqn]
+        if missing:
+            stateless[top.rsplit(".", 1)[-1]] = missing
     return stateless
 
 

@@ -27,8 +27,9 @@ first and last stage, and the weights are gathered from every stage. With ``expe
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
 (:func:`expert_parallel_grad_norm`). Tensor and data parallel together, MoE under tensor or
-pipeline parallel, the distributed optimizer, resharding a checkpoint to another
-model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
+pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
+ZeRO-1 with torch's ZeroRedundancyOptimizer, data parallel only), resharding a checkpoint to
+another model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
@@ -184,6 +185,11 @@ class MegatronBackend(TorchBackend):
                 raise BackendError("a MoE model under pipeline parallel is not built yet")
         ep = config.megatron.expert_parallel
         convert.check_expert_parallel(hf_config, ep)
+        if config.megatron.distributed_optimizer and tp * pp * ep > 1:
+            raise BackendError(
+                "the distributed optimizer shards over data-parallel ranks: it is not built "
+                "with tensor, pipeline or expert parallel yet"
+            )
         if ep > 1 and (tp > 1 or pp > 1):
             raise BackendError(
                 "expert parallel with tensor or pipeline parallel is not built in the megatron "
@@ -522,20 +528,65 @@ class MegatronBackend(TorchBackend):
     def _model_parallel(self) -> bool:
         return self.config.megatron.tensor_parallel * self.pp * self.ep > 1
 
-    def checkpoint_scope(self) -> str:
+    def _zero(self) -> bool:
+        """Whether the AdamW states are sharded over the data-parallel ranks."""
+        return self.config.megatron.distributed_optimizer and self.dp.enabled
+
+    def checkpoint_scope(self, part: str = "model") -> str:
         """``tp<r>-pp<r>-ep<r>``, this rank's coordinates, under model parallel (each rank's
-        tensors are its own shard); none otherwise (data-parallel replicas share keys)."""
-        if not self._model_parallel():
-            return ""
-        return f"tp{self.tp_rank}-pp{self._pp_rank()}-ep{self._ep_rank()}"
+        tensors are its own shard); none otherwise (data-parallel replicas share keys). The
+        optimiser states under the distributed optimiser: ``dp<r>`` (each rank's shard)."""
+        scope = ""
+        if self._model_parallel():
+            scope = f"tp{self.tp_rank}-pp{self._pp_rank()}-ep{self._ep_rank()}"
+        if part == "optimizer" and self._zero():
+            scope = "-".join(filter(None, (scope, f"dp{self.dp.rank}")))
+        return scope
 
     def checkpoint_parallel(self) -> dict[str, int]:
-        """TP, PP and EP: a checkpoint loads into the layout it was saved from."""
-        return {
+        """TP, PP and EP (and the data-parallel ranks the optimiser states are sharded over):
+        a checkpoint loads into the layout it was saved from."""
+        layout = {
             "tensor_parallel": self.config.megatron.tensor_parallel,
             "pipeline_parallel": self.pp,
             "expert_parallel": self.ep,
         }
+        if self._zero():
+            layout["optimizer_shards"] = self.dp.world
+        return layout
+
+    def checkpoint_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Under the distributed optimiser this rank's local AdamW (its shard of the states)."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+    def _init_optimizers(self) -> None:
+        """The torch backend's AdamW and schedules; with ``megatron.distributed_optimizer``
+        under data parallel each AdamW is torch's ``ZeroRedundancyOptimizer`` (ZeRO-1): every
+        rank keeps the states of its share of the parameters, updates that share from the
+        summed gradients and broadcasts it, so the step is the replicated one."""
+        if not self._zero():
+            super()._init_optimizers()
+            return
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        config = self.config
+
+        def zero(params: list[nn.Parameter], cfg: Any) -> torch.optim.Optimizer:
+            return ZeroRedundancyOptimizer(
+                params,
+                optimizer_class=torch.optim.AdamW,
+                lr=cfg.lr,
+                betas=cfg.betas,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+            )
+
+        self.actor_optimizer = zero(list(self.actor.parameters()), config.actor)
+        trainable = [p for p in self.critic.parameters() if p.requires_grad]
+        self.critic_optimizer = zero(trainable, config.critic.optimizer)
+        self._init_schedulers()
 
     def backend_rng_state(self) -> dict[str, Any]:
         """Megatron's model-parallel RNG streams (the tracker dropout forks)."""

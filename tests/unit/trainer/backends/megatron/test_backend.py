@@ -197,6 +197,11 @@ def test_the_export_loads_in_transformers_with_the_same_logprobs(
 def test_unsupported_models_and_settings_are_named(tiny_model_dir: Path) -> None:
     with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
         make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
+    sharded = {"pipeline_parallel": 2, "distributed_optimizer": True}
+    with pytest.raises(BackendError, match="distributed optimizer shards over data-parallel"):
+        make(tiny_model_dir, "megatron", megatron=sharded)
+    alone = make(tiny_model_dir, "megatron", megatron={"distributed_optimizer": True})
+    assert isinstance(alone.actor_optimizer, torch.optim.AdamW)  # one process: nothing to shard
 
 
 def recompute_parity(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,6 +322,15 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
         adam_parity(tensor, dp["stepped"][name], hf[name])
     assert torch.allclose(dp["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
     assert_resumed(dp["resume"])
+    # the distributed optimizer (ZeRO-1): the replicated step bit for bit, each rank holding
+    # part of the AdamW states (exp_avg and exp_avg_sq: twice the actor's size in all)
+    zero = dp["zero"]
+    assert zero["metrics"] == dp["metrics"]
+    assert all(torch.equal(zero["stepped"][n], dp["stepped"][n]) for n in dp["stepped"])
+    shares = zero["state_shares"]
+    assert sum(shares) == 2 * zero["actor_numel"] and all(0 < s < sum(shares) for s in shares)
+    assert_resumed(zero["resume"])
+    assert "optimizer_shards=2" in zero["plain_refused"]  # the states are sharded: refused
     # the data-parallel checkpoint loads into one process (replicas share their keys)
     alone = make(model, "megatron", actor={"lr": LR}, critic={"optimizer": {"lr": LR}})
     assert alone.load(f"{export}-dp-ckpt") == EXTRA and alone.steps == 1
