@@ -107,6 +107,7 @@ class TrajectoryRunnerConfig(StrictModel):
     image_tag: str = Field("latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
     # Published images of a dataset instead (sandbox_worker.image_pull.image_name): "swebench"
     # (the harness's names), "swegym", "swesmith" (the row's image_name or its snapshot's).
+    # SWE-smith rows (repo "swesmith/...") always get SWE-smith's images once this is set.
     image_dataset: Literal["swebench", "swegym", "swesmith"] | None = None
     workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9._\-/]+$")
     sandbox: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)

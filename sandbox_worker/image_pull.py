@@ -28,7 +28,13 @@ _REGISTRY_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?$")
 
 
 def image_name(instance: SWEInstance, dataset: str, registry: str | None = None) -> str:
-    """The published image of ``instance`` in ``dataset`` (prefixed by ``registry``)."""
+    """The published image of ``instance`` in ``dataset`` (prefixed by ``registry``). A
+    SWE-smith row (``is_swesmith``) has no other image than SWE-smith's: it gets that one
+    whatever ``dataset`` says, so one worker (or pull) serves a SWE-Gym + SWE-smith mixture."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r} (one of {', '.join(DATASETS)})")
+    if instance.is_swesmith:
+        dataset = "swesmith"
     if dataset == "swebench":
         name = images.swebench_image(instance.instance_id)
     elif dataset == "swegym":

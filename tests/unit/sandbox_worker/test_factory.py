@@ -166,6 +166,15 @@ def test_image_dataset_maps_rows_to_their_published_images(tmp_path: Path) -> No
             assert runner.image_for(str(row["instance_id"])) == image
             with pytest.raises(ValueError, match="no instance 'other-1'"):
                 runner.image_for("other-1")
+        # the paper's mixture in one task file: SWE-smith rows keep SWE-smith's images
+        both = tmp_path / "mixture.jsonl"
+        both.write_text(json.dumps(gym) + "\n" + json.dumps(smith) + "\n")
+        config = cfg(instances=[str(both)], image_dataset="swegym")
+        router, _ = build_runner(config, backend=backend, hub=hub)
+        runner = router.runner_for("swe")
+        assert isinstance(runner, SandboxTrajectoryRunner)
+        for dataset, (row, image) in expected.items():
+            assert runner.image_for(str(row["instance_id"])) == image, dataset
         with pytest.raises(ValidationError, match="image_dataset"):
             cfg(image_dataset="swe-other")
     finally:

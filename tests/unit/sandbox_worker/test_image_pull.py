@@ -15,7 +15,7 @@ PATCH = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n
 
 def _inst(instance_id: str, **extra: object) -> SWEInstance:
     row = {"instance_id": instance_id, "repo": "o/r", "patch": PATCH, "problem_statement": ""}
-    row |= {"FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], **extra}
+    row |= {"FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], **extra}  # extra may replace repo
     return SWEInstance.model_validate(row)
 
 
@@ -38,6 +38,19 @@ def test_names_follow_each_dataset() -> None:
         image_name(django, "swebench", "https://mirror")
     with pytest.raises(ValueError, match="unknown dataset"):
         image_name(django, "swe-other")
+
+
+def test_a_swesmith_row_keeps_its_image_in_a_mixture() -> None:
+    """A SWE-smith row (repo in SWE-smith's mirror organisation) has only SWE-smith's image:
+    a SWE-Gym worker or pull names it so, and a SWE-Gym row keeps SWE-Gym's."""
+    smith = _inst(
+        "oauthlib__oauthlib.1fd52536.lm_rewrite__q9", repo="swesmith/oauthlib__oauthlib.1fd52536"
+    )
+    want = "jyangballin/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536:latest"
+    assert smith.is_swesmith
+    assert image_name(smith, "swegym") == image_name(smith, "swebench") == want
+    gym = _inst("Project-MONAI__MONAI-1121")
+    assert image_name(gym, "swegym").startswith("xingyaoww/")
 
 
 def test_report_counts_and_lists_missing(tmp_path: Path) -> None:
