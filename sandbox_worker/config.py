@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from sandbox_worker.backends.base import MIN_DISK_MB, MIN_INODES
+from sandbox_worker.evaluation.evaluate import DEFAULT_TEST_CMD
 from sandbox_worker.evaluation.infra import TestInfraRule
+from sandbox_worker.evaluation.log_parser import LOG_PARSERS
 from sandbox_worker.openhands.config import OpenHandsConfig
 from services.config import StrictModel, register_section
 from services.protocol.tasks import TaskKind
@@ -86,6 +88,28 @@ class EvaluationSettings(StrictModel):
     restore_test_infra: bool = True
     # Per-repository test-infrastructure rules ("owner/name" or "*" -> TestInfraRule fields).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
+    # The eval script: "swerl" (swerl's: test_cmd + the row's test files) or "harness" (the
+    # official harness's script for the row: its eval_script, else the harness's spec for its
+    # repository and version; needs grading "swebench"). SWE-bench / SWE-Gym rows of
+    # repositories that are not pytest (django, sympy, ...) need "harness" and log_parser
+    # "auto" to be graded right.
+    eval_script: Literal["swerl", "harness"] = "swerl"
+    # "pytest" (swerl's), "auto" (the harness's parser per row) or a harness parser name.
+    log_parser: str = Field("pytest", pattern=r"^(?:pytest|auto|parse_log_[a-z0-9_]+)$")
+    # swerl's test command (before the test files) for rows without their own test_cmd.
+    test_cmd: str = Field(DEFAULT_TEST_CMD, min_length=1)
+
+    @model_validator(mode="after")
+    def _harness_grades_by_its_parser(self) -> EvaluationSettings:
+        if self.eval_script == "harness" and self.grading != "swebench":
+            raise ValueError(
+                'evaluation.eval_script "harness" needs evaluation.grading "swebench" (the '
+                "harness's script loads no structured-report plugin)"
+            )
+        if self.log_parser != "auto" and self.log_parser not in LOG_PARSERS:
+            known = ", ".join(["auto", *sorted(LOG_PARSERS)])
+            raise ValueError(f"evaluation.log_parser {self.log_parser!r}: one of {known}")
+        return self
 
 
 class TrajectoryRunnerConfig(StrictModel):

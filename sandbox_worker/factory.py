@@ -158,6 +158,9 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
             grading=cfg.evaluation.grading,
             restore_test_infra=cfg.evaluation.restore_test_infra,
             infra_rules=cfg.evaluation.infra_rules,
+            eval_script=cfg.evaluation.eval_script,
+            log_parser=cfg.evaluation.log_parser,
+            test_cmd=cfg.evaluation.test_cmd,
         ),
         agent_server_startup_s=cfg.agent_server_startup_s,
     )

@@ -72,6 +72,21 @@ def test_settings_follow_the_config() -> None:
     assert s.snapshot_images is False  # one image per instance unless the images are SWE-smith's
     for dataset, snapshot in (("swesmith", True), ("swegym", False), ("swebench", False)):
         assert runner_settings(cfg(image_dataset=dataset).rollout).snapshot_images is snapshot
+    assert (s.evaluation.eval_script, s.evaluation.log_parser) == ("swerl", "pytest")
+
+
+def test_the_harness_eval_script_is_a_worker_setting() -> None:
+    """evaluation.eval_script / log_parser / test_cmd reach the evaluation; inconsistent or
+    unknown values fail at start-up naming the key."""
+    harness = {"eval_script": "harness", "grading": "swebench", "log_parser": "auto"}
+    ev = runner_settings(cfg(evaluation={**harness, "test_cmd": "pytest -x"}).rollout).evaluation
+    assert (ev.eval_script, ev.grading, ev.log_parser, ev.test_cmd) == (
+        "harness", "swebench", "auto", "pytest -x"
+    )  # fmt: skip
+    with pytest.raises(ValidationError, match=r'eval_script "harness" needs evaluation\.grading'):
+        cfg(evaluation={"eval_script": "harness"})
+    with pytest.raises(ValidationError, match=r"evaluation\.log_parser 'parse_log_nope'"):
+        cfg(evaluation={"log_parser": "parse_log_nope"})
 
 
 def test_backend_kwargs() -> None:
