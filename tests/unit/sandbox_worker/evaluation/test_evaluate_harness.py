@@ -96,7 +96,7 @@ def test_row_without_script_or_spec_is_an_infrastructure_error(
     inst = mini_instances[INSTANCE]
     report = _grade(local_backend, local_config, inst, inst.patch)
     assert report.infra_error is not None
-    assert f"no SWE-bench test spec for repository {inst.repo!r}" in report.infra_error
+    assert f"no SWE-bench or SWE-Gym test spec for repository {inst.repo!r}" in report.infra_error
 
 
 def test_config_rejects_inconsistent_choices() -> None:
