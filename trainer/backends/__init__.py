@@ -2,8 +2,8 @@
 
 ``torch``: transformers actor + critic, AdamW, micro-batching
 (:mod:`trainer.backends.torch_backend`). ``megatron``: megatron-core ``GPTModel`` actor and
-critic on the same step engine (:mod:`trainer.backends.megatron`; dense Qwen3, tensor or data
-parallel, one-process checkpoints).
+critic on the same step engine (:mod:`trainer.backends.megatron`; dense and MoE Qwen3, tensor,
+pipeline, expert or data parallel, checkpoints in each layout).
 """
 
 from __future__ import annotations
