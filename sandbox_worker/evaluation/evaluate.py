@@ -75,7 +75,7 @@ from sandbox_worker.evaluation.infra import (
     protected_at_base,
     rule_for,
 )
-from sandbox_worker.evaluation.log_parser import LOG_PARSERS, PARSERS, LogParser
+from sandbox_worker.evaluation.log_parser import HARNESS_PARSERS, LOG_PARSERS, LogParser
 from sandbox_worker.evaluation.patches import (
     PatchParseError,
     directives_of_test_patch,
@@ -558,7 +558,7 @@ def _log_parser(instance: SWEInstance, config: EvalConfig) -> LogParser:
     if config.log_parser != "auto":
         return LOG_PARSERS[config.log_parser]
     try:
-        return PARSERS[harness_parser_name(instance)]
+        return HARNESS_PARSERS[harness_parser_name(instance)]
     except ValueError as exc:
         raise _InfraFailure(str(exc)) from None
 

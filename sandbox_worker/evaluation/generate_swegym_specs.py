@@ -15,8 +15,9 @@ as JSON (the repositories SWE-bench 4.1.0 already specifies are left to
         /tmp/swegym-fork COMMIT > sandbox_worker/evaluation/data/swegym_specs.json
 
 With ``--eval-scripts ROWS.jsonl OUT_DIR`` after FORK_DIR COMMIT it also writes the fork's eval
-script of every row of ROWS (``OUT_DIR/<instance_id>.sh``): the parity fixtures of
-``tests/unit/sandbox_worker/evaluation/test_specs_swegym.py``.
+script of every row of ROWS (``OUT_DIR/<instance_id>.sh``), and with ``--parse LOG_DIR
+OUT.json`` the status map its parser makes of each ``<owner>__<name>.*.log``: the parity
+fixtures of ``tests/unit/sandbox_worker/evaluation/test_specs_swegym.py``.
 
 Runs only in that scratch setting (it imports the fork's ``swebench``); the project never
 imports this module.
@@ -94,6 +95,18 @@ def _eval_scripts(rows_path: Path, out_dir: Path) -> None:
         (out_dir / f"{row['instance_id']}.sh").write_text(script)
 
 
+def _parsed(logs_dir: Path, out: Path) -> None:
+    """The fork's status map of every ``<repo owner>__<name>*.log`` in ``logs_dir``, by the
+    parser the fork gives that repository."""
+    parsers = importlib.import_module("swebench.harness.log_parsers")
+    maps = {}
+    for log in sorted(logs_dir.glob("*.log")):
+        owner, name = log.stem.split("__", 1)
+        repo = f"{owner}/{name.split('.')[0]}".lower()
+        maps[log.name] = parsers.MAP_REPO_TO_PARSER[repo](log.read_text())
+    out.write_text(json.dumps(maps, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -101,6 +114,9 @@ def main(argv: list[str]) -> int:
     _bare_fork(Path(argv[0]))
     if argv[2:3] == ["--eval-scripts"]:
         _eval_scripts(Path(argv[3]), Path(argv[4]))
+        return 0
+    if argv[2:3] == ["--parse"]:
+        _parsed(Path(argv[3]), Path(argv[4]))
         return 0
     json.dump(_specs(argv[1]), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

@@ -119,6 +119,31 @@ def parse_log_pytest_v2(log: str) -> dict[str, str]:
     return status_map
 
 
+_FAILED_PROGRESS = re.compile(r"FAILED\s*\[.*?\]")
+
+
+def parse_log_pytest_pydantic(log: str) -> dict[str, str]:
+    """SWE-Gym's fork's parser for pydantic (``-vv -o console_output_style=classic``): the
+    v2 cleaning of colour codes and control characters, ``FAILED [ 12%]`` made ``FAILED``,
+    then ``STATUS nodeid`` lines (a FAILED line's `` - `` reason dropped into the fields) and
+    ``nodeid STATUS`` lines; the test id is the one field after or before the status."""
+    status_map: dict[str, str] = {}
+    for raw in log.split("\n"):
+        line = _ANSI_COLOUR.sub("", raw).translate(_CONTROL_CHARS)
+        line = _FAILED_PROGRESS.sub("FAILED", line)
+        if line.startswith(_STATUSES):
+            if line.startswith(TestStatus.FAILED.value):
+                line = line.replace(" - ", " ")
+            fields = line.split()
+            if len(fields) >= 2:
+                status_map[fields[1]] = fields[0]
+        elif line.endswith(_STATUSES):
+            fields = line.split()
+            if len(fields) >= 2:
+                status_map[fields[0]] = fields[1]
+    return status_map
+
+
 def parse_log_matplotlib(log: str) -> dict[str, str]:
     return parse_log_pytest(log.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3"))
 
@@ -246,16 +271,20 @@ REPO_PARSERS: dict[str, str] = {
 }
 DEFAULT_PARSER = "parse_log_pytest"  # repositories the harness does not list (SWE-Gym, own)
 
-# The names an EvalConfig may give: "pytest" (swerl's historical name) and the harness's.
-LOG_PARSERS: dict[str, LogParser] = {"pytest": parse_log_pytest, **PARSERS}
+# Parsers of SWE-Gym's fork of the harness beyond SWE-bench's (specs.py gives them its rows).
+SWEGYM_PARSERS: dict[str, LogParser] = {"parse_log_pytest_pydantic": parse_log_pytest_pydantic}
+# Every parser a row may get (SWE-bench's and SWE-Gym's fork's).
+HARNESS_PARSERS: dict[str, LogParser] = {**PARSERS, **SWEGYM_PARSERS}
+
+# The names an EvalConfig may give: "pytest" (swerl's historical name) and the harnesses'.
+LOG_PARSERS: dict[str, LogParser] = {"pytest": parse_log_pytest, **HARNESS_PARSERS}
 
 
 def parser_name_for(repo: str, row_parser: str | None = None) -> str:
     """The parser the harness uses for a row: its own ``log_parser`` field if it has one
     (swebench 5.0.2 rows), else the repository's, else the pytest parser."""
     name = row_parser or REPO_PARSERS.get(repo, DEFAULT_PARSER)
-    if name not in PARSERS:
-        raise ValueError(
-            f"unknown log parser {name!r} for {repo} (known: {', '.join(sorted(PARSERS))})"
-        )
+    if name not in HARNESS_PARSERS:
+        known = ", ".join(sorted(HARNESS_PARSERS))
+        raise ValueError(f"unknown log parser {name!r} for {repo} (known: {known})")
     return name

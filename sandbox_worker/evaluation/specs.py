@@ -231,8 +231,7 @@ def harness_eval_script(instance: SWEInstance) -> str:
 
 
 def harness_parser_name(instance: SWEInstance) -> str:
-    """The harness's log parser for this row (for a repository of SWE-Gym's, its fork's:
-    ``parse_log_pytest_pydantic`` is not reproduced and is an error naming it)."""
+    """The harness's log parser for this row (for a repository of SWE-Gym's, its fork's)."""
     own = row_field(instance, "log_parser")
     if own is None and is_swegym_repo(instance.repo):
         own = _gym_table()[instance.repo.lower()].get("log_parser")

@@ -2,8 +2,8 @@
 of each repository the fork specifies and SWE-bench does not, swerl's script is the fork's
 own (recorded by generate_swegym_specs.py from the fork's make_eval_script_list) plus the
 output markers around the test command and the exit-status capture that grading needs; mypy's
-tests are selected by their [case ...] names; the fork's parsers are used, and pydantic's,
-which is not reproduced, is an error naming it. Fixtures: tests/data/swegym_specs/README.md."""
+tests are selected by their [case ...] names; the fork's parsers are used, pydantic's equal to
+the fork's on a recorded map. Fixtures: tests/data/swegym_specs/README.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sandbox_worker.evaluation.constants import (
     TEST_EXIT_CODE,
     TEST_EXIT_CODE_VAR,
 )
+from sandbox_worker.evaluation.log_parser import SWEGYM_PARSERS
 from sandbox_worker.evaluation.specs import (
     harness_eval_script,
     harness_parser_name,
@@ -71,5 +72,16 @@ def test_parsers_follow_the_fork() -> None:
     moto = SWEInstance.model_validate(next(r for r in ROWS.values() if r["repo"] == "getmoto/moto"))
     assert harness_parser_name(moto) == "parse_log_pytest"
     pydantic = next(r for r in ROWS.values() if r["repo"] == "pydantic/pydantic")
-    with pytest.raises(ValueError, match="parse_log_pytest_pydantic"):
-        harness_parser_name(SWEInstance.model_validate(pydantic))
+    assert harness_parser_name(SWEInstance.model_validate(pydantic)) == "parse_log_pytest_pydantic"
+
+
+def test_the_pydantic_parser_equals_the_forks() -> None:
+    """On a log in pydantic's format (classic console style, FAILED [ NN%] lines, colour
+    codes), the status map the fork's parser made (recorded), quirks included."""
+    recorded = json.loads((FIXTURES / "parsed.json").read_text())
+    assert recorded
+    for name, want in recorded.items():
+        got = SWEGYM_PARSERS["parse_log_pytest_pydantic"]((FIXTURES / "logs" / name).read_text())
+        assert got == want, name
+    assert want["tests/test_main.py::test_ultra_simple_missing"] == "FAILED"
+    assert want["tests/test_types.py::test_color"] == "PASSED"  # behind colour codes
