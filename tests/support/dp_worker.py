@@ -11,9 +11,8 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.distributed as dist
 
-from tests.support.ranks import join_group
+from tests.support.ranks import rank_main
 from trainer.backends import StepObjective
 from trainer.backends.parallel import full_tensor
 from trainer.backends.torch_backend import TorchBackend
@@ -41,17 +40,10 @@ def run(model_dir: str, batch_file: str, export_dir: str | None = None) -> dict:
     }
 
 
-def main() -> int:
-    rank, world, port, model_dir, batch_file, out_file, export_dir = sys.argv[1:8]
-    join_group(rank, world, port)
-    try:
-        result = run(model_dir, batch_file, export_dir)
-        if int(rank) == 0:
-            torch.save(result, out_file)
-    finally:
-        dist.destroy_process_group()
-    return 0
+def run_all(world: int, args: list[str]) -> dict:
+    model_dir, batch_file, _, export_dir = args
+    return run(model_dir, batch_file, export_dir)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_main(run_all, sys.argv[6]))

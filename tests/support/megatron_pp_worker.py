@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from tests.support.megatron_resume import resume_check, snapshot
-from tests.support.ranks import join_group
+from tests.support.ranks import rank_main
 from trainer.backends import StepObjective
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.config import TrainerConfig
@@ -103,19 +103,13 @@ def run_moe_data_parallel(moe_dir: str, batch_file: str) -> dict:
     }
 
 
-def main() -> int:
-    rank, world, port, model_dir, batch_file, moe_dir, moe_batch_file, out_file = sys.argv[1:9]
-    join_group(rank, world, port)
-    try:
-        result = run(model_dir, batch_file, int(world))
-        result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, int(world))
-        result["moe_dp"] = run_moe_data_parallel(moe_dir, moe_batch_file)
-        if int(rank) == 0:
-            torch.save(result, out_file)
-    finally:
-        dist.destroy_process_group()
-    return 0
+def run_all(world: int, args: list[str]) -> dict:
+    model_dir, batch_file, moe_dir, moe_batch_file, _ = args
+    result = run(model_dir, batch_file, world)
+    result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, world)
+    result["moe_dp"] = run_moe_data_parallel(moe_dir, moe_batch_file)
+    return result
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_main(run_all, sys.argv[8]))

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tests.support.megatron_resume import resume_check, snapshot
-from tests.support.ranks import join_group
+from tests.support.ranks import rank_main
 from trainer.backends import StepObjective
 from trainer.backends.megatron.backend import MegatronBackend
 from trainer.checkpoint import CheckpointError
@@ -122,18 +122,12 @@ def run_distributed_optimizer(
     return result
 
 
-def main() -> int:
-    rank, world, port, model_dir, batch_file, out_file, export_dir = sys.argv[1:8]
-    join_group(rank, world, port)
-    try:
-        result = run(model_dir, batch_file, export_dir, int(world))
-        result["dp"] = run_data_parallel(model_dir, batch_file, export_dir)
-        if int(rank) == 0:
-            torch.save(result, out_file)
-    finally:
-        dist.destroy_process_group()
-    return 0
+def run_all(world: int, args: list[str]) -> dict:
+    model_dir, batch_file, _, export_dir = args
+    result = run(model_dir, batch_file, export_dir, world)
+    result["dp"] = run_data_parallel(model_dir, batch_file, export_dir)
+    return result
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rank_main(run_all, sys.argv[6]))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from services.processes import free_port
 from tests.support.engines import REPO_ROOT
@@ -49,3 +51,21 @@ def join_group(rank: str, world: str, port: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank), world_size=int(world)
     )
+
+
+def rank_main(run: Callable[[int, list[str]], Any], out_file: str) -> int:
+    """The ``main`` of a worker module: join the group (``RANK WORLD PORT`` first on the
+    command line), ``run(world, args)`` with the arguments after them, save what rank 0's run
+    returns to ``out_file`` (``torch.save``), and leave the group whatever happened."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world, port, *args = sys.argv[1:]
+    join_group(rank, world, port)
+    try:
+        result = run(int(world), args)
+        if int(rank) == 0:
+            torch.save(result, out_file)
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -12,6 +12,7 @@ factor 1), so the update equals the single-process update on the global batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,12 +27,19 @@ class DataParallel:
 
     rank: int = 0
     world: int = 1
+    group: Any = None  # the process group of the data-parallel ranks (None: the whole world)
 
     @classmethod
     def current(cls) -> DataParallel:
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         return cls()
+
+    @classmethod
+    def of_group(cls, group: Any) -> DataParallel:
+        """This process's place in ``group`` (e.g. megatron's data-parallel group, whose ranks
+        each hold a whole model replica of several tensor-parallel ranks)."""
+        return cls(dist.get_rank(group), dist.get_world_size(group), group)
 
     @property
     def enabled(self) -> bool:
@@ -58,14 +66,14 @@ class DataParallel:
     def sum(self, tensor: Tensor) -> Tensor:
         """Sum over ranks, in place (identity without distribution)."""
         if self.enabled:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def max_int(self, value: int) -> int:
         if not self.enabled:
             return value
         t = torch.tensor([value], dtype=torch.long)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
 

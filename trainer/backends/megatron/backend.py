@@ -26,7 +26,9 @@ first and last stage, and the weights are gathered from every stage. With ``expe
 1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). Tensor and data parallel together, MoE under tensor or
+(:func:`expert_parallel_grad_norm`). Tensor and data parallel combine (TP x DP: replicas of TP
+ranks over megatron's data-parallel group). Pipeline or expert parallel with another kind, MoE
+under tensor or
 pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
 ZeRO-1 with torch's ZeroRedundancyOptimizer, data parallel only), resharding a checkpoint to
 another model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
@@ -213,8 +215,7 @@ class MegatronBackend(TorchBackend):
             weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
         self._build_models(weights)
         self.fingerprint = self._layout_fingerprint()
-        # TP, PP and EP ranks hold the same rows; with TP=PP=EP=1 the world is data parallel
-        self.dp = DataParallel.current() if tp == pp == ep == 1 else DataParallel()
+        self.dp = self._data_parallel(tp, pp, ep)
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -277,13 +278,23 @@ class MegatronBackend(TorchBackend):
             raise BackendError("the megatron backend runs fp32 only so far (bf16 is not built)")
 
     @staticmethod
+    def _data_parallel(tp: int, pp: int, ep: int) -> DataParallel:
+        """The data-parallel ranks: the world at TP=PP=EP=1; megatron's data-parallel group
+        under TP (each member a replica of TP ranks that hold the same rows); none under PP or
+        EP (their ranks hold the same rows, the world is one replica)."""
+        from megatron.core import parallel_state
+
+        if tp == pp == ep == 1:
+            return DataParallel.current()
+        if pp == ep == 1:
+            return DataParallel.of_group(parallel_state.get_data_parallel_group())
+        return DataParallel()
+
+    @staticmethod
     def _check_world(tp: int, pp: int = 1, ep: int = 1) -> None:
         world = dist.get_world_size()
-        if world != tp and tp != 1:
-            raise BackendError(
-                f"world size {world} with TP={tp}: tensor and data parallel together are not "
-                "built in the megatron backend yet (TP = world, or TP=1 and data parallel)"
-            )
+        if tp > 1 and world % tp:
+            raise BackendError(f"world size {world} is not a multiple of TP={tp}")
         if pp > 1 and world != pp:
             raise BackendError(
                 f"world size {world} with PP={pp}: pipeline and data parallel together are not "
@@ -426,10 +437,10 @@ class MegatronBackend(TorchBackend):
         """The torch backend's clip-and-step with the global grad norm over tensor-parallel
         shards: each sharded parameter counts on its rank, a replicated one (norms, the value
         head) once; the clip coefficient is torch's ``max_norm / (norm + 1e-6)``, at most 1."""
-        if self.dp.enabled:  # each rank backpropagated its own rows' share: sum the shares
+        if self.dp.enabled:  # each replica backpropagated its own rows' share: sum the shares
             for p in params:
                 if p.grad is not None:
-                    dist.all_reduce(p.grad)
+                    dist.all_reduce(p.grad, group=self.dp.group)
         sum_partial_grads(params, self.partial_grads)
         if self.ep > 1:
             # Every EP rank scored the whole batch and its tokens reached every expert's owner:
@@ -474,8 +485,11 @@ class MegatronBackend(TorchBackend):
             dist.all_gather_object(ranks, local)
             shards = [convert.merge_expert_parallel(ranks, self.hf_config)]
         elif tp > 1:
+            from megatron.core import parallel_state
+
             gathered: list[Any] = [None] * tp
-            dist.all_gather_object(gathered, local)  # TP group == world (no data parallel)
+            group = parallel_state.get_tensor_model_parallel_group()
+            dist.all_gather_object(gathered, local, group=group)  # this replica's TP ranks
             shards = gathered
         yield from convert.megatron_to_hf(shards, self.hf_config).items()
 

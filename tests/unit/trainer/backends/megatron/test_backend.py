@@ -275,6 +275,40 @@ def gqa_model_dir(tiny_model_dir: Path, directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow  # four processes import megatron-core
+def test_tensor_times_data_parallel_four_ranks_equal_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """TP=2 x DP=2: two replicas of two tensor-parallel ranks, each replica its share of the
+    groups; the same outputs, step and weights as one process, and an exact resume."""
+    model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
+    one = make(model, "megatron")
+    batch = parity_batch(one)
+    torch.save(batch, tmp_path / "batch.pt")
+    out = tmp_path / "2d.pt"
+    args = [str(model), str(tmp_path / "batch.pt"), str(out), str(tmp_path / "ckpt")]
+    run_ranks("tests.support.megatron_2d_worker", args, world=4)
+    four = torch.load(out, weights_only=False)
+    assert four["coords"] == [(0, 0, 2), (1, 0, 2), (0, 1, 2), (1, 1, 2)]  # (TP, DP, DP size)
+    by_rank = four["rows_by_rank"]
+    assert by_rank[0] == by_rank[1] and by_rank[2] == by_rank[3]  # a replica's TP ranks
+    assert sorted(by_rank[0] + by_rank[2]) == list(range(batch.num_rows))  # split by replica
+    assert by_rank[0] and by_rank[2]
+    want, mask = one.logprobs_and_values(batch), batch.action_mask
+    for part in ("logprobs", "values", "entropy"):
+        diff = (getattr(four["forward"], part) - getattr(want, part))[mask].abs()
+        assert float(diff.max()) < 1e-5, part
+    hf = load_file(model / "model.safetensors")
+    assert all(torch.equal(four["weights"][n], hf[n]) for n in hf)  # gathered bit-exactly
+    one = make(model, "megatron", actor={"lr": LR}, critic={"optimizer": {"lr": LR}})
+    metrics = one.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
+    close_metrics(metrics, four["metrics"])
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, four["stepped"][name], hf[name])
+    assert torch.allclose(four["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
+    assert_resumed(four["resume"])
+
+
 def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
     one = make(model, "megatron")
