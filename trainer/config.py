@@ -117,7 +117,7 @@ class MegatronConfig(StrictModel):
     pipeline_parallel: int = Field(
         default=1,
         ge=1,
-        description="pipeline stages (PP = world, TP = 1, dense models)",
+        description="pipeline stages (TP = 1, dense models; the world is PP x data parallel)",
     )
     distributed_optimizer: bool = Field(
         default=False,

@@ -1,11 +1,13 @@
 """One rank of the tensor x data parallel test: ``python -m tests.support.megatron_2d_worker``.
 
-Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR. Joins a gloo group of WORLD
-(4) ranks on loopback and builds the megatron backend with TP=2: two replicas of two
-tensor-parallel ranks, each replica training its share of the batch's groups. It scores the
-batch, gathers the HF weights, takes one Li2SAO step and checks the resume from a checkpoint
+Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR TINY_DIR TINY_BATCH_FILE.
+Joins a gloo group of WORLD (4) ranks on loopback and builds the megatron backend with TP=2
+on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel ranks, each replica training
+its share of the batch's groups; then, re-initialised, with PP=2 on TINY_DIR (key ``pp``):
+two replicas of two pipeline stages. On each it scores the batch, gathers the HF weights,
+takes one Li2SAO step and checks the resume from a checkpoint
 (:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves the outputs, the weights,
-the step's metrics and each rank's (TP rank, DP rank) to OUT_FILE.
+the step's metrics and each rank's (model-parallel rank, DP rank, DP size) to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.support.megatron_pp_worker import BATCH as PP_BATCH
 from tests.support.megatron_resume import resume_check, snapshot
 from tests.support.megatron_tp_worker import CONFIG
 from tests.support.ranks import rank_main
@@ -25,19 +28,19 @@ from trainer.config import TrainerConfig
 TP = 2
 
 
-def make(model_dir: str, seed: int = 0) -> MegatronBackend:
-    config = TrainerConfig(
-        model=model_dir, backend="megatron", seed=seed, megatron={"tensor_parallel": TP}, **CONFIG
-    )
+def make(model_dir: str, seed: int = 0, **layout: object) -> MegatronBackend:
+    layout = layout or {"megatron": {"tensor_parallel": TP}}
+    config = TrainerConfig(model=model_dir, backend="megatron", seed=seed, **layout, **CONFIG)
     return MegatronBackend(config)
 
 
-def run(world: int, args: list[str]) -> dict:
-    model_dir, batch_file, _, ckpt = args
-    backend = make(model_dir)
+def run_layout(world: int, model_dir: str, batch_file: str, ckpt: str, **layout: object) -> dict:
+    """Score, gather, step and resume on this layout (every rank)."""
+    backend = make(model_dir, **layout)
     batch = torch.load(batch_file, weights_only=False)
     coords: list = [None] * world
-    dist.all_gather_object(coords, (backend.tp_rank, backend.dp.rank, backend.dp.world))
+    model_rank = backend.tp_rank if backend.pp == 1 else backend._pp_rank()
+    dist.all_gather_object(coords, (model_rank, backend.dp.rank, backend.dp.world))
     rows: list = [None] * world
     dist.all_gather_object(rows, backend.dp.rows(batch))
     result = {
@@ -49,8 +52,27 @@ def run(world: int, args: list[str]) -> dict:
     objective = StepObjective(algorithm="li2sao", phase="bootstrap")
     result["metrics"] = backend.train_step(batch, objective)
     result["stepped"] = snapshot(backend)
-    result["value_head"] = backend.critic.value_head.weight.detach().clone()
-    result["resume"] = resume_check(backend, lambda seed: make(model_dir, seed), batch, ckpt)
+    heads: list = [None] * world
+    dist.all_gather_object(heads, backend.critic.value_head.weight.detach().clone())
+    result["value_heads"] = heads
+
+    def fresh(seed: int) -> MegatronBackend:
+        return make(model_dir, seed, **layout)
+
+    result["resume"] = resume_check(backend, fresh, batch, ckpt)
+    return result
+
+
+def run(world: int, args: list[str]) -> dict:
+    """TP=2 x DP=2 on the 2-KV-head model, then the same ranks as PP=2 x DP=2 on the tiny
+    model (its two layers one stage each)."""
+    from megatron.core import parallel_state
+
+    model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file = args
+    result = {"tp": run_layout(world, model_dir, batch_file, f"{ckpt}-tp")}
+    parallel_state.destroy_model_parallel()
+    pipeline = {"megatron": {"pipeline_parallel": 2}, "batch": PP_BATCH}
+    result["pp"] = run_layout(world, tiny_dir, tiny_batch_file, f"{ckpt}-pp", **pipeline)
     return result
 
 

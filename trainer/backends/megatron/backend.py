@@ -19,16 +19,16 @@ shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is
 the torch backend's row split by group, gradients summed over the ranks before clipping.
 Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with the experts
 replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With
-``pipeline_parallel`` > 1 (PP = world, TP=1, dense) every rank holds one stage; the no-grad
+``pipeline_parallel`` > 1 (TP=1, dense; PP x DP ranks) every rank holds one stage; the no-grad
 forwards and the backward of a step run through megatron's 1F1B schedule
 (:mod:`trainer.backends.megatron.pipeline`), tied embedding gradients are summed between the
 first and last stage, and the weights are gathered from every stage. With ``expert_parallel`` >
 1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). Tensor and data parallel combine (TP x DP: replicas of TP
-ranks over megatron's data-parallel group). Pipeline or expert parallel with another kind, MoE
-under tensor or
+(:func:`expert_parallel_grad_norm`). Tensor or pipeline parallel combine with data parallel
+(TP x DP, PP x DP: replicas over megatron's data-parallel group). TP with PP, expert parallel
+with another kind, MoE under tensor or
 pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
 ZeRO-1 with torch's ZeroRedundancyOptimizer, data parallel only), resharding a checkpoint to
 another model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
@@ -280,13 +280,13 @@ class MegatronBackend(TorchBackend):
     @staticmethod
     def _data_parallel(tp: int, pp: int, ep: int) -> DataParallel:
         """The data-parallel ranks: the world at TP=PP=EP=1; megatron's data-parallel group
-        under TP (each member a replica of TP ranks that hold the same rows); none under PP or
-        EP (their ranks hold the same rows, the world is one replica)."""
+        under TP or PP (each member a replica of TP ranks or PP stages, which hold the same
+        rows); none under EP (its ranks hold the same rows, the world is one replica)."""
         from megatron.core import parallel_state
 
         if tp == pp == ep == 1:
             return DataParallel.current()
-        if pp == ep == 1:
+        if ep == 1:  # replicas of TP ranks or of PP stages
             return DataParallel.of_group(parallel_state.get_data_parallel_group())
         return DataParallel()
 
@@ -295,11 +295,8 @@ class MegatronBackend(TorchBackend):
         world = dist.get_world_size()
         if tp > 1 and world % tp:
             raise BackendError(f"world size {world} is not a multiple of TP={tp}")
-        if pp > 1 and world != pp:
-            raise BackendError(
-                f"world size {world} with PP={pp}: pipeline and data parallel together are not "
-                "built in the megatron backend yet (PP = world)"
-            )
+        if pp > 1 and world % pp:
+            raise BackendError(f"world size {world} is not a multiple of PP={pp}")
         if ep > 1 and world != ep:
             raise BackendError(
                 f"world size {world} with EP={ep}: expert and data parallel together are not "
@@ -354,8 +351,11 @@ class MegatronBackend(TorchBackend):
             if values:
                 value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
                 out[2][rows, :width] = value
-        for tensor in out:
-            dist.all_reduce(tensor)  # the pipeline group is the world (PP = world)
+        from megatron.core import parallel_state
+
+        for tensor in out:  # the last stage's outputs onto every stage, then every replica's
+            dist.all_reduce(tensor, group=parallel_state.get_pipeline_model_parallel_group())
+            self.dp.sum(tensor)
         return ForwardResult(logprobs=out[0], values=out[2] if critic else None, entropy=out[1])
 
     def _critic_head(self, raw: bool) -> Any:
@@ -476,9 +476,12 @@ class MegatronBackend(TorchBackend):
         local = {k: v.to("cpu") for k, v in self._megatron_state().items()}
         tp = self.config.megatron.tensor_parallel
         shards: list[dict[str, Tensor]] = [local]
-        if self.pp > 1:  # the pipeline group is the world: every stage's part, then whole
+        if self.pp > 1:  # every stage's part (this replica's), then whole
+            from megatron.core import parallel_state
+
             stages: list[Any] = [None] * self.pp
-            dist.all_gather_object(stages, local)
+            group = parallel_state.get_pipeline_model_parallel_group()
+            dist.all_gather_object(stages, local, group=group)
             shards = [convert.merge_pipeline_stages(stages, self.hf_config)]
         elif self.ep > 1:  # the expert-parallel group is the world: every rank's experts
             ranks: list[Any] = [None] * self.ep
