@@ -31,7 +31,10 @@ weights out, and a step divides the experts' gradients by EP
 with another kind, MoE under tensor or
 pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
 ZeRO-1 with torch's ZeroRedundancyOptimizer, data parallel only), resharding a checkpoint to
-another model-parallel layout and bf16 are not built yet and raise :class:`BackendError`.
+another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
+:class:`BackendError`. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend
+does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
+``custom_bwd`` for CUDA, so their backward runs under the forward's autocast state.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
@@ -170,6 +173,8 @@ class MegatronBackend(TorchBackend):
         self.model_dir = Path(source).resolve()
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise BackendError(f"device {config.device} requested but CUDA is not available")
         hf_config, self.tokenizer, hf_weights = _read_source(self.model_dir)
         check_supported(hf_config)
         tp = config.megatron.tensor_parallel
@@ -202,7 +207,7 @@ class MegatronBackend(TorchBackend):
                 "a MoE model under tensor parallel is not built in the megatron backend yet "
                 "(TP=1, one process or data parallel)"
             )
-        init_parallel(tp, config.seed, pp, ep)
+        init_parallel(tp, config.seed, pp, ep, self.device)
         self.hf_config = hf_config
         self.pp, self.ep = pp, ep
         self._check_world(tp, pp, ep)
@@ -274,8 +279,11 @@ class MegatronBackend(TorchBackend):
 
     @staticmethod
     def _check_settings(config: TrainerConfig) -> None:
-        if config.precision != "fp32":
-            raise BackendError("the megatron backend runs fp32 only so far (bf16 is not built)")
+        if config.precision == "bf16" and config.megatron.pipeline_parallel > 1:
+            raise BackendError(
+                "bf16 under pipeline parallel is not built in the megatron backend yet (the "
+                "stages exchange fp32 activations); use precision fp32 or pipeline_parallel 1"
+            )
 
     @staticmethod
     def _data_parallel(tp: int, pp: int, ep: int) -> DataParallel:

@@ -37,9 +37,12 @@ and the DistributedOptimizer's CUDA streams, events and ``device="cuda"`` scratc
 its ``param.type()`` check, which the feasibility spike of issue 10 also had to replace. They
 join this list when those parts are used.
 
-Nothing is patched while CUDA is available (the GPU path is megatron's own), and installing
-twice is a no-op. The patches are process-wide: they only replace functions that would raise
-on this machine anyway, so the torch backend in the same process is unaffected.
+The layer is installed for a megatron backend on the CPU only (a backend on ``cuda`` runs
+megatron's own GPU path), and installing twice is a no-op. The patches are process-wide: on a
+machine without CUDA they only replace functions that would raise anyway, so the torch backend
+in the same process is unaffected. On a machine with a GPU they would turn megatron's CUDA
+calls into CPU ones, so one process runs megatron on one device: :func:`install` on the CPU
+after :func:`claim_cuda`, or the other way round, raises :class:`CompatError`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ from typing import Any
 import torch
 
 _INSTALLED: list[str] = []
+_CUDA_CLAIMED: list[bool] = []
+
+
+class CompatError(RuntimeError):
+    """Megatron on the CPU and on CUDA in one process (see the module docstring)."""
 
 
 class CpuRngStatesTracker:
@@ -126,11 +134,27 @@ def _set_no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
     """(6) Nothing to put back (see :func:`_no_cuda_rng_state`)."""
 
 
+def claim_cuda() -> None:
+    """Mark this process as running megatron on CUDA (nothing is patched); raises
+    :class:`CompatError` when the CPU layer is already installed."""
+    if _INSTALLED:
+        raise CompatError(
+            "this process already runs a megatron backend on the CPU (its compatibility layer "
+            "turns megatron's CUDA calls into CPU ones): run megatron on cuda in another process"
+        )
+    _CUDA_CLAIMED.append(True)
+
+
 def install() -> list[str]:
-    """Apply the process-wide replacements above (1-4, 6) when CUDA is unavailable; return
-    what is replaced."""
-    if _INSTALLED or torch.cuda.is_available():
+    """Apply the process-wide replacements above (1-4, 6) for megatron on the CPU; return
+    what is replaced. Raises :class:`CompatError` after :func:`claim_cuda`."""
+    if _INSTALLED:
         return list(_INSTALLED)
+    if _CUDA_CLAIMED:
+        raise CompatError(
+            "this process already runs a megatron backend on cuda: run megatron on the CPU in "
+            "another process"
+        )
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as megatron_random
 
@@ -156,8 +180,8 @@ def install() -> list[str]:
 @contextlib.contextmanager
 def building() -> Iterator[None]:
     """Build megatron modules with ``Tensor.cuda()`` returning the tensor itself (5 above),
-    when CUDA is unavailable; the real method is restored afterwards."""
-    if torch.cuda.is_available():
+    while the CPU layer is installed; the real method is restored afterwards."""
+    if not _INSTALLED:
         yield
         return
     real = torch.Tensor.cuda

@@ -18,6 +18,8 @@ sees the earlier tokens of its own row), the same view a packed row gets in the 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from typing import Any, Literal
 
@@ -203,7 +205,7 @@ def build_gpt(
         num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
     )
     with cpu_compat.building():
-        return GPTModel(
+        model = GPTModel(
             config,
             spec,
             vocab_size=int(hf_config.vocab_size),
@@ -214,21 +216,57 @@ def build_gpt(
             position_embedding_type="mrope",
             rotary_base=_rope_theta(hf_config),
         )
+    if getattr(model, "rotary_pos_emb", None) is not None:
+        rope_outside_autocast(model.rotary_pos_emb)
+    return model
+
+
+def rope_outside_autocast(rope: nn.Module) -> None:
+    """Compute ``rope``'s rotary angles in fp32 under ``precision: bf16``, as HF's Qwen3 does.
+
+    Megatron's M-RoPE takes ``inv_freq @ position_ids`` as a matrix product, which autocast
+    runs in bfloat16: an angle of ``position x frequency`` keeps 8 bits, so past a few hundred
+    positions it is off by radians (seen on an H200: the toy run's train / rollout logprob
+    mismatch was 6.2 nats at most, 0.22 on average, against 0.03 / 0.0004 for the torch
+    backend). The module's own ``forward`` is wrapped on this instance (nothing is patched in
+    megatron-core, and its state dict is unchanged)."""
+    forward = rope.forward
+    kinds = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+    @functools.wraps(forward)
+    def fp32_forward(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for kind in kinds:
+                stack.enter_context(torch.autocast(device_type=kind, enabled=False))
+            return forward(*args, **kwargs)
+
+    rope.forward = fp32_forward  # type: ignore[method-assign]
 
 
 def init_parallel(
-    tensor_parallel: int = 1, seed: int = 0, pipeline_parallel: int = 1, expert_parallel: int = 1
+    tensor_parallel: int = 1,
+    seed: int = 0,
+    pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
+    device: torch.device | str = "cpu",
 ) -> None:
     """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
     megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
     model replica (the rest is data parallel; ``expert_parallel`` ranks of it split a MoE's
-    experts) and its model-parallel RNG streams from ``seed``."""
+    experts) and its model-parallel RNG streams from ``seed``; on the CPU ``device``, the
+    compatibility layer (:mod:`trainer.backends.megatron.cpu_compat`) first."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from trainer.backends.megatron import cpu_compat
 
-    cpu_compat.install()
+    try:
+        if torch.device(device).type == "cuda":
+            cpu_compat.claim_cuda()
+        else:
+            cpu_compat.install()
+    except cpu_compat.CompatError as exc:
+        raise BackendError(str(exc)) from exc
     if not dist.is_initialized():
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size == 1 and "MASTER_PORT" not in os.environ:

@@ -200,6 +200,15 @@ def test_unsupported_models_and_settings_are_named(tiny_model_dir: Path) -> None
     sharded = {"pipeline_parallel": 2, "distributed_optimizer": True}
     with pytest.raises(BackendError, match="distributed optimizer shards over data-parallel"):
         make(tiny_model_dir, "megatron", megatron=sharded)
+    bf16_stages = TrainerConfig(
+        model=str(tiny_model_dir), backend="megatron", device="cuda", precision="bf16",
+        megatron={"pipeline_parallel": 2},
+    )  # fmt: skip
+    with pytest.raises(BackendError, match="bf16 under pipeline parallel is not built"):
+        MegatronBackend(bf16_stages)
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendError, match="device cuda requested but CUDA is not avail"):
+            make(tiny_model_dir, "megatron", device="cuda")
     alone = make(tiny_model_dir, "megatron", megatron={"distributed_optimizer": True})
     assert isinstance(alone.actor_optimizer, torch.optim.AdamW)  # one process: nothing to shard
 
@@ -396,3 +405,25 @@ def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_
     assert alone.load(f"{export}-dp-ckpt") == EXTRA and alone.steps == 1
     resumed = alone.train_step(batch, StepObjective(algorithm="li2sao", phase="bootstrap"))
     close_metrics(dp["resume"]["metrics"][0], resumed)
+
+
+def test_rotary_angles_stay_fp32_under_bf16_autocast(tiny_model_dir: Path) -> None:
+    """``precision: bf16`` autocasts the forwards; megatron's M-RoPE angles are a matrix
+    product that autocast would take to bfloat16 (radians off past a few hundred positions;
+    on a GPU a 6-nat train / rollout mismatch). The backend keeps them fp32, as HF does."""
+    from trainer.backends.megatron.model import rope_outside_autocast
+
+    rope = make(tiny_model_dir, "megatron").actor.rotary_pos_emb
+    positions = torch.arange(4096)[None, None, :].expand(3, 1, -1)
+    section = rope.inv_freq.numel()
+    want = rope(positions, [section, 0, 0])
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        got = rope(positions, [section, 0, 0])
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    unwrapped = type(rope).forward.__get__(rope)  # megatron's own forward, without the wrapper
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        bf16 = unwrapped(positions, [section, 0, 0])
+    assert float((bf16.float() - want).abs().max()) > 1.0  # what the wrapper prevents
+    rope_outside_autocast(rope)  # twice: still the fp32 angles
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        assert torch.equal(rope(positions, [section, 0, 0]), want)

@@ -53,15 +53,34 @@ def test_the_schedules_torch_allocates_cuda_zeros_on_the_cpu_and_nothing_else_ch
     assert fake.ones is torch.ones and fake.distributed is torch.distributed  # the real module
 
 
-def test_building_makes_tensor_cuda_the_identity_only_inside() -> None:
-    from trainer.backends.megatron.cpu_compat import building
+def test_building_makes_tensor_cuda_the_identity_only_inside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainer.backends.megatron import cpu_compat
 
-    if torch.cuda.is_available():
-        pytest.skip("the replacement applies only without CUDA")
     real = torch.Tensor.cuda
     t = torch.ones(2)
-    with building():
+    monkeypatch.setattr(cpu_compat, "_INSTALLED", [])
+    with cpu_compat.building():  # the layer is not installed: megatron's own path
+        assert torch.Tensor.cuda is real
+    monkeypatch.setattr(cpu_compat, "_INSTALLED", ["torch.cuda.current_device"])
+    with cpu_compat.building():
         assert t.cuda() is t
     assert torch.Tensor.cuda is real
-    with pytest.raises((RuntimeError, AssertionError)):
-        t.cuda()  # no CUDA on this machine: the real method raises again
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):
+            t.cuda()  # no CUDA on this machine: the real method raises again
+
+
+def test_one_process_runs_megatron_on_one_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.backends.megatron import cpu_compat
+
+    monkeypatch.setattr(cpu_compat, "_INSTALLED", ["torch.cuda.current_device"])
+    monkeypatch.setattr(cpu_compat, "_CUDA_CLAIMED", [])
+    with pytest.raises(cpu_compat.CompatError, match="already runs a megatron backend on the CPU"):
+        cpu_compat.claim_cuda()
+    monkeypatch.setattr(cpu_compat, "_INSTALLED", [])
+    cpu_compat.claim_cuda()
+    with pytest.raises(cpu_compat.CompatError, match="already runs a megatron backend on cuda"):
+        cpu_compat.install()
+    assert not cpu_compat._INSTALLED  # nothing was patched
