@@ -5,7 +5,7 @@ Usage (from the repository root)::
     .venv/bin/python bench/bench_trainer.py                 # full run (minutes on 2 cores)
     .venv/bin/python bench/bench_trainer.py --quick         # smoke run, small batches
     .venv/bin/python bench/bench_trainer.py --json out.json # also every figure as JSON
-    .venv/bin/python bench/bench_trainer.py --device cuda   # GPU session (not yet run on one)
+    .venv/bin/python bench/bench_trainer.py --device cuda   # on a GPU (--precision bf16 too)
 
 Two models of the Qwen3 family, random weights, built offline by the tiny-model builder
 (:mod:`services.tiny_model.build`) and cached under ``$SWERL_CACHE_DIR``: ``tiny`` (the test
@@ -53,7 +53,8 @@ in one invocation so the ratios compare like with like:
 Timings are wall clock with ``--threads`` torch threads (1 by default: steadier on a shared
 machine). Nothing here asserts a time; the script prints the figures and the ratios. On a GPU
 (``--device cuda``) the steps synchronise before each clock read and memory is the CUDA peak;
-this path has not been run on a GPU yet.
+``--precision bf16`` runs the backends in bf16 autocast (figures of one H200: docs/trainer.md
+"On a GPU").
 """
 
 from __future__ import annotations
@@ -222,25 +223,26 @@ def model_dir(name: str) -> Path:
 
 
 def trainer_config(
-    backend: str, model: Path, device: str, micro_batch_tokens: int
+    backend: str, model: Path, device: str, micro_batch_tokens: int, precision: str = "fp32"
 ) -> TrainerConfig:
     return TrainerConfig.model_validate(
         {
             "backend": backend,
             "model": str(model),
             "device": device,
+            "precision": precision,
             "batch": {"micro_batch_tokens": micro_batch_tokens},
         }
     )
 
 
 def open_backend(
-    name: str, model: Path, device: str, micro_batch_tokens: int
+    name: str, model: Path, device: str, micro_batch_tokens: int, precision: str = "fp32"
 ) -> TrainerBackend | str:
     """The backend, or why it cannot run here: never a stand-in. A name the trainer config does
     not accept is ``not built``; a backend that exists but fails to start says so."""
     try:
-        config = trainer_config(name, model, device, micro_batch_tokens)
+        config = trainer_config(name, model, device, micro_batch_tokens, precision)
     except ValidationError as exc:
         return f"not built: trainer.backend={name!r} is refused ({exc.errors()[0]['msg']})"
     if name == "torch":
@@ -484,10 +486,16 @@ def peak_of_step(backend: Any, batch: TrainBatch, device: str) -> int:
 
 
 def memory_points(
-    model: Path, groups: Sequence[int], lengths: Lengths, device: str, seed: int
+    model: Path,
+    groups: Sequence[int],
+    lengths: Lengths,
+    device: str,
+    seed: int,
+    precision: str = "fp32",
 ) -> list[dict[str, int]]:
     """Peak extra memory of a step at each size (ascending), one micro-batch per step."""
-    backend: Any = create_backend(trainer_config("torch", model, device, ONE_MICRO_BATCH))
+    config = trainer_config("torch", model, device, ONE_MICRO_BATCH, precision)
+    backend: Any = create_backend(config)
     points = []
     for g in sorted(groups):
         records = make_records(sample_shapes(lengths, g, seed), backend.vocab_size, seed)
@@ -532,7 +540,9 @@ def memory_phase(
     }
     for name, directory in models.items():
         if args.device.startswith("cuda"):
-            points = memory_points(directory, groups, lengths, args.device, args.seed)
+            points = memory_points(
+                directory, groups, lengths, args.device, args.seed, args.precision
+            )
         else:
             env = {
                 **os.environ,
@@ -712,7 +722,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", default=None, help="memory sizes in groups of 8 (1,2 / 1,2,4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (GPU: not yet run)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="the trainer's precision (bf16: autocast, fp32 master weights; needs --device cuda)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where checkpoints are written")
     parser.add_argument(
         "--json",
@@ -725,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.precision == "bf16" and not args.device.startswith("cuda"):
+        parser.error("--precision bf16 is the GPU path: it needs --device cuda")
     groups = [int(g) for g in (args.groups or ("1,2" if args.quick else "1,2,4")).split(",")]
     if len(groups) < 2 or min(groups) < 1 or len(set(groups)) != len(groups):
         parser.error("--groups needs two or more distinct sizes >= 1")
@@ -740,12 +758,14 @@ def main(argv: list[str] | None = None) -> int:
     step_groups = {"tiny": 2 if args.quick else 4, "qwen3-20m": 1}
     dirs = {name: model_dir(name) for name in MODELS}
     print(
-        f"torch {torch.__version__}, device {args.device}, threads {args.threads}, "
+        f"torch {torch.__version__}, device {args.device}, precision {args.precision}, "
+        f"threads {args.threads}, "
         f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)"
     )
     summary: dict[str, Any] = {
         "torch": torch.__version__,
         "device": args.device,
+        "precision": args.precision,
         "threads": args.threads,
         "quick": args.quick,
         "load_average": os.getloadavg()[0],
@@ -753,7 +773,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs = []
     for name, directory in dirs.items():
-        backends = {b: open_backend(b, directory, args.device, 16_384) for b in BACKENDS}
+        backends = {
+            b: open_backend(b, directory, args.device, 16_384, args.precision) for b in BACKENDS
+        }
         torch_backend = backends["torch"]
         if isinstance(torch_backend, str):
             raise SystemExit(f"the torch backend cannot run: {torch_backend}")
@@ -762,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(ModelRun(name, directory, make_records(shapes, vocab, args.seed), backends))
     summary["step"] = step_phase(runs, reps, args.device)
     print_step(summary["step"], list(dirs))
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="swerl-bench-trainer-", dir=args.workdir))
     try:
         summary["checkpoint"] = checkpoint_phase(runs, reps, workdir)

@@ -4,23 +4,30 @@
 #
 #   deploy/gpu_check_trainer.sh [WORK_DIR]
 #
+# 0. The GPU tests (tests/gpu): both backends on cuda against the CPU and each other (fp32,
+#    dense and MoE), a step, activation recompute, save -> load -> the same next step, an
+#    export transformers loads, bf16 autocast with fp32 master weights.
 # 1. `python -m trainer score` on the tiny model, torch and megatron backends, on cuda and on
 #    the CPU: the per-token logprobs must agree (fp32, max |diff| < 1e-3).
 # 2. The toy Li2SAO run (trainer/configs/toy_li2sao.yaml, 3 steps) through the whole local stack
 #    with the trainer on cuda: torch backend fp32, torch backend bf16, megatron backend fp32,
-#    megatron with activation recompute. Each must exit 0 with 3 metrics rows and a checkpoint
+#    megatron bf16, megatron with activation recompute. Each must exit 0 with 3 metrics rows and a checkpoint
 #    of step 3.
 # 3. With 2 or more GPUs: the same run under torchrun with 2 ranks (NCCL; rank 0 drives,
 #    rank 1 follows): the torch backend (FSDP2) and the megatron backend as two pipeline
 #    stages, checkpoint shards of both ranks.
+# 4. bench/bench_trainer.py --device cuda --quick, fp32 and bf16 (figures in
+#    WORK/bench_trainer-{fp32,bf16}.{log,json}).
 #
 # Prints one PASS / FAIL line per check and exits non-zero if any failed. Needs `make setup`
 # (the venv, the tiny and toy models, bwrap trees) and a CUDA build of torch.
 #
 # Environment:
-#   PYTHON   python with swerl installed (default: .venv/bin/python)
+#   PYTHON           python with swerl installed (default: .venv/bin/python)
+#   SWERL_CACHE_DIR  where the tiny and toy models are (default: ~/.cache/swerl)
+#   STEP_TIMEOUT     seconds one check may run before it is stopped and FAILs (default 900)
 set -uo pipefail
-[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
@@ -28,6 +35,7 @@ WORK="${1:-$(mktemp -d /tmp/swerl-gpu-trainer.XXXXXX)}"
 CACHE="${SWERL_CACHE_DIR:-$HOME/.cache/swerl}"
 CONFIG="$REPO/trainer/configs/toy_li2sao.yaml"
 FAILED=0
+STEP_TIMEOUT="${STEP_TIMEOUT:-900}"
 mkdir -p "$WORK"
 cd "$REPO"
 
@@ -43,6 +51,12 @@ if [[ "$GPUS" -lt 1 ]]; then
 fi
 echo "cuda: $GPUS GPU(s); work dir $WORK"
 
+# 0. the GPU tests
+timeout "$STEP_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=10" tests/gpu \
+  > "$WORK/pytest-gpu.log" 2>&1
+code=$?
+result pytest-gpu "$code" "($(tail -n 1 "$WORK/pytest-gpu.log"); $WORK/pytest-gpu.log)"
+
 # 1. score parity, cuda vs CPU
 "$PY" - "$WORK/score-in.jsonl" <<'EOF'
 import json, random, sys
@@ -55,7 +69,7 @@ EOF
 for backend in torch megatron; do
   ok=0
   for device in cpu cuda; do
-    "$PY" -m trainer score --backend "$backend" --model "$CACHE/tiny-model" --device "$device" \
+    timeout "$STEP_TIMEOUT" "$PY" -m trainer score --backend "$backend" --model "$CACHE/tiny-model" --device "$device" \
       --input "$WORK/score-in.jsonl" --output "$WORK/score-$backend-$device.jsonl" \
       > "$WORK/score-$backend-$device.log" 2>&1 || ok=1
   done
@@ -78,7 +92,7 @@ done
 toy_run() {  # NAME NPROC ENV...
   local name="$1" nproc="$2"; shift 2
   local dir="$WORK/toy-$name"
-  env "$@" SWERL_TRAINER__DEVICE=cuda "$PY" -m services.toy_train --config "$CONFIG" \
+  timeout "$STEP_TIMEOUT" env "$@" SWERL_TRAINER__DEVICE=cuda "$PY" -m services.toy_train --config "$CONFIG" \
     --run-dir "$dir" --steps 3 --nproc "$nproc" > "$dir.log" 2>&1
   local code=$?
   local rows=0
@@ -93,6 +107,7 @@ toy_run() {  # NAME NPROC ENV...
 toy_run torch-fp32 1
 toy_run torch-bf16 1 SWERL_TRAINER__PRECISION=bf16
 toy_run megatron-fp32 1 SWERL_TRAINER__BACKEND=megatron
+toy_run megatron-bf16 1 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__PRECISION=bf16
 toy_run megatron-recompute 1 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__ACTIVATION_CHECKPOINTING=true
 if [[ "$GPUS" -ge 2 ]]; then
   toy_run torch-2ranks-nccl 2
@@ -100,5 +115,13 @@ if [[ "$GPUS" -ge 2 ]]; then
 else
   echo "SKIP toy-torch-2ranks-nccl, toy-megatron-2stages-nccl (one GPU: NCCL needs a GPU per rank)"
 fi
+
+# 4. the trainer benchmark on the GPU
+for precision in fp32 bf16; do
+  timeout "$STEP_TIMEOUT" "$PY" bench/bench_trainer.py --device cuda --precision "$precision" --quick \
+    --workdir "$WORK/bench" --json "$WORK/bench_trainer-$precision.json" \
+    > "$WORK/bench_trainer-$precision.log" 2>&1
+  result "bench-trainer-cuda-$precision" $? "($WORK/bench_trainer-$precision.log)"
+done
 
 exit $FAILED

@@ -15,7 +15,8 @@ SCRIPT = DEPLOY / "gpu_check_trainer.sh"
 
 def test_help_lists_the_checks() -> None:
     out = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
-    for check in ("score", "toy Li2SAO run", "torchrun with 2 ranks (NCCL"):
+    checks = ("tests/gpu", "score", "toy Li2SAO run", "torchrun with 2 ranks (NCCL")
+    for check in (*checks, "bench_trainer.py --device cuda"):
         assert check in out.stdout
 
 
