@@ -4,8 +4,9 @@ Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR TINY_DIR TINY_
 Joins a gloo group of WORLD (4) ranks on loopback and builds the megatron backend with TP=2
 on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel ranks, each replica training
 its share of the batch's groups; then, re-initialised, with PP=2 on TINY_DIR (key ``pp``):
-two replicas of two pipeline stages. On each it scores the batch, gathers the HF weights,
-takes one Li2SAO step and checks the resume from a checkpoint
+two replicas of two pipeline stages; then both again with the distributed optimizer. On each
+it scores the batch, gathers the HF weights, takes one Li2SAO step, records each rank's share
+of the AdamW states and checks the resume from a checkpoint
 (:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves the outputs, the weights,
 the step's metrics and each rank's (model-parallel rank, DP rank, DP size) to OUT_FILE.
 """
@@ -52,6 +53,11 @@ def run_layout(world: int, model_dir: str, batch_file: str, ckpt: str, **layout:
     objective = StepObjective(algorithm="li2sao", phase="bootstrap")
     result["metrics"] = backend.train_step(batch, objective)
     result["stepped"] = snapshot(backend)
+    local = backend.checkpoint_optimizer(backend.actor_optimizer)  # this rank's AdamW states
+    held = sum(t.numel() for st in local.state.values() for t in st.values() if t.dim() > 0)
+    shares: list = [None] * world
+    dist.all_gather_object(shares, (held, sum(p.numel() for p in backend.actor.parameters())))
+    result["state_shares"] = shares  # per rank: (AdamW state elements, local actor elements)
     heads: list = [None] * world
     dist.all_gather_object(heads, backend.critic.value_head.weight.detach().clone())
     result["value_heads"] = heads
@@ -65,14 +71,25 @@ def run_layout(world: int, model_dir: str, batch_file: str, ckpt: str, **layout:
 
 def run(world: int, args: list[str]) -> dict:
     """TP=2 x DP=2 on the 2-KV-head model, then the same ranks as PP=2 x DP=2 on the tiny
-    model (its two layers one stage each)."""
+    model (its two layers one stage each); each again with the distributed optimizer (keys
+    ``tp_zero``, ``pp_zero``: the AdamW states sharded over the data-parallel group)."""
     from megatron.core import parallel_state
 
     model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file = args
-    result = {"tp": run_layout(world, model_dir, batch_file, f"{ckpt}-tp")}
-    parallel_state.destroy_model_parallel()
+    tensor = {"megatron": {"tensor_parallel": TP}}
     pipeline = {"megatron": {"pipeline_parallel": 2}, "batch": PP_BATCH}
-    result["pp"] = run_layout(world, tiny_dir, tiny_batch_file, f"{ckpt}-pp", **pipeline)
+    runs = {
+        "tp": (model_dir, batch_file, tensor),
+        "pp": (tiny_dir, tiny_batch_file, pipeline),
+        "tp_zero": (model_dir, batch_file, tensor),
+        "pp_zero": (tiny_dir, tiny_batch_file, pipeline),
+    }
+    result = {}
+    for key, (model, batch, layout) in runs.items():
+        if key.endswith("_zero"):
+            layout = {**layout, "megatron": {**layout["megatron"], "distributed_optimizer": True}}
+        result[key] = run_layout(world, model, batch, f"{ckpt}-{key}", **layout)
+        parallel_state.destroy_model_parallel()
     return result
 
 

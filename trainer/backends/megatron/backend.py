@@ -30,7 +30,8 @@ weights out, and a step divides the experts' gradients by EP
 (TP x DP, PP x DP: replicas over megatron's data-parallel group). TP with PP, expert parallel
 with another kind, MoE under tensor or
 pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
-ZeRO-1 with torch's ZeroRedundancyOptimizer, data parallel only), resharding a checkpoint to
+ZeRO-1 with torch's ZeroRedundancyOptimizer over the data-parallel group, also under TP x DP
+and PP x DP; not under EP), resharding a checkpoint to
 another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
 :class:`BackendError`. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend
 does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
@@ -192,10 +193,11 @@ class MegatronBackend(TorchBackend):
                 raise BackendError("a MoE model under pipeline parallel is not built yet")
         ep = config.megatron.expert_parallel
         convert.check_expert_parallel(hf_config, ep)
-        if config.megatron.distributed_optimizer and tp * pp * ep > 1:
+        if config.megatron.distributed_optimizer and ep > 1:
             raise BackendError(
                 "the distributed optimizer shards over data-parallel ranks: it is not built "
-                "with tensor, pipeline or expert parallel yet"
+                "with expert parallel yet (the EP ranks hold different experts and share no "
+                "data-parallel group)"
             )
         if ep > 1 and (tp > 1 or pp > 1):
             raise BackendError(
@@ -588,9 +590,11 @@ class MegatronBackend(TorchBackend):
 
     def _init_optimizers(self) -> None:
         """The torch backend's AdamW and schedules; with ``megatron.distributed_optimizer``
-        under data parallel each AdamW is torch's ``ZeroRedundancyOptimizer`` (ZeRO-1): every
-        rank keeps the states of its share of the parameters, updates that share from the
-        summed gradients and broadcasts it, so the step is the replicated one."""
+        under data parallel each AdamW is torch's ``ZeroRedundancyOptimizer`` (ZeRO-1) over the
+        data-parallel group (the world, or under TP / PP megatron's group of the replicas of
+        this rank's shard or stage): every rank keeps the states of its share of the
+        parameters, updates that share from the summed gradients and broadcasts it to the
+        group, so the step is the replicated one."""
         if not self._zero():
             super()._init_optimizers()
             return
@@ -602,6 +606,7 @@ class MegatronBackend(TorchBackend):
             return ZeroRedundancyOptimizer(
                 params,
                 optimizer_class=torch.optim.AdamW,
+                process_group=self.dp.group,
                 lr=cfg.lr,
                 betas=cfg.betas,
                 eps=cfg.eps,

@@ -194,12 +194,14 @@ def test_the_export_loads_in_transformers_with_the_same_logprobs(
     assert not torch.equal(exported["model.norm.weight"], original["model.norm.weight"])
 
 
-def test_unsupported_models_and_settings_are_named(tiny_model_dir: Path) -> None:
+def test_unsupported_models_and_settings_are_named(
+    tiny_model_dir: Path, tiny_moe_dir: Path
+) -> None:
     with pytest.raises(BackendError, match="num_key_value_heads=1 does not split over tensor"):
         make(tiny_model_dir, "megatron", megatron={"tensor_parallel": 2})
-    sharded = {"pipeline_parallel": 2, "distributed_optimizer": True}
-    with pytest.raises(BackendError, match="distributed optimizer shards over data-parallel"):
-        make(tiny_model_dir, "megatron", megatron=sharded)
+    sharded = {"expert_parallel": 2, "distributed_optimizer": True}
+    with pytest.raises(BackendError, match=r"distributed optimizer .* not built with expert"):
+        make(tiny_moe_dir, "megatron", megatron=sharded)
     bf16_stages = TrainerConfig(
         model=str(tiny_model_dir), backend="megatron", device="cuda", precision="bf16",
         megatron={"pipeline_parallel": 2},
@@ -342,6 +344,27 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     four = torch.load(out, weights_only=False)
     check_two_replicas(four["tp"], model, batch)
     check_two_replicas(four["pp"], tiny_model_dir, tiny_batch, batch=PP_BATCH)
+    for layout in ("tp", "pp"):
+        check_distributed_optimizer(four[layout], four[f"{layout}_zero"])
+
+
+def check_distributed_optimizer(plain: dict, zero: dict) -> None:
+    """The distributed optimizer under TP or PP x DP=2: the plain layout's step bit for bit
+    (metrics and weights) and an exact resume, each rank holding part of its shard's AdamW
+    states, its replica partner the rest (exp_avg and exp_avg_sq: twice the shard's size)."""
+    assert zero["metrics"] == plain["metrics"]
+    assert all(torch.equal(zero["stepped"][n], plain["stepped"][n]) for n in plain["stepped"])
+    assert_resumed(zero["resume"])
+    for rank, (held, local) in enumerate(plain["state_shares"]):
+        assert held == 2 * local, rank  # plain: every rank keeps all its shard's states
+    partners: dict[int, list[int]] = {}  # model-parallel rank -> its replicas' global ranks
+    for rank, (model_rank, _, _) in enumerate(zero["coords"]):
+        partners.setdefault(model_rank, []).append(rank)
+    for ranks in partners.values():
+        assert len(ranks) == 2
+        held = [zero["state_shares"][r][0] for r in ranks]
+        local = zero["state_shares"][ranks[0]][1]
+        assert sum(held) == 2 * local and all(0 < h < 2 * local for h in held), held
 
 
 def test_tensor_and_data_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
