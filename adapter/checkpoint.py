@@ -13,12 +13,18 @@ shared path), and refuses a bad one with a 400 while nothing has changed:
   with a well-formed header (8-byte little-endian length, then a JSON object that fits in the
   file), which catches a truncated or half-written file.
 
+* a ``manifest.json`` (what swerl's trainer publishes, :mod:`trainer.publish.versions`): every
+  file it lists present with its size and sha256, and, when the refresh names a
+  ``weights_sha256``, the manifest's equal to it. A directory without a manifest (weights
+  written by something else) is checked as above only, and cannot be named by a checksum.
+
 Loading can still fail on the engine (shapes that do not match the served model): that is the
 refresh state machine's business, not this check's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -66,8 +72,64 @@ def _weight_files(directory: Path) -> tuple[list[Path], str | None]:
     return files, None
 
 
-def checkpoint_problem(model_path: str) -> str | None:
-    """Why ``model_path`` is not a loadable checkpoint directory, or None if it looks like one."""
+MANIFEST = "manifest.json"  # trainer.publish.versions writes it; this module reads it
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _manifest_problem(directory: Path, weights_sha256: str | None) -> str | None:
+    """The manifest's files against the directory (sizes first, then checksums), and its
+    ``weights_sha256`` against the one the refresh names."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        if weights_sha256 is not None:
+            return f"weights_sha256 given but model_path has no {MANIFEST} to check it against"
+        return None
+    try:
+        manifest = json.loads(path.read_bytes())
+        files = {str(name): entry for name, entry in manifest["files"].items()}
+        sizes = {name: int(entry["bytes"]) for name, entry in files.items()}
+        sums = {name: str(entry["sha256"]) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{MANIFEST} is unreadable or malformed ({type(exc).__name__}: {exc})"
+    if weights_sha256 is not None and manifest.get("weights_sha256") != weights_sha256:
+        return (
+            f"{MANIFEST} has weights_sha256 {manifest.get('weights_sha256')!r}, the refresh "
+            f"names {weights_sha256!r}"
+        )
+    try:
+        for name, size in sizes.items():
+            file = directory / name
+            if not file.is_file():
+                return f"{name} (listed in {MANIFEST}) is missing"
+            if file.stat().st_size != size:
+                return f"{name} has {file.stat().st_size} bytes, {MANIFEST} says {size}"
+        for name, digest in sums.items():
+            if _sha256(directory / name) != digest:
+                return f"{name} does not match its sha256 in {MANIFEST}"
+    except OSError as exc:
+        return f"cannot read the files {MANIFEST} lists: {exc.strerror or exc}"
+    return None
+
+
+def manifest_weights_sha256(model_path: str) -> str | None:
+    """``weights_sha256`` of ``model_path``'s manifest (None without a readable one)."""
+    try:
+        value = json.loads((Path(model_path) / MANIFEST).read_bytes()).get("weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def checkpoint_problem(model_path: str, weights_sha256: str | None = None) -> str | None:
+    """Why ``model_path`` is not a loadable checkpoint directory, or None if it looks like one
+    (its manifest, if any, verified; ``weights_sha256``: the checksum it must carry)."""
     path = Path(model_path)
     if not path.is_absolute():
         return "model_path must be an absolute path (engines resolve relative paths elsewhere)"
@@ -98,4 +160,4 @@ def checkpoint_problem(model_path: str) -> str | None:
             problem = _safetensors_problem(file)
             if problem is not None:
                 return problem
-    return None
+    return _manifest_problem(path, weights_sha256)

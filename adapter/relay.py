@@ -184,7 +184,9 @@ class NoWeights:
 
     refreshing = False
 
-    async def refresh(self, model_path: str, version: int) -> dict[str, Any]:
+    async def refresh(
+        self, model_path: str, version: int, weights_sha256: str | None = None
+    ) -> dict[str, Any]:
         raise APIError(
             409, "relay mode: the adapter serves an upstream endpoint, it has no weights",
             code="relay_mode",

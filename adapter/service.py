@@ -443,6 +443,7 @@ class AdapterService(TrajectoryLifecycle):
         return {
             "current_version": state.version,
             "model_path": state.model_path,
+            "weights_sha256": state.weights_sha256,
             "refreshes": state.refreshes,
             "last_refresh": state.last_refresh or None,
             "gate_open": self.gate.is_open,

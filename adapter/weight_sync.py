@@ -62,6 +62,11 @@ class DistributedRefreshRequest(BaseModel):
     group_name: str = Field(default="weight_update_group", min_length=1)
     buckets: list[Bucket] = Field(min_length=1)
     model_path: str | None = Field(default=None, min_length=1)
+    weights_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the checksum of the broadcast weights (their disk copy's manifest)",
+    )
     flush_cache: bool = True
 
 
@@ -168,6 +173,7 @@ class DistributedWeights:
             version,
             loader=load,
             check=lambda engines: self._check_members(request.group_name, engines),
+            weights_sha256=request.weights_sha256,
         )
         summary["transport"] = "distributed"
         return summary

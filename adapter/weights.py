@@ -107,6 +107,7 @@ def parse_version(raw: str | None) -> int | None:
 class WeightState:
     version: int
     model_path: str | None = None  # weights of `version`, once a refresh loaded them
+    weights_sha256: str | None = None  # the checksum the refresh of `version` named, if any
     refreshes: int = 0
     last_refresh: dict[str, Any] = field(default_factory=dict)
 
@@ -194,19 +195,31 @@ class WeightCoordinator:
         version: int,
         loader: EngineLoader | None = None,
         check: Callable[[list[Engine]], None] | None = None,
+        weights_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Step-mode refresh. ``loader`` loads one engine (default: from ``model_path`` on
         disk); ``check(engines)`` validates before the gate closes (raise APIError to refuse).
         ``model_path`` may be None for a transport without a disk copy (no reload on
-        readmission then)."""
+        readmission then). ``weights_sha256``: the checksum of the weights (the manifest's);
+        a disk refresh of the version and checksum already served is a no-op."""
         if self._refresh_pending:
             raise APIError(409, "a weight refresh is already in progress", code="refresh_busy")
         self._refresh_pending = True
         try:
             async with self._lock:
-                return await self._refresh_locked(model_path, version, loader, check)
+                return await self._refresh_locked(
+                    model_path, version, loader, check, weights_sha256
+                )
         finally:
             self._refresh_pending = False
+
+    def _served_already(self, version: int, weights_sha256: str | None) -> bool:
+        state = self.state
+        return (
+            version == state.version
+            and weights_sha256 is not None
+            and weights_sha256 == state.weights_sha256
+        )
 
     async def _refresh_locked(
         self,
@@ -214,8 +227,23 @@ class WeightCoordinator:
         version: int,
         loader: EngineLoader | None,
         check: Callable[[list[Engine]], None] | None,
+        weights_sha256: str | None = None,
     ) -> dict[str, Any]:
-        await self._validate(model_path, version, check)
+        if loader is None and self._served_already(version, weights_sha256):
+            # A trainer resumed from a checkpoint older than its last publish sends the same
+            # version with the same weights again: nothing to do, nothing closed.
+            return {
+                "version": version,
+                "mode": str(self.mode),
+                "model_path": self.state.model_path,
+                "weights_sha256": weights_sha256,
+                "idempotent": True,
+                "gate_closed_s": 0.0,
+                "drain_s": 0.0,
+                "load_s": 0.0,
+                "engines": {},
+            }
+        await self._validate(model_path, version, check, weights_sha256)
         if loader is None:
             assert model_path is not None
 
@@ -223,7 +251,7 @@ class WeightCoordinator:
                 return await self._load(engine, model_path, version)
 
         if self.mode is RefreshMode.TOKEN:
-            return await self._refresh_paused(loader, model_path, version)
+            return await self._refresh_paused(loader, model_path, version, weights_sha256)
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
@@ -231,7 +259,7 @@ class WeightCoordinator:
             drained_at = await self._drain(closed_at)
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self._adopt(version, model_path)
+            self._adopt(version, model_path, weights_sha256)
         finally:
             self.gate.reopen()
         summary = {
@@ -248,7 +276,11 @@ class WeightCoordinator:
         return summary
 
     async def _refresh_paused(
-        self, loader: EngineLoader, model_path: str | None, version: int
+        self,
+        loader: EngineLoader,
+        model_path: str | None,
+        version: int,
+        weights_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Token-mode refresh: close the gate (new calls wait; nothing is drained), pause the
         engines in abort mode, load, continue them, reopen. The interrupted calls are continued
@@ -264,7 +296,7 @@ class WeightCoordinator:
             paused_at = time.perf_counter()
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self._adopt(version, model_path)
+            self._adopt(version, model_path, weights_sha256)
         finally:
             continue_from = time.perf_counter()
             await self._continue_all(engines)
@@ -286,9 +318,10 @@ class WeightCoordinator:
         self._refreshed(summary)
         return summary
 
-    def _adopt(self, version: int, model_path: str | None) -> None:
+    def _adopt(self, version: int, model_path: str | None, weights_sha256: str | None) -> None:
         self.state.version = version
         self.state.model_path = model_path  # None: no disk copy of this version
+        self.state.weights_sha256 = weights_sha256
         self.state.refreshes += 1
 
     async def _pause_all(self, engines: list[Engine]) -> None:
@@ -320,16 +353,26 @@ class WeightCoordinator:
         model_path: str | None,
         version: int,
         check: Callable[[list[Engine]], None] | None,
+        weights_sha256: str | None = None,
     ) -> None:
         """Everything that can refuse a refresh before the gate closes (nothing drained yet)."""
-        if version <= self.state.version:
+        state = self.state
+        if version == state.version and weights_sha256 is not None and state.weights_sha256:
             raise APIError(
                 409,
-                f"version must increase: current is {self.state.version}, got {version}",
+                f"version {version} is served already with other weights (weights_sha256 "
+                f"{state.weights_sha256}, this refresh names {weights_sha256}); a published "
+                "version never changes its weights",
+                code="version_conflict",
+            )
+        if version <= state.version:
+            raise APIError(
+                409,
+                f"version must increase: current is {state.version}, got {version}",
                 code="stale_version",
             )
         if self.check_model_path and model_path is not None:
-            problem = await asyncio.to_thread(checkpoint_problem, model_path)
+            problem = await asyncio.to_thread(checkpoint_problem, model_path, weights_sha256)
             if problem is not None:
                 raise APIError(
                     400,

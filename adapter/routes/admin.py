@@ -16,6 +16,12 @@ class RefreshRequest(BaseModel):
 
     model_path: str = Field(min_length=1)
     version: int = Field(ge=0)
+    weights_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the manifest's weights_sha256: checked against model_path's manifest; "
+        "the version and checksum already served again is a no-op",
+    )
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -30,7 +36,9 @@ REQUEST_BODIES: dict[str, tuple[type[BaseModel], bool]] = {
 @router.post("/weights")
 async def refresh_weights(request: Request, service: Service) -> dict[str, Any]:
     body = await model_body(request, RefreshRequest)
-    return await service.weights.refresh(body.model_path, body.version)
+    return await service.weights.refresh(
+        body.model_path, body.version, weights_sha256=body.weights_sha256
+    )
 
 
 @router.post("/weights/group")

@@ -43,7 +43,7 @@ from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
 from trainer.loop.prompts import PromptCursor, load_instance_ids
 from trainer.loop.step_metrics import engine_metrics, rollout_metrics, step_record
-from trainer.publish import Publisher
+from trainer.publish import Publisher, publish_metrics
 
 log = logging.getLogger("swerl.train")
 STATE_KEY = "loop"
@@ -270,7 +270,7 @@ class TrainLoop:
         if publisher is None or self.backend.version == version_before:
             return None
         result = publisher.publish(self.backend)
-        return None if result is None else dict(result.timings)
+        return None if result is None else publish_metrics(result)
 
     @staticmethod
     def _batch_line(selection: Selection, phase: str, version: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ publishes ``backend.version`` and returns a :class:`PublishResult` with timings,
 
 from __future__ import annotations
 
-from trainer.publish.base import Publisher, PublishError, PublishResult
+from trainer.publish.base import Publisher, PublishError, PublishResult, publish_metrics
 from trainer.publish.config import PublishConfig, load_publish_config
 from trainer.publish.disk import DiskPublisher
 from trainer.publish.distributed import DistributedPublisher
@@ -28,4 +28,5 @@ __all__ = [
     "Publisher",
     "load_publish_config",
     "make_publisher",
+    "publish_metrics",
 ]

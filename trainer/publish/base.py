@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +42,17 @@ class Publisher(Protocol):
     def close(self) -> None: ...
 
 
+def publish_metrics(result: PublishResult) -> dict[str, float]:
+    """A publish as step metrics (``publish/*``): its timings and, for a broadcast, the bucket
+    count and the slowest and mean bucket's seconds (the trainer's side of each broadcast)."""
+    metrics = dict(result.timings)
+    if result.bucket_s:
+        metrics["buckets"] = float(len(result.bucket_s))
+        metrics["bucket_max"] = max(result.bucket_s)
+        metrics["bucket_mean"] = sum(result.bucket_s) / len(result.bucket_s)
+    return metrics
+
+
 def adapter_timings(summary: dict[str, Any]) -> dict[str, float]:
     """The seconds of the adapter's refresh summary: gate closed (new requests wait), drain
     (``step`` mode: in-flight agent steps finish first), engine load, and in ``token`` mode the
@@ -52,6 +64,30 @@ def adapter_timings(summary: dict[str, Any]) -> dict[str, float]:
         "engine_load": float(summary.get("load_s", 0.0)),
         "requests_paused": gate_closed if summary.get("mode") == "token" else 0.0,
     }
+
+
+def served_already(
+    served: dict[str, Any], version: int, checksum: str | None, model_path: str | None
+) -> bool:
+    """Whether the adapter (``GET /admin/versions``) serves ``version`` with these weights: the
+    same ``weights_sha256`` or, where the adapter recorded none, the same ``model_path``. The
+    same version with other weights is the adapter's to refuse (409)."""
+    if int(served["current_version"]) != version:
+        return False
+    recorded = served.get("weights_sha256")
+    if recorded is not None and checksum is not None:
+        return bool(recorded == checksum)
+    return model_path is not None and served.get("model_path") == model_path
+
+
+def idempotent_result(
+    version: int, transport: str, model_path: str | None, started: float, exported: float
+) -> PublishResult:
+    """The result of re-publishing the version already served: nothing moved."""
+    timings = dict.fromkeys(("transfer", "refresh", "gate_closed", "drain"), 0.0)
+    timings.update(engine_load=0.0, requests_paused=0.0, export=exported - started)
+    timings["total"] = time.perf_counter() - started
+    return PublishResult(version, transport, model_path, timings, {"idempotent": True})
 
 
 class AdminClient:
@@ -85,8 +121,12 @@ class AdminClient:
         result: dict[str, Any] = self._call("GET", "/admin/versions")
         return result
 
-    def refresh_from_disk(self, model_path: str, version: int) -> dict[str, Any]:
-        body = {"model_path": model_path, "version": version}
+    def refresh_from_disk(
+        self, model_path: str, version: int, weights_sha256: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model_path": model_path, "version": version}
+        if weights_sha256 is not None:
+            body["weights_sha256"] = weights_sha256
         result: dict[str, Any] = self._call("POST", "/admin/weights", body)
         return result
 

@@ -5,13 +5,20 @@ from __future__ import annotations
 import time
 
 from trainer.backends.base import TrainerBackend
-from trainer.publish.base import AdminClient, PublishResult, adapter_timings
+from trainer.publish.base import (
+    AdminClient,
+    PublishResult,
+    adapter_timings,
+    idempotent_result,
+    served_already,
+)
 from trainer.publish.config import PublishConfig
 from trainer.publish.versions import (
     export_version,
     exported_versions,
     prune_versions,
     version_dir,
+    weights_checksum,
 )
 
 
@@ -41,16 +48,14 @@ class DiskPublisher:
             backend.export_hf(version_dir(self.config.weights_dir, version))  # collective
             return None
         path = export_version(backend, self.config.weights_dir, version)
+        checksum = weights_checksum(path)
         exported = time.perf_counter()
         served = self.admin.versions()
-        if served["current_version"] == version and served["model_path"] == str(path):
+        if served_already(served, version, checksum, str(path)):
             # The same version with the same weights (export_version checked the checksum) is
             # served already: a trainer resumed from an older checkpoint re-publishes. No-op.
-            timings = dict.fromkeys(("transfer", "refresh", "gate_closed", "drain"), 0.0)
-            timings.update(engine_load=0.0, export=exported - started)
-            timings["total"] = time.perf_counter() - started
-            return PublishResult(version, "disk", str(path), timings, {"idempotent": True})
-        summary = self.admin.refresh_from_disk(str(path), version)
+            return idempotent_result(version, "disk", str(path), started, exported)
+        summary = self.admin.refresh_from_disk(str(path), version, checksum)
         refreshed = time.perf_counter()
         pruned = prune_versions(
             self.config.weights_dir, self.config.keep_last, self.admin.served_versions()

@@ -22,9 +22,21 @@ import torch
 
 from services.weight_group import WeightGroup, dtype_name, join_group, open_store
 from trainer.backends.base import TrainerBackend
-from trainer.publish.base import AdminClient, PublishError, PublishResult, adapter_timings
+from trainer.publish.base import (
+    AdminClient,
+    PublishError,
+    PublishResult,
+    adapter_timings,
+    idempotent_result,
+    served_already,
+)
 from trainer.publish.config import PublishConfig
-from trainer.publish.versions import export_version, exported_versions, prune_versions
+from trainer.publish.versions import (
+    export_version,
+    exported_versions,
+    prune_versions,
+    weights_checksum,
+)
 
 # After the adapter refused, how long to wait for broadcasts that may still complete.
 ABANDON_WAIT_S = 2.0
@@ -149,15 +161,24 @@ class DistributedPublisher:
         weights = list(backend.named_weights())  # collective under data parallel
         if self.rank != 0:
             return None
-        model_path = None
+        model_path = checksum = None
         if self.dist.export_to_disk:
-            model_path = str(export_version(backend, self.config.weights_dir, version))
+            exported_dir = export_version(backend, self.config.weights_dir, version)
+            model_path, checksum = str(exported_dir), weights_checksum(exported_dir)
         exported = time.perf_counter()
-        current = int(self.admin.versions()["current_version"])
+        served = self.admin.versions()
+        if checksum is not None and served_already(served, version, checksum, model_path):
+            # A trainer resumed from its last published checkpoint: the same weights are
+            # served already (no broadcast: nobody would join it).
+            return idempotent_result(version, "distributed", model_path, started, exported)
+        current = int(served["current_version"])
         if version <= current:  # refuse before anyone joins a broadcast
+            same = " with other weights" if version == current and checksum is not None else ""
             raise PublishError(
-                f"version must increase: the adapter serves {current}, got {version}"
-            )
+                f"version must increase: the adapter serves {current}{same}, got {version}"
+                + ("" if checksum is not None else " (without export_to_disk the weights of "
+                   "a served version cannot be compared: it is never sent again)")
+            )  # fmt: skip
         group = self.group if self.group is not None else self._connect()
         self.group = group
         bucket_bytes = int(self.dist.bucket_mb * 1024 * 1024)
@@ -170,6 +191,8 @@ class DistributedPublisher:
             "buckets": [b.spec() for b in buckets],
             "model_path": model_path,
         }
+        if checksum is not None:
+            body["weights_sha256"] = checksum
         call = _Call(lambda: self.admin.refresh_distributed(body))
         transfer_started = time.perf_counter()
         bucket_s = self._broadcast(group, buckets, call, version)

@@ -56,6 +56,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def weights_checksum(directory: Path) -> str:
+    """``weights_sha256`` of an exported version's manifest (read, not re-verified: the
+    adapter verifies every file before it loads them)."""
+    try:
+        value = json.loads((directory / MANIFEST).read_text())["weights_sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PublishError(
+            f"{directory}: no readable {MANIFEST} with weights_sha256: {exc}"
+        ) from exc
+    return str(value)
+
+
 def export_version(backend: TrainerBackend, root: str | Path, version: int) -> Path:
     """Export ``backend``'s actor as ``root/v<version>`` (atomic, manifest, idempotent)."""
     target = version_dir(root, version)

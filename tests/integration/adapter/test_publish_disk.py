@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
@@ -17,6 +18,7 @@ from tests.support.publish import (
     trainer,
 )
 from trainer.publish import DiskPublisher, PublishConfig, PublishError, make_publisher
+from trainer.publish.versions import export_version
 
 
 def config(url: str, weights_dir: Path, keep: int) -> PublishConfig:
@@ -86,4 +88,51 @@ def test_a_refused_publish_keeps_the_previous_version_serving(
         output, logprobs, version = served(engine.url)
         assert version == "1"
         assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
+        publisher.close()
+
+
+def test_the_adapter_checks_the_manifest_and_the_checksum(
+    adapter: AdapterFactory, model_dir: Path, tmp_path: Path
+) -> None:
+    """The adapter verifies a published directory against its manifest before it drains
+    anything, refuses a version re-sent with another checksum, and takes the same version
+    and checksum again as a no-op."""
+    backend = trainer(model_dir)
+    weights = tmp_path / "weights"
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publisher = make_publisher(config(a.url, weights, keep=3))
+        move_weights(backend, seed=21)
+        publisher.publish(backend)
+        checksum = json.loads((weights / "v1/manifest.json").read_text())["weights_sha256"]
+        view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+        assert view["weights_sha256"] == checksum and view["refreshes"] == 1
+
+        def refresh(path: Path, version: int, sha: str | None) -> httpx.Response:
+            body = {"model_path": str(path), "version": version}
+            if sha is not None:
+                body["weights_sha256"] = sha
+            return a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
+
+        same = refresh(weights / "v1", 1, checksum)  # the same version and weights: no-op
+        assert same.status_code == 200 and same.json()["idempotent"] is True
+        other = refresh(weights / "v1", 1, "0" * 64)
+        assert other.status_code == 409 and other.json()["error"]["code"] == "version_conflict"
+        # v2 on disk with one byte of its weights changed after the manifest was written
+        move_weights(backend, seed=22)
+        backend.version = 2
+        tampered = export_version(backend, weights, 2)
+        data = bytearray((tampered / "model.safetensors").read_bytes())
+        data[-1] ^= 0xFF
+        (tampered / "model.safetensors").write_bytes(bytes(data))
+        bad = refresh(tampered, 2, None)
+        assert bad.status_code == 400, bad.text
+        assert "model.safetensors does not match its sha256 in manifest.json" in bad.text
+        wrong = refresh(weights / "v1", 2, "1" * 64)  # a checksum the manifest does not carry
+        assert wrong.status_code == 400 and "the refresh names" in wrong.text
+        view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+        assert (view["current_version"], view["refreshes"]) == (1, 1)  # nothing moved
+        assert view["gate_open"] is True and served(engine.url)[2] == "1"
         publisher.close()

@@ -7,6 +7,7 @@ calls -- the same trainer and adapter code that uses NCCL between GPUs.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,13 @@ from tests.support.publish import (
     trainer,
 )
 from trainer.backends.torch_backend import TorchBackend
-from trainer.publish import DistributedPublisher, PublishConfig, PublishError, make_publisher
+from trainer.publish import (
+    DistributedPublisher,
+    PublishConfig,
+    PublishError,
+    make_publisher,
+    publish_metrics,
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +118,19 @@ def test_broadcast_publishes_to_every_engine(
                 assert_serves(two_engines, backend, backend.version)
                 assert result.model_path == str(tmp_path / f"v{backend.version}")
                 assert versions(a)["model_path"] == result.model_path
+                manifest = json.loads((tmp_path / f"v{backend.version}/manifest.json").read_text())
+                assert versions(a)["weights_sha256"] == manifest["weights_sha256"]
+                metrics = publish_metrics(result)  # the step's publish/* metrics
+                assert metrics["buckets"] == len(result.bucket_s)
+                assert metrics["bucket_max"] == max(result.bucket_s) > 0
             assert [p.name for p in tmp_path.iterdir()] == [f"v{backend.version}"]  # keep_last 1
+            # A trainer resumed from its last published checkpoint publishes the same version
+            # with the same weights: a no-op (no broadcast), still served.
+            refreshes = versions(a)["refreshes"]
+            again = publisher.publish(backend)
+            assert again is not None and again.adapter == {"idempotent": True}
+            assert versions(a)["refreshes"] == refreshes and not again.bucket_s
+            assert_serves(two_engines, backend, backend.version)
         finally:
             publisher.close()
 

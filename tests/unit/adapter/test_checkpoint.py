@@ -75,3 +75,46 @@ def test_damaged_checkpoints_are_named(checkpoint: Path, damage, fragment: str) 
 def test_paths_must_be_absolute_directories(checkpoint: Path) -> None:
     assert "absolute" in (checkpoint_problem("relative/ckpt") or "")
     assert "is a file" in (checkpoint_problem(str(checkpoint / "config.json")) or "")
+
+
+def write_manifest(directory: Path) -> str:
+    """A manifest as trainer.publish.versions writes it (its own code: the trainer's format)."""
+    from trainer.publish.versions import MANIFEST, _manifest
+
+    manifest = _manifest(directory, 3)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    return str(manifest["weights_sha256"])
+
+
+def test_a_manifest_is_verified_file_by_file(checkpoint: Path) -> None:
+    checksum = write_manifest(checkpoint)
+    assert checkpoint_problem(str(checkpoint)) is None
+    assert checkpoint_problem(str(checkpoint), checksum) is None
+    problem = checkpoint_problem(str(checkpoint), "f" * 64)
+    assert problem is not None and f"has weights_sha256 {checksum!r}" in problem
+    config = checkpoint / "config.json"
+    text = config.read_text()
+    config.write_text(text.replace("{", "{ ", 1))  # one byte more, still valid JSON
+    assert checkpoint_problem(str(checkpoint)) == (
+        f"config.json has {len(text) + 1} bytes, manifest.json says {len(text)}"
+    )
+    config.write_text(text)
+    tokenizer = checkpoint / "tokenizer.json"
+    data = bytearray(tokenizer.read_bytes())
+    data[len(data) // 2] ^= 1  # the same size, other bytes
+    tokenizer.write_bytes(bytes(data))
+    assert checkpoint_problem(str(checkpoint)) == (
+        "tokenizer.json does not match its sha256 in manifest.json"
+    )
+    tokenizer.unlink()
+    assert checkpoint_problem(str(checkpoint)) == (
+        "tokenizer.json (listed in manifest.json) is missing"
+    )
+    (checkpoint / "manifest.json").write_text("[1, 2]")
+    problem = checkpoint_problem(str(checkpoint))
+    assert problem is not None and problem.startswith("manifest.json is unreadable or malformed")
+
+
+def test_a_checksum_needs_a_manifest(checkpoint: Path) -> None:
+    problem = checkpoint_problem(str(checkpoint), "a" * 64)
+    assert problem == "weights_sha256 given but model_path has no manifest.json to check it against"
