@@ -20,6 +20,12 @@ the branch; here it must already be in the image or is rebuilt from the row):
    tests are removed;
 4. else the image does not hold this instance's repository: :class:`TaskStateError`.
 
+Then the history is hidden: SWE-smith's branch keeps the snapshot as the parent of "Bug
+Patch", so ``git diff HEAD~2 HEAD~1`` shows the bug and reverting it is the fix -- a policy
+trained with RL finds that. The task becomes one root commit of the task tree (fixed identity,
+dates and message: the same id in every sandbox), every other ref, remote and reflog entry is
+deleted and, in the agent's sandbox, the unreachable objects are pruned (``git gc``).
+
 It returns a SWE-bench-shaped instance of that state: ``base_commit`` the task commit (what
 the agent's patch is taken against) and ``test_patch`` the diff that brings the hidden test
 files back (restricted to those files: an old-style branch without the removal commit gives an
@@ -46,6 +52,7 @@ GIT_IDENTITY = {
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+00:00",
 }
 TASK_BRANCH = "swerl-task"
+TASK_MESSAGE = "Task"  # the one commit the agent's repository holds
 BASE_MARK = "swerl-task-base:"
 HOW_MARK = "swerl-task-how:"
 NO_REPO_EXIT = 3
@@ -55,10 +62,13 @@ class TaskStateError(RuntimeError):
     """The image cannot hold this instance's task state (wrong image: not retried)."""
 
 
-def prepare_script(instance: SWEInstance, bug_path: str, tests_path: str) -> str:
+def prepare_script(
+    instance: SWEInstance, bug_path: str, tests_path: str, prune: bool = True
+) -> str:
     """The bash script of :func:`prepare_task` (module docstring), run in the repository:
     prints the task commit and how it was made, writes the hidden tests' diff to
-    ``tests_path``."""
+    ``tests_path``; ``prune``: delete the objects no ref reaches any more (the agent's
+    sandbox; an evaluation needs only the commit)."""
     q = shlex.quote
     branch = q(instance.instance_id)
     hidden = [q(f) for f in files_of_test_ids(instance.FAIL_TO_PASS)]
@@ -102,6 +112,21 @@ def prepare_script(instance: SWEInstance, bug_path: str, tests_path: str) -> str
         if hidden
         else f"  : > {q(tests_path)}",
         f"else : > {q(tests_path)}; fi",
+        # hide the history: the task becomes one root commit (fixed identity and dates: the
+        # same id in every sandbox) and nothing else stays reachable -- not the snapshot
+        # before the bug (reverting "Bug Patch" would be the fix), not the tests' commit,
+        # not another instance's branch
+        f"task=$(git commit-tree 'HEAD^{{tree}}' -m {q(TASK_MESSAGE)})",
+        f'git checkout -q -f -B {TASK_BRANCH} "$task"',
+        'for r in $(git remote); do git remote remove "$r"; done',
+        "git for-each-ref --format='%(refname)' | while read -r ref; do",
+        f'  if [ "$ref" != refs/heads/{TASK_BRANCH} ]; then git update-ref -d "$ref"; fi',
+        "done",
+        "git reflog expire --expire=now --all",
+    ]
+    if prune:
+        lines.append("git gc --quiet --prune=now")
+    lines += [
         f'echo "{HOW_MARK} $how"',
         f'echo "{BASE_MARK} $(git rev-parse HEAD)"',
     ]
@@ -115,9 +140,12 @@ def prepare_task(
     *,
     scratch_dir: str = "/tmp",
     timeout_s: float = 120,
+    prune: bool = True,
 ) -> SWEInstance:
     """Make ``instance``'s task state in ``sandbox`` (module docstring); the SWE-bench-shaped
-    instance of it (``instance`` itself when there is nothing to make).
+    instance of it (``instance`` itself when there is nothing to make). ``prune=False`` (an
+    evaluation's sandbox, which no agent sees) keeps the unreachable objects: the same commit,
+    without the cost of a ``git gc``.
 
     Raises :class:`TaskStateError` when the image cannot hold the task, and the backend's
     errors when the sandbox fails.
@@ -127,7 +155,8 @@ def prepare_task(
     work = f"{scratch_dir}/swerl-task-{secrets.token_hex(6)}"
     bug, tests = f"{work}/bug.diff", f"{work}/tests.diff"
     sandbox.write_file(bug, instance.patch.encode())
-    sandbox.write_file(f"{work}/prepare.sh", prepare_script(instance, bug, tests).encode())
+    script = prepare_script(instance, bug, tests, prune)
+    sandbox.write_file(f"{work}/prepare.sh", script.encode())
     result = sandbox.exec(
         f"/bin/bash {shlex.quote(work)}/prepare.sh 2>&1",
         workdir=workdir,

@@ -11,8 +11,10 @@ the docker SDK, never pulling) an image ``FROM swerl/base:bookworm`` with the re
 
 Where the repository comes from: a row's ``repo_path`` (a local git repository; relative paths
 are taken from the instances file's directory) or ``repo_url`` (any URL git clones, e.g.
-``file:///srv/git/tool.git``) is cloned whole and checked out at ``base_commit`` (history kept,
-nothing rewritten); without either, the ``--materializer`` puts it there (the mini set's).
+``file:///srv/git/tool.git``) is cloned and checked out at ``base_commit``: its history up to
+the base is kept as it is, everything after it (later commits, other branches, later tags, the
+remote, reflogs) is removed, so the agent cannot read the fix in the repository's history (see
+:func:`clone_at`); without either, the ``--materializer`` puts it there (the mini set's).
 Environment: an optional ``setup_commands`` list (shell commands) becomes ``RUN`` steps, and an
 optional ``setup_script`` (the text of a bash script) runs once in ``/testbed``; the build has
 no network, so they install from what the base image or the repository holds (vendored wheels,
@@ -121,24 +123,57 @@ def _build_instance(path: Path, row: SWEInstance) -> Instance:
 
 
 def clone_at(source: str, dest: Path, commit: str) -> str:
-    """Clone ``source`` whole into ``dest`` and check out ``commit`` (detached); its hash."""
+    """Clone ``source`` into ``dest`` at ``commit`` with its history up to that commit and
+    nothing after it; returns the commit's hash.
+
+    The clone brings every branch and tag, i.e. the fix and everything after the base: an
+    agent that runs ``git log --all`` would read the answer. So the clone is cut back to the
+    base: one branch (the source's default branch name) at ``commit``, only the tags on its
+    ancestors, no remote, no reflog, and the unreachable objects pruned. The commits up to the
+    base are kept as they are (nothing rewritten); the result is checked: no commit but the
+    base's ancestors is left.
+    """
     env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
 
-    def git(step: str, *args: str) -> str:
+    def git(step: str, *args: str, here: bool = True) -> str:
         res = subprocess.run(
-            ["git", *args], env=env, capture_output=True, text=True, timeout=1800, check=False
-        )
+            ["git", *(["-C", str(dest)] if here else []), *args], env=env, capture_output=True,
+            text=True, timeout=1800, check=False,
+        )  # fmt: skip
         if res.returncode != 0:
             raise BuildError(f"{step} failed: {res.stderr.strip()[-500:]}")
         return res.stdout.strip()
 
-    git("git clone", "clone", "--quiet", "--no-hardlinks", "--no-checkout", source, str(dest))
+    git("git clone", "clone", "--quiet", "--no-hardlinks", "--no-checkout", source, str(dest),
+        here=False)  # fmt: skip
     try:
-        full = git("", "-C", str(dest), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+        full = git("", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
     except BuildError:
         raise BuildError(f"base_commit {commit} is not a commit of the repository") from None
-    git("git checkout", "-C", str(dest), "checkout", "--quiet", "--detach", full)
-    return git("git rev-parse", "-C", str(dest), "rev-parse", "HEAD")
+    try:
+        branch = git("", "symbolic-ref", "--quiet", "--short", "HEAD") or "main"
+    except BuildError:
+        branch = "main"
+    git("git checkout", "checkout", "--quiet", "-B", branch, full)
+    for ref in git("git for-each-ref", "for-each-ref", "--format=%(refname)").splitlines():
+        if ref == f"refs/heads/{branch}":
+            continue
+        if ref.startswith("refs/tags/"):
+            is_ancestor = subprocess.run(
+                ["git", "-C", str(dest), "merge-base", "--is-ancestor", ref, full],
+                env=env, capture_output=True, check=False,
+            ).returncode == 0  # fmt: skip
+            if is_ancestor:
+                continue
+        git("git update-ref", "update-ref", "-d", ref)
+    for remote in git("git remote", "remote").splitlines():
+        git("git remote remove", "remote", "remove", remote)
+    git("git reflog expire", "reflog", "expire", "--expire=now", "--all")
+    git("git gc", "gc", "--quiet", "--prune=now")
+    later = git("git rev-list", "rev-list", "--all", "--not", full)
+    if later:
+        raise BuildError(f"commits after base_commit {commit} are still in the clone: {later}")
+    return git("git rev-parse", "rev-parse", "HEAD")
 
 
 @functools.cache

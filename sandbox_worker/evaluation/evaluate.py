@@ -299,6 +299,7 @@ def _evaluate_in(
                 config.workdir,
                 scratch_dir=config.scratch_dir,
                 timeout_s=config.step_timeout_s,
+                prune=False,  # no agent sees this sandbox: the commit is what matters
             )
         except TaskStateError as exc:
             raise _InfraFailure(f"wrong image: {exc}") from None

@@ -15,7 +15,7 @@ import pytest
 from sandbox_worker.backends.base import SandboxSpec
 from sandbox_worker.evaluation import EvalConfig, evaluate_patch
 from sandbox_worker.evaluation.patches import files_of_test_ids, patched_files
-from sandbox_worker.task_state import TASK_BRANCH, TaskStateError, prepare_task
+from sandbox_worker.task_state import TASK_BRANCH, TASK_MESSAGE, TaskStateError, prepare_task
 from sandbox_worker.testing.local_sandbox import ISOLATED_GIT_ENV, LocalDirBackend
 from services.protocol.diff_reverse import reverse_unified_diff
 from services.protocol.instance import SWEInstance
@@ -71,6 +71,18 @@ def sandbox(backend: LocalDirBackend, image: str, tmp_path: Path, name: str):
     return backend.create(spec)
 
 
+def assert_history_hidden(work: Path, snapshot: Path, pruned: bool) -> None:
+    """One commit, one branch, no remote, no reflog: the snapshot before the bug ("Bug
+    Patch" reverted is the fix) and the hidden tests are nowhere in the history, and with
+    ``pruned`` not even among the objects (the original source file's blob is gone)."""
+    assert git(work, "log", "--all", "--format=%s").splitlines() == [TASK_MESSAGE]
+    assert git(work, "for-each-ref", "--format=%(refname)") == f"refs/heads/{TASK_BRANCH}"
+    assert git(work, "remote") == "" and git(work, "reflog", "--all") == ""
+    clean = git(snapshot, "rev-parse", "HEAD:" + "strkit/text.py")  # the fixed source's blob
+    objects = git(work, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)")
+    assert (clean in objects.split()) != pruned
+
+
 def test_the_task_state_from_the_bug_patch_is_the_same_in_every_sandbox(
     smith: tuple[SWEInstance, dict[str, Path]], tmp_path: Path
 ) -> None:
@@ -81,13 +93,13 @@ def test_the_task_state_from_the_bug_patch_is_the_same_in_every_sandbox(
     bases = []
     for name in ("agent", "eval"):
         with sandbox(backend, "snapshot", tmp_path, name) as box:
-            task = prepare_task(box, row, str(tmp_path / name), scratch_dir=str(tmp_path))
+            prune = name == "agent"  # the evaluation's sandbox keeps unreachable objects
+            task = prepare_task(
+                box, row, str(tmp_path / name), scratch_dir=str(tmp_path), prune=prune
+            )
             work = tmp_path / name
             assert git(work, "rev-parse", "HEAD") == task.base_commit
-            assert git(work, "log", "--format=%s", "-2").splitlines() == [
-                "Remove F2P Tests",
-                "Bug Patch",
-            ]
+            assert_history_hidden(work, snapshot=images["snapshot"], pruned=prune)
             assert all(not (work / f).exists() for f in hidden)  # the agent cannot read them
             assert git(work, "status", "--porcelain") == ""
             # the bug is in: the source is the mini base's (buggy) version again
@@ -108,17 +120,24 @@ def test_an_official_branch_a_built_in_bug_and_a_wrong_image(
     shutil.copytree(images["snapshot"], branched)
     with sandbox(built, "snapshot", tmp_path, "first") as box:
         made = prepare_task(box, row, str(tmp_path / "first"), scratch_dir=str(tmp_path))
-        git(branched, "fetch", "-q", str(tmp_path / "first"), TASK_BRANCH)
-    git(branched, "branch", row.instance_id, made.base_commit)
+    # SWE-smith's branch: "Bug Patch" and "Remove F2P Tests" on the snapshot
+    git(branched, "checkout", "-q", "-b", row.instance_id)
+    (tmp_path / "bug.diff").write_text(row.patch)
+    git(branched, "apply", str(tmp_path / "bug.diff"))
+    git(branched, "commit", "-q", "-am", "Bug Patch")
+    git(branched, "rm", "-q", "--", *files_of_test_ids(row.FAIL_TO_PASS))
+    git(branched, "commit", "-q", "-m", "Remove F2P Tests")
+    git(branched, "checkout", "-q", "-")
     backend = LocalDirBackend({**images, "branched": branched}, tmp_path / "scratch")
     with sandbox(backend, "branched", tmp_path, "official") as box:
         task = prepare_task(box, row, str(tmp_path / "official"), scratch_dir=str(tmp_path))
+        assert_history_hidden(tmp_path / "official", images["snapshot"], pruned=True)
     assert task.base_commit == made.base_commit and task.test_patch == made.test_patch
     # an image with the bug already in it: only the tests are hidden
     with sandbox(backend, "buggy", tmp_path, "buggy") as box:
         task = prepare_task(box, row, str(tmp_path / "buggy"), scratch_dir=str(tmp_path))
         work = tmp_path / "buggy"
-        assert git(work, "log", "--format=%s", "-1") == "Remove F2P Tests"
+        assert git(work, "log", "--all", "--format=%s") == TASK_MESSAGE
         assert all(not (work / f).exists() for f in files_of_test_ids(row.FAIL_TO_PASS))
     # another repository: neither applies nor is applied
     refused = pytest.raises(TaskStateError, match="neither applies to the image nor is applied")

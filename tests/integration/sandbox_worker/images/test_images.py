@@ -182,27 +182,37 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _user_repo(root: Path) -> tuple[Path, str]:
-    """A repository that is not in the mini set, two commits; returns it and the first."""
+    """A repository that is not in the mini set: a first commit (tagged v0.1), the base, then
+    the fix on main (tagged v1.0) and a branch of its own; returns it and the base."""
     repo = root / "calc"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "calc")
+    _git(repo, "tag", "v0.1")
+    (repo / "README").write_text("calc\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "readme (the base)")
     base = _git(repo, "rev-parse", "HEAD")
     (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     _git(repo, "commit", "-q", "-am", "fix (after the base)")
+    _git(repo, "tag", "-a", "v1.0", "-m", "release with the fix")
+    _git(repo, "branch", "hotfix")
     return repo, base
 
 
 def test_users_own_repositories_by_path_and_file_url(tmp_path: Path) -> None:
-    """repo_path (relative to the file) and repo_url (file://) rows: cloned whole, checked out
-    at base_commit, the setup script run in the image, labelled; a bad commit is a message."""
+    """repo_path (relative to the file) and repo_url (file://) rows: cloned at base_commit with
+    their history up to it and nothing after it (no later commit, object, tag, branch or
+    remote: the agent cannot read the fix), the setup script run in the image, labelled; a
+    bad commit is a message."""
     import docker
 
     namespace = "swerltestuser"
     env = {**os.environ, "DOCKER_HOST": images.docker_host(), "SWERL_IMAGE_NAMESPACE": namespace}
     repo, base = _user_repo(tmp_path)
+    fix = _git(repo, "rev-parse", "main")
     script = "python3 -c 'import calc' && echo ok > /opt/swerl-setup-ran\n"
     rows = [
         _user_row(base_commit=base, repo_path="calc", setup_script=script),
@@ -220,11 +230,17 @@ def test_users_own_repositories_by_path_and_file_url(tmp_path: Path) -> None:
             assert labels["swerl.base_commit"] == row["base_commit"]
             assert labels["swerl.repo"] == "acme/calc"
             shell = "git -C /testbed rev-parse HEAD; git -C /testbed log --all --format=%s; "
+            shell += f"git -C /testbed cat-file -t {fix} || echo no-fix-object; "
+            shell += "git -C /testbed tag; git -C /testbed branch -a; git -C /testbed remote -v; "
             shell += "cat /testbed/calc.py; cat /opt/swerl-setup-ran || true"
             cmd = ["sh", "-c", shell]
             out = client.containers.run(name, cmd, remove=True, network_mode="none").decode()
             assert out.splitlines()[0] == base
-            assert "fix (after the base)" in out  # history kept, not rewritten
+            assert "readme (the base)" in out and "calc" in out  # history up to the base kept
+            assert "fix (after the base)" not in out  # nothing after it: no log of the fix,
+            assert "no-fix-object" in out  # not even its object,
+            assert "v0.1" in out and "v1.0" not in out and "hotfix" not in out  # later refs,
+            assert "origin" not in out  # or the remote to fetch them from
             assert "return a - b" in out  # the tree at the base commit
             assert ("ok" in out.splitlines()[-1]) == ("setup_script" in row)
         instances.write_text(json.dumps(_user_row(base_commit="0" * 40, repo_path="calc")) + "\n")
