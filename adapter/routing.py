@@ -225,12 +225,21 @@ class Router:
         self,
         interval_s: float,
         readmit: Callable[[Engine], object],
+        audit: Callable[[Engine], object] | None = None,
     ) -> None:
-        """Forever: probe unhealthy engines; ``readmit`` (async) decides and re-admits."""
+        """Forever: probe unhealthy engines (``readmit``, async, decides and re-admits) and,
+        with ``audit`` (async), check the engines in rotation (it takes one out that serves
+        the wrong weights: an engine restarted between two calls is still "healthy")."""
         while True:
             await asyncio.sleep(interval_s)
-            for engine in [e for e in self.engines if not e.healthy]:
+            for engine in list(self.engines):
+                check = readmit if not engine.healthy else audit
+                if check is None:
+                    continue
                 try:
-                    await readmit(engine)  # type: ignore[misc]
+                    await check(engine)  # type: ignore[misc]
                 except Exception as exc:  # a probe failure only keeps it out of rotation
-                    engine.last_error = f"probe: {exc}"
+                    if engine.healthy:
+                        self.mark_unhealthy(engine, f"probe: {exc}")
+                    else:
+                        engine.last_error = f"probe: {exc}"

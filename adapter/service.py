@@ -158,7 +158,9 @@ class AdapterService(TrajectoryLifecycle):
         await self.weights.discover()
         self._tasks.append(
             asyncio.create_task(
-                self.router.probe_loop(self.config.probe_interval_s, self.weights.readmit)
+                self.router.probe_loop(
+                    self.config.probe_interval_s, self.weights.readmit, self.weights.audit
+                )
             )
         )
         self._tasks.append(asyncio.create_task(self._evict_loop()))

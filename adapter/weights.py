@@ -429,6 +429,27 @@ class WeightCoordinator:
             summary["load_s"],
         )
 
+    async def audit(self, engine: Engine) -> None:
+        """Check an engine in rotation: one that serves another version than the current one
+        while that version has a disk copy (it restarted between two calls and came back on
+        its start-up weights) leaves rotation; :meth:`readmit` reloads it before it serves
+        again. Without a disk copy nothing could reload it, and its turns record the version
+        it really serves, so it is left alone. A failed probe raises (the prober takes the
+        engine out)."""
+        if self._refresh_pending or self._lock.locked() or self.state.model_path is None:
+            return
+        reported = await engine.client.get_weight_version()
+        if self._refresh_pending or self._lock.locked() or not engine.healthy:
+            return  # a refresh began meanwhile: its own checks decide
+        current = self.state.version
+        if parse_version(reported) != current:
+            engine.weight_version = reported
+            self.router.mark_unhealthy(
+                engine,
+                f"serves weight version {reported!r}, the current is {current} (restarted?): "
+                "reloaded before it serves again",
+            )
+
     async def readmit(self, engine: Engine) -> None:
         """Probe an unhealthy engine; put it back once it serves the current weights."""
         if self._refresh_pending:

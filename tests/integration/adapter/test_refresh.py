@@ -189,6 +189,35 @@ def test_engine_out_of_rotation_during_refresh_is_reloaded_before_readmission(
         assert response.headers["x-swerl-weight-version"] == str(v)
 
 
+def test_an_engine_in_rotation_on_other_weights_is_taken_out_and_reloaded(
+    adapter: AdapterFactory, engines: EnginePool, model_dir: Path
+) -> None:
+    """An engine that restarted between two calls serves its start-up weights while the
+    adapter never saw it fail: the prober's audit of the engines in rotation takes it out
+    and the readmission reloads the current version before it serves again."""
+    with adapter([engines.a.url, engines.b.url]) as a:
+        v = current_version(a) + 1
+        body = {"model_path": str(model_dir), "version": v}
+        refreshed = a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
+        assert refreshed.status_code == 200, refreshed.text
+        # b "restarts": its start-up weights again, version 0, behind the adapter's back
+        fresh = {"model_path": str(model_dir), "weight_version": "0"}
+        restarted = httpx.post(f"{engines.b.url}/update_weights_from_disk", json=fresh)
+        assert restarted.status_code == 200, restarted.text
+        assert httpx.get(f"{engines.b.url}/model_info").json()["weight_version"] == "0"
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{engines.b.url}/model_info").json()["weight_version"] != str(v):
+            assert time.monotonic() < deadline, "the engine on version 0 stayed in rotation"
+            time.sleep(0.1)
+        while not a.http.get(f"{a.url}/health").json()["engines"][engines.b.url]:
+            assert time.monotonic() < deadline, "engine b was not readmitted"
+            time.sleep(0.1)
+        response = a.chat(
+            "after-audit", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+        )
+        assert response.headers["x-swerl-weight-version"] == str(v)
+
+
 def test_bad_model_path_is_refused_before_anything_drains(
     adapter: AdapterFactory, engines: EnginePool, model_dir: Path, tmp_path: Path
 ) -> None:
