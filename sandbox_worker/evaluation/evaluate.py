@@ -104,6 +104,7 @@ from sandbox_worker.evaluation.structured_report import (
     StructuredReport,
     parse_structured_report,
 )
+from sandbox_worker.evaluation.swesmith_profiles import UnknownProfileError, profile_test_command
 from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import REPO_PATTERN, SWEInstance
 
@@ -600,8 +601,17 @@ def _run_tests(
     canary: str | None,
 ) -> str:
     config = config.for_repo(instance.repo)
+    command = None
     if config.eval_script == "harness":
-        return _run_harness_script(sandbox, instance, config, transcript)
+        if not instance.is_swesmith:
+            return _run_harness_script(sandbox, instance, config, transcript)
+        # SWE-smith's harness: swerl's script (task state, hidden tests back, graded files
+        # reverted) with the repository profile's command and parser, no report plugin
+        try:
+            command = profile_test_command(instance)
+        except UnknownProfileError as exc:
+            raise _InfraFailure(str(exc)) from None
+        report_dir = None
     test_patch_path = None
     if instance.test_patch:
         test_patch_path = f"{config.scratch_dir}/swerl-test.diff"
@@ -623,7 +633,7 @@ def _run_tests(
             test_patch_path=test_patch_path,
             modified_files=modified_files(instance.test_patch),
             new_files=new_files(instance.test_patch),
-            test_command=" ".join([runner, *(shlex.quote(f) for f in files)]),
+            test_command=command or " ".join([runner, *(shlex.quote(f) for f in files)]),
             test_timeout_s=config.test_timeout_s,
             report_dir=report_dir,
             report_plugin=plugin,

@@ -273,8 +273,36 @@ DEFAULT_PARSER = "parse_log_pytest"  # repositories the harness does not list (S
 
 # Parsers of SWE-Gym's fork of the harness beyond SWE-bench's (specs.py gives them its rows).
 SWEGYM_PARSERS: dict[str, LogParser] = {"parse_log_pytest_pydantic": parse_log_pytest_pydantic}
-# Every parser a row may get (SWE-bench's and SWE-Gym's fork's).
-HARNESS_PARSERS: dict[str, LogParser] = {**PARSERS, **SWEGYM_PARSERS}
+
+
+def _smith_parser(pattern: str, name_group: int) -> LogParser:
+    """A SWE-smith profile parser: every line matched against ``pattern`` (``{status}`` in it)
+    for each status in order, the test id from ``name_group``; later matches overwrite."""
+    compiled = [(status, re.compile(pattern.format(status=status))) for status in _STATUSES]
+
+    def parse(log: str) -> dict[str, str]:
+        status_map: dict[str, str] = {}
+        for line in log.split("\n"):
+            for status, regex in compiled:
+                match = regex.match(line)
+                if match:
+                    status_map[match.group(name_group)] = status
+        return status_map
+
+    return parse
+
+
+# SWE-smith's profile parsers (swesmith.profiles.python, sandbox_worker/evaluation/
+# swesmith_profiles.py): the default reads pytest's verbose lines ("<id> PASSED [ 10%]"),
+# HIPS/autograd's the xdist form ("[gw0] PASSED <id>"), paramiko's the -rA summary
+# ("PASSED <id>").
+SWESMITH_PARSERS: dict[str, LogParser] = {
+    "swesmith_pytest": _smith_parser(r"^(\S+)(\s+){status}", 1),
+    "swesmith_pytest_xdist": _smith_parser(r"^\[gw\d\]\s{status}\s(\S+)", 1),
+    "swesmith_pytest_summary": _smith_parser(r"^{status}\s(\S+)", 1),
+}
+# Every parser a row may get (SWE-bench's, SWE-Gym's fork's and SWE-smith's profiles').
+HARNESS_PARSERS: dict[str, LogParser] = {**PARSERS, **SWEGYM_PARSERS, **SWESMITH_PARSERS}
 
 # The names an EvalConfig may give: "pytest" (swerl's historical name) and the harnesses'.
 LOG_PARSERS: dict[str, LogParser] = {"pytest": parse_log_pytest, **HARNESS_PARSERS}

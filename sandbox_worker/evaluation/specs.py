@@ -231,7 +231,12 @@ def harness_eval_script(instance: SWEInstance) -> str:
 
 
 def harness_parser_name(instance: SWEInstance) -> str:
-    """The harness's log parser for this row (for a repository of SWE-Gym's, its fork's)."""
+    """The harness's log parser for this row (for a repository of SWE-Gym's, its fork's; for
+    a SWE-smith row, its repository profile's)."""
+    if instance.is_swesmith and row_field(instance, "log_parser") is None:
+        from sandbox_worker.evaluation.swesmith_profiles import profile_for
+
+        return profile_for(instance).log_parser
     own = row_field(instance, "log_parser")
     if own is None and is_swegym_repo(instance.repo):
         own = _gym_table()[instance.repo.lower()].get("log_parser")

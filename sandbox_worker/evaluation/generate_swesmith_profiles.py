@@ -1,0 +1,127 @@
+"""Generate ``data/swesmith_profiles.json`` and the parity fixtures from SWE-smith's own profiles.
+
+SWE-smith grades a row with its repository's *profile* (``swesmith.profiles.python``): the test
+command (the default activates the image's conda env and runs pytest verbosely over the whole
+suite; a few repositories override it), whether only the graded test files run
+(``min_testing``), the time limit and the log parser. swerl reads those facts from this data
+file; nothing of SWE-smith's code is copied. Run it in a scratch environment that can import
+swesmith (its dependencies are heavy; none is needed at run time)::
+
+    python3.12 -m venv /tmp/swesmith-env
+    /tmp/swesmith-env/bin/pip install --no-deps swesmith==0.0.9 swebench==4.1.0
+    /tmp/swesmith-env/bin/pip install docker python-dotenv ghapi beautifulsoup4 unidiff \\
+        datasets modal tenacity
+    /tmp/swesmith-env/bin/python sandbox_worker/evaluation/generate_swesmith_profiles.py \\
+        sandbox_worker/evaluation/data/swesmith_profiles.json tests/data/swesmith_profiles
+
+The second argument is the fixture folder: ``commands.json`` (``get_test_cmd`` of sample rows)
+and ``parsed.json`` (each sample log of ``logs/`` through the profile parsers that own it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# A row of each kind the fixtures hold: (profile key, F2P, P2P).
+SAMPLE_ROWS = [
+    ("pallets__click.fde47b4b", ["tests/test_basic.py::test_a"], ["tests/test_utils.py::test_b"]),
+    (
+        "pandas-dev__pandas.95280573",
+        ["pandas/tests/a/test_x.py::test_one", "pandas/tests/a/test_x.py::test_two"],
+        ["pandas/tests/b/test_y.py::test_three", "pandas/tests/a/test_x.py::test_four"],
+    ),
+    ("pydantic__pydantic.acb0f10f", ["tests/test_main.py::test_m"], ["tests/test_x.py::test_n"]),
+    ("paramiko__paramiko.23f92003", ["tests/test_client.py::T::test_c"], []),
+    (
+        "sympy__sympy.2ab64612",
+        ["sympy/core/tests/test_basic.py::test_equality"],
+        [
+            "sympy/core/tests/test_args.py::test_sympy__core__add",
+            "sympy/core/tests/test_basic.py::t",
+        ],
+    ),
+]
+# The sample logs and the profiles whose parsers read them.
+SAMPLE_LOGS = {
+    "pytest_verbose.log": "pallets__click.fde47b4b",
+    "pytest_xdist.log": "HIPS__autograd.ac044f0d",
+    "pytest_summary.log": "paramiko__paramiko.23f92003",
+}
+
+
+def _defines(profile: Any, name: str, base: type) -> bool:
+    return getattr(type(profile), name) is not getattr(base, name)
+
+
+def profiles_table() -> dict[str, Any]:
+    from swesmith.profiles import registry
+    from swesmith.profiles.python import AutogradAc044f0d, Paramiko23f92003, PythonProfile
+
+    parsers = {
+        PythonProfile.log_parser: "swesmith_pytest",
+        AutogradAc044f0d.log_parser: "swesmith_pytest_xdist",
+        Paramiko23f92003.log_parser: "swesmith_pytest_summary",
+    }
+    repos: dict[str, Any] = {}
+    for key in sorted(registry.keys()):
+        profile = registry.get(key)
+        if not isinstance(profile, PythonProfile) or key != profile.repo_name:
+            continue  # other languages; each profile once (under its repo name)
+        repos[profile.repo_name] = {
+            "owner": profile.owner,
+            "repo": profile.repo,
+            "commit": profile.commit,
+            "mirror": profile.mirror_name,
+            "image": profile.image_name,
+            "test_cmd": profile.test_cmd,
+            "min_testing": bool(profile.min_testing),
+            "timeout": int(profile.timeout),
+            "log_parser": parsers.get(type(profile).log_parser, f"own:{type(profile).__name__}"),
+            "own_test_cmd": _defines(profile, "get_test_cmd", PythonProfile),
+            "own_test_files": _defines(profile, "get_test_files", PythonProfile),
+        }
+    return {
+        "source": f"swesmith=={importlib.metadata.version('swesmith')} (swesmith.profiles.python)",
+        "repos": repos,
+    }
+
+
+def fixtures(out: Path) -> None:
+    from swesmith.profiles import registry
+
+    commands = []
+    for key, f2p, p2p in SAMPLE_ROWS:
+        row = {
+            "instance_id": f"{key}.func_pm_ctrl_invert_if__abcd1234",
+            "repo": f"swesmith/{key}",
+            "patch": "diff --git a/x.py b/x.py\n",
+            "FAIL_TO_PASS": f2p,
+            "PASS_TO_PASS": p2p,
+        }
+        command, _ = registry.get_from_inst(row).get_test_cmd(row)
+        commands.append({"row": row, "test_command": command})
+    (out / "commands.json").write_text(json.dumps(commands, indent=2) + "\n")
+    parsed = {}
+    for name, key in SAMPLE_LOGS.items():
+        log = (out / "logs" / name).read_text()
+        parsed[name] = {"profile": key, "status_map": registry.get(key).log_parser(log)}
+    (out / "parsed.json").write_text(json.dumps(parsed, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    table = profiles_table()
+    Path(argv[0]).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    fixtures(Path(argv[1]))
+    print(f"{len(table['repos'])} Python profiles from {table['source']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
