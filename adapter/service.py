@@ -426,16 +426,19 @@ class AdapterService(TrajectoryLifecycle):
     async def versions(self) -> dict[str, Any]:
         engines = []
         for engine in self.router.engines:
+            reported: str | None = None
+            tp_size: int | None = None
             try:
                 reported = await engine.client.get_weight_version()
+                tp_size = await engine.client.tp_size()
             except Exception as exc:  # a down engine is part of the answer, not an error
-                reported = None
                 engine.last_error = engine.last_error or str(exc)
             engines.append(
                 {
                     "url": engine.url,
                     "healthy": engine.healthy,
                     "weight_version": reported,
+                    "tp_size": tp_size,
                     "inflight": engine.inflight,
                     "trajectories": engine.assigned,
                     "last_error": engine.last_error or None,

@@ -1,13 +1,16 @@
 """Distributed weight refresh: the adapter's side of SGLang's broadcast protocol.
 
 ``POST /admin/weights/group {master_address, master_port, world_size, group_name, backend}``
-makes every engine in rotation join the trainer's broadcast group: engine ``i`` (in the order of
-``adapter.engines``) gets ``rank_offset = 1 + i`` (rank 0 is the trainer; the reference engine
-and a TP=1 SGLang are one rank each). ``world_size`` must be ``1 + engines in rotation``.
+makes every engine in rotation join the trainer's broadcast group. Rank 0 is the trainer; an
+engine takes one rank per tensor-parallel worker (``tp_size`` of its ``/get_server_info``: SGLang
+joins as ``rank_offset + tp_rank``), so engine ``i`` (in the order of ``adapter.engines``) gets
+``rank_offset = 1 + tp_size_0 + ... + tp_size_{i-1}`` and ``world_size`` must be ``1 + the sum
+of the tp_sizes`` (``GET /admin/versions`` reports each engine's).
 
 ``POST /admin/weights/distributed {version, group_name, buckets: [{names, dtypes, shapes}],
-model_path?}`` is a step-mode refresh (:class:`adapter.weights.WeightCoordinator`: validate,
-close the gate, drain in-flight agent steps, load, reopen) whose load is, on every engine
+model_path?}`` is a refresh in the adapter's refresh mode
+(:class:`adapter.weights.WeightCoordinator`: validate, close the gate, drain in-flight agent
+steps or pause them, load, reopen) whose load is, on every engine
 concurrently, one ``update_weights_from_distributed`` per bucket, in order, while the trainer
 broadcasts the same buckets; the version's last bucket carries ``weight_version``. An engine
 whose bucket fails still gets the remaining buckets (so no broadcast waits for it forever), is
@@ -78,15 +81,32 @@ class DistributedWeights:
         self.coordinator = coordinator
         self.groups: dict[str, list[str]] = {}  # group name -> member engine URLs by rank
 
+    async def tp_sizes(self, engines: list[Engine]) -> list[int]:
+        """Each engine's tensor-parallel workers: the ranks it takes in a group (SGLang's
+        workers join as ``rank_offset + tp_rank``)."""
+
+        async def size(engine: Engine) -> int:
+            try:
+                return await engine.client.tp_size()
+            except Exception as exc:
+                raise APIError(
+                    502, f"{engine.url}: cannot read its tp_size from /get_server_info: {exc}"
+                ) from exc
+
+        return list(await asyncio.gather(*(size(e) for e in engines)))
+
     async def init_group(self, request: GroupRequest) -> dict[str, Any]:
         if self.coordinator.refreshing:
             raise APIError(409, "a weight refresh is in progress", code="refresh_busy")
         engines = self.router.healthy()
-        if request.world_size != 1 + len(engines):
+        sizes = await self.tp_sizes(engines)
+        # engine i takes ranks offsets[i] .. offsets[i] + sizes[i] - 1; the trainer is rank 0
+        offsets = [1 + sum(sizes[:i]) for i in range(len(engines))]
+        if request.world_size != 1 + sum(sizes):
             raise APIError(
                 400,
-                f"world_size must be 1 (trainer) + {len(engines)} engines in rotation, "
-                f"got {request.world_size}",
+                f"world_size must be 1 (trainer) + {sum(sizes)} ranks of the {len(engines)} "
+                f"engines in rotation (tp_size {sizes}), got {request.world_size}",
                 param="world_size",
             )
 
@@ -104,13 +124,15 @@ class DistributedWeights:
                 return str(exc)
             return None
 
-        errors = await asyncio.gather(*(join(i + 1, e) for i, e in enumerate(engines)))
+        errors = await asyncio.gather(*(join(o, e) for o, e in zip(offsets, engines, strict=True)))
         failed = {e.url: err for e, err in zip(engines, errors, strict=True) if err is not None}
         if failed:
             self.groups.pop(request.group_name, None)
             raise APIError(502, f"engines did not join {request.group_name!r}: {failed}")
         self.groups[request.group_name] = [e.url for e in engines]
-        ranks = {e.url: i + 1 for i, e in enumerate(engines)}
+        ranks = {
+            e.url: list(range(o, o + n)) for e, o, n in zip(engines, offsets, sizes, strict=True)
+        }
         return {"group_name": request.group_name, "world_size": request.world_size, "ranks": ranks}
 
     def _check_members(self, group_name: str, engines: list[Engine]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,9 +48,14 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast ``tensor`` from rank 0 in place (blocks until every member joined)."""
+        self.broadcast_async(tensor).wait()
+
+    def broadcast_async(self, tensor: torch.Tensor) -> Any:
+        """Start the broadcast of ``tensor`` from rank 0; ``.wait()`` the returned work (one
+        process holding several ranks starts every rank's before it waits)."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.group.broadcast([tensor], options).wait()
+        return self.group.broadcast([tensor], options)
 
 
 def open_store(

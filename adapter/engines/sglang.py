@@ -461,6 +461,17 @@ class SGLangClient:
         except ValidationError as exc:
             raise EngineProtocolError(url, f"malformed model_info: {exc}") from exc
 
+    async def tp_size(self) -> int:
+        """The engine's tensor-parallel workers (``tp_size`` of ``/get_server_info``; 1 when
+        the engine does not say): the ranks it takes in a weight-update group, each worker
+        joining as ``rank_offset + tp_rank``."""
+        url = self.base_url + "/get_server_info"
+        payload = await self._json("GET", "/get_server_info")
+        value = payload.get("tp_size", 1) if isinstance(payload, dict) else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EngineProtocolError(url, f"tp_size must be a positive integer, got {value!r}")
+        return value
+
     async def get_weight_version(self) -> str | None:
         """The engine's current weight version (from /model_info, as current SGLang reports it)."""
         return (await self.model_info()).weight_version

@@ -1,11 +1,16 @@
 """The reference engine's side of SGLang's distributed weight update, over torch.distributed.
 
 ``POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
-group_name, backend}`` joins a broadcast group whose rank 0 is the trainer (this engine is one
-tensor-parallel rank, so its rank is ``rank_offset``). ``POST /update_weights_from_distributed
-{names, dtypes, shapes, group_name, flush_cache, abort_all_requests, weight_version}`` receives
-one bucket: a broadcast per tensor, in the order of ``names``, then loads the bucket into the
-model between decode steps. Both answer ``{success, message}`` with 200 or 400, as SGLang does.
+group_name, backend}`` joins a broadcast group whose rank 0 is the trainer. SGLang joins it
+with every tensor-parallel worker, worker ``t`` as rank ``rank_offset + t``, and each worker
+receives every broadcast; the reference engine computes in one process, and with
+``--tp-size N`` (reported as ``tp_size`` by ``/get_server_info``, as SGLang does) it takes the
+same N ranks (N members of the group, each receiving every tensor, the first one's copy
+applied), so the trainer's and the adapter's rank arithmetic is tested as on SGLang.
+``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
+abort_all_requests, weight_version}`` receives one bucket: a broadcast per tensor, in the order
+of ``names``, then loads the bucket into the model between decode steps. Both answer
+``{success, message}`` with 200 or 400, as SGLang does.
 
 Differences from SGLang, on purpose (SGLang applies each bucket as it arrives, so a failure
 midway leaves it half-updated):
@@ -53,38 +58,57 @@ class DistributedReceiver:
 
     runner: ModelRunner
     timeout_s: float = GROUP_TIMEOUT_S
-    groups: dict[str, WeightGroup] = field(default_factory=dict)
+    tp_size: int = 1  # group ranks this engine takes (SGLang: one per tensor-parallel worker)
+    groups: dict[str, list[WeightGroup]] = field(default_factory=dict)
     staged: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # group -> why this version failed
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def init_group(self, request: InitWeightsUpdateGroupRequest) -> str:
         """Join the group (blocking until the trainer and every other engine have joined)."""
-        if request.rank_offset >= request.world_size:
+        if request.rank_offset + self.tp_size > request.world_size:
             raise DistributedUpdateError(
-                f"rank_offset {request.rank_offset} must be < world_size {request.world_size}"
+                f"rank_offset {request.rank_offset} + tp_size {self.tp_size} exceeds world_size "
+                f"{request.world_size}"
             )
         if request.backend != "gloo":
             raise DistributedUpdateError(
                 f"backend {request.backend!r}: the reference engine runs on the CPU, use gloo"
             )
-        try:
-            group = open_group(
-                master_address=request.master_address,
-                master_port=request.master_port,
-                rank=request.rank_offset,
-                world_size=request.world_size,
-                group_name=request.group_name,
-                backend=request.backend,
-                timeout_s=self.timeout_s,
-            )
-        except Exception as exc:  # rendezvous failures come as several torch error types
-            raise DistributedUpdateError(f"Failed to init process group: {exc}") from exc
+        members: list[WeightGroup | None] = [None] * self.tp_size
+        errors: list[BaseException] = []
+
+        def join(worker: int) -> None:  # the rendezvous blocks: every worker in its thread
+            try:
+                members[worker] = open_group(
+                    master_address=request.master_address,
+                    master_port=request.master_port,
+                    rank=request.rank_offset + worker,
+                    world_size=request.world_size,
+                    group_name=request.group_name,
+                    backend=request.backend,
+                    timeout_s=self.timeout_s,
+                )
+            except Exception as exc:  # rendezvous failures come as several torch error types
+                errors.append(exc)
+
+        threads = [threading.Thread(target=join, args=(w,)) for w in range(self.tp_size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors or any(m is None for m in members):
+            raise DistributedUpdateError(f"Failed to init process group: {errors[:1]}")
         with self._lock:
-            self.groups[request.group_name] = group  # a re-init replaces the old membership
+            # a re-init replaces the old membership
+            self.groups[request.group_name] = [m for m in members if m is not None]
             self.staged.pop(request.group_name, None)
             self.failed.pop(request.group_name, None)
-        return f"Succeeded to initialize custom process group (rank {request.rank_offset})."
+        last = request.rank_offset + self.tp_size - 1
+        ranks = str(request.rank_offset) if last == request.rank_offset else (
+            f"{request.rank_offset}-{last}"
+        )  # fmt: skip
+        return f"Succeeded to initialize custom process group (rank {ranks})."
 
     def receive(
         self, request: UpdateWeightsFromDistributedRequest
@@ -129,7 +153,7 @@ class DistributedReceiver:
             )
         with self._lock:
             group = self.groups.get(request.group_name)
-        if group is None:
+        if not group:
             raise DistributedUpdateError(
                 f"no weight update group {request.group_name!r}: call /init_weights_update_group"
             )
@@ -143,9 +167,13 @@ class DistributedReceiver:
         # mismatch never leaves the trainer's broadcasts waiting for this rank.
         received: dict[str, torch.Tensor] = {}
         for name, dtype, shape in zip(names, parsed, shapes, strict=True):
-            tensor = torch.empty(shape, dtype=dtype)
-            group.broadcast(tensor)
-            received[name] = tensor
+            # every worker's rank receives the tensor (as SGLang's TP workers do); the first
+            # worker's copy is applied
+            copies = [torch.empty(shape, dtype=dtype) for _ in group]
+            pending = [member.broadcast_async(t) for member, t in zip(group, copies, strict=True)]
+            for work in pending:
+                work.wait()
+            received[name] = copies[0]
         return received
 
     def _check(self, tensors: dict[str, torch.Tensor]) -> None:

@@ -96,7 +96,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="swerl reference engine (SGLang protocol)", lifespan=lifespan)
     app.state.server = state
     if state.receiver is None:
-        state.receiver = DistributedReceiver(state.runner)
+        state.receiver = DistributedReceiver(state.runner, tp_size=state.tp_size)
     for module in (info, generate, weights, control):
         app.include_router(module.router)
     return app
@@ -137,7 +137,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
         seed=args.seed,
     )
     return ServerState(
-        engine=engine, runner=runner, model_path=str(model_dir.resolve()), script=script
+        engine=engine,
+        runner=runner,
+        model_path=str(model_dir.resolve()),
+        script=script,
+        tp_size=args.tp_size,
     )
 
 
@@ -167,6 +171,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
+        "--tp-size",
+        type=int,
+        default=1,
+        help="ranks this engine takes in a weight-update group, reported as tp_size by "
+        "/get_server_info: SGLang joins it with every tensor-parallel worker; the reference "
+        "engine computes in one process and only takes the same ranks (1)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=None, help="seed for requests without sampling_seed"
     )
     parser.add_argument(
@@ -194,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, got {args.port}")
+    if args.tp_size < 1:
+        parser.error(f"--tp-size must be >= 1, got {args.tp_size}")
     if args.max_running_requests < 1 or args.max_batch < 1:
         parser.error("--max-running-requests and --max-batch must be >= 1")
     return args

@@ -20,6 +20,7 @@ class ServerState:
     model_path: str
     script: ScriptBook | None
     receiver: DistributedReceiver | None = None
+    tp_size: int = 1  # ranks taken in a weight-update group (--tp-size; SGLang's TP workers)
 
 
 async def get_state(request: Request) -> ServerState:

@@ -121,7 +121,8 @@ class DistributedPublisher:
         engines = [e for e in self.admin.versions()["engines"] if e.get("healthy")]
         if not engines:
             raise PublishError("no engine in rotation to broadcast to")
-        world_size = 1 + len(engines)
+        # one rank per tensor-parallel worker of each engine (SGLang: rank_offset + tp_rank)
+        world_size = 1 + sum(int(e.get("tp_size") or 1) for e in engines)
         store = open_store(
             self.dist.master_address, self.dist.master_port, 0, world_size, self.dist.timeout_s
         )

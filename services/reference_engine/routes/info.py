@@ -100,5 +100,6 @@ async def server_info(state: State) -> dict[str, Any]:
         "steps": state.engine.steps,
         "decoded_tokens": state.engine.decoded_tokens,
         "prefix_cache_entries": len(state.engine.prefix_cache),
+        "tp_size": state.tp_size,
         **state.engine.load(),
     }

@@ -66,7 +66,7 @@ async def update_weights_from_disk(
 def receiver_of(state: ServerState) -> DistributedReceiver:
     """The state's broadcast receiver (made with the first group request)."""
     if state.receiver is None:
-        state.receiver = DistributedReceiver(state.runner)
+        state.receiver = DistributedReceiver(state.runner, tp_size=state.tp_size)
     return state.receiver
 
 

@@ -135,6 +135,38 @@ def test_broadcast_publishes_to_every_engine(
             publisher.close()
 
 
+def test_an_engine_of_two_tensor_parallel_workers_takes_two_ranks(
+    adapter: AdapterFactory, two_engines: list[ReferenceServer], model_dir: Path
+) -> None:
+    """SGLang joins the group with every tensor-parallel worker (``rank_offset + tp_rank``):
+    an engine with ``tp_size`` 2 (the reference engine's ``--tp-size 2`` takes the same two
+    ranks) listed first shifts the next engine's offset by 2, and the world is 1 + 2 + 1."""
+    wide = launch_reference_server(
+        model_dir, None, "0", ("--tp-size", "2"), None, ENGINE_START_TIMEOUT_S
+    )
+    try:
+        engines = [wide, two_engines[0]]
+        with adapter(engines=[e.url for e in engines]) as a:
+            assert [e["tp_size"] for e in versions(a)["engines"]] == [2, 1]
+            backend = trainer(Path(a.service.config.model))
+            backend.version = versions(a)["current_version"]
+            publisher = make_publisher(config(a.url, bucket_mb=0.25))
+            try:
+                move_weights(backend, seed=7)
+                result = publisher.publish(backend)
+                assert result is not None and versions(a)["current_version"] == backend.version
+                assert_serves(engines, backend, backend.version)
+                assert publisher.group is not None and publisher.group.world_size == 4
+            finally:
+                publisher.close()
+            group = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 3,
+                     "group_name": "g", "backend": "gloo"}  # fmt: skip
+            r = a.http.post(f"{a.url}/admin/weights/group", json=group, headers=a.admin())
+            assert r.status_code == 400 and "(tp_size [2, 1]), got 3" in r.text
+    finally:
+        wide.stop()
+
+
 class Renamed:
     """A trainer whose weights do not fit the served model (one tensor renamed or reshaped)."""
 
@@ -212,13 +244,17 @@ def test_bad_distributed_requests_are_refused_before_any_broadcast(
         },
         timeout=30,
     )
-    assert r.status_code == 400 and "rank_offset 3 must be < world_size 3" in r.json()["message"]
+    assert r.status_code == 400
+    assert "rank_offset 3 + tp_size 1 exceeds world_size 3" in r.json()["message"]
     with adapter(engines=[e.url for e in two_engines]) as a:
         current = versions(a)["current_version"]
         group = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
         r = a.http.post(f"{a.url}/admin/weights/group", json=group, headers=a.admin())
         assert r.status_code == 400
-        assert "world_size must be 1 (trainer) + 2 engines" in r.json()["error"]["message"]
+        assert (
+            "world_size must be 1 (trainer) + 2 ranks of the 2 engines"
+            in r.json()["error"]["message"]
+        )
         body = {"version": current + 1, "group_name": "nope", "buckets": [bucket]}
         r = a.http.post(f"{a.url}/admin/weights/distributed", json=body, headers=a.admin())
         assert r.status_code == 409 and "no weight update group 'nope'" in r.text

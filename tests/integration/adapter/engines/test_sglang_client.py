@@ -265,15 +265,21 @@ def test_update_weights_from_a_missing_path_is_refused(engine: EngineUnderTest) 
 
 
 def test_health_model_info_and_flush(engine: EngineUnderTest) -> None:
-    async def go() -> tuple[bool, Any, bool]:
+    async def go() -> tuple[bool, Any, bool, int]:
         async with SGLangClient(engine.url) as client:
-            return await client.health(), await client.model_info(), await client.flush_cache()
+            return (
+                await client.health(),
+                await client.model_info(),
+                await client.flush_cache(),
+                await client.tp_size(),  # the ranks it takes in a weight-update group
+            )
 
-    healthy, info, flushed = run(go())
+    healthy, info, flushed, tp_size = run(go())
     assert healthy is True
     assert info.is_generation is True and info.model_path
     assert isinstance(info.weight_version, str)
     assert flushed is True
+    assert isinstance(tp_size, int) and tp_size >= 1
 
 
 def test_top_logprobs_and_constrained_decoding(
