@@ -1,13 +1,18 @@
 """Benchmark of weight refreshes under load: gate closed / paused time, step vs token mode.
 
 ``python bench/bench_refresh.py [--quick] [--trajectories N] [--lengths L,L] [--refreshes R]
-[--json FILE]``
+[--device cpu|cuda] [--json FILE]``
 
-One private Redis, two reference engine subprocesses (tiny model, CPU) and, per refresh mode, an
-adapter subprocess (``adapter.refresh_mode`` = ``step`` or ``token``). For each step length
-``L``, ``N`` agents (default 32) loop on turns of ``max_tokens = L`` through the adapter; once
-they are all generating, ``R`` disk refreshes (alternating two weight sets, version + 1 each) are
-triggered mid-step. Per mode and length the adapter's own refresh summaries give:
+One private Redis, two engines serving the tiny model and, per refresh mode, an adapter
+subprocess. ``--device cpu`` (default): two reference engine subprocesses on the CPU.
+``--device cuda``: two real SGLang servers (``python -m sglang.launch_server``, the python of
+``SGLANG_PYTHON`` or this one; ``SGLANG_EXTRA_ARGS``, default ``--dtype bfloat16
+--attention-backend triton --disable-cuda-graph --mem-fraction-static 0.3``), one per GPU when
+there are two, else both on GPU 0. Then an adapter subprocess (``adapter.refresh_mode`` =
+``step`` or ``token``). For each step length ``L``, ``N`` agents (default 32) loop on turns of
+``max_tokens = L`` through the adapter; once they are all generating, ``R`` disk refreshes
+(alternating two weight sets, version + 1 each) are triggered mid-step. Per mode and length
+the adapter's own refresh summaries give:
 
 * ``gate_closed_s`` -- how long new agent steps could not start (step mode: drain + load;
   token mode: pause + load + continue, the time generation stood still);
@@ -15,7 +20,8 @@ triggered mid-step. Per mode and length the adapter's own refresh summaries give
 * ``drain_s`` (step mode) -- the wait for the longest agent step in flight.
 
 The token mode's target (issue 11) is ``gate_closed_s <= load_s + 0.05`` at every step length;
-the step mode's grows with the step length. CPU timings, machine-dependent; unverified on GPU.
+the step mode's grows with the step length. Timings are machine-dependent; ``--device cuda``
+(``deploy/gpu_check_sglang.sh`` runs it) has not been run here (no SGLang on this machine).
 """
 
 from __future__ import annotations
@@ -47,10 +53,41 @@ from tests.support.redis import start_redis, stop_redis  # noqa: E402
 TARGET_SLACK_S = 0.05  # token mode: gate closed <= engine load + 50 ms
 
 
+SGLANG_DEFAULT_ARGS = (
+    "--dtype bfloat16 --attention-backend triton --disable-cuda-graph --mem-fraction-static 0.3"
+)
+
+
 def running_requests(engines: list[str]) -> int:
-    return sum(
-        httpx.get(f"{u}/get_server_info", timeout=10).json()["num_running_reqs"] for u in engines
+    """Requests being decoded on the engines (SGLang's ``/get_load``: every request minus the
+    waiting ones, per data-parallel rank; the reference engine answers the same)."""
+    total = 0
+    for url in engines:
+        for rank in httpx.get(f"{url}/get_load", timeout=10).json():
+            total += int(rank["num_reqs"]) - int(rank.get("num_waiting_reqs", 0))
+    return total
+
+
+def launch_sglang(model: Path, index: int, gpus: int, work: Path) -> Any:
+    """A real SGLang server on the tiny model (GPU ``index % gpus``), healthy or an error."""
+    from services.processes import free_port, http_ok, launch
+
+    port = free_port()
+    python = os.environ.get("SGLANG_PYTHON", sys.executable)
+    extra = os.environ.get("SGLANG_EXTRA_ARGS", SGLANG_DEFAULT_ARGS).split()
+    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
+            "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    process = launch(
+        f"sglang-{index}",
+        argv,
+        work / f"sglang-{index}.log",
+        ready=http_ok(f"{url}/health"),
+        timeout_s=900,
+        env={"CUDA_VISIBLE_DEVICES": str(index % max(1, gpus))},
     )
+    process.url = url  # type: ignore[attr-defined]
+    return process
 
 
 async def agents_and_refreshes(
@@ -134,6 +171,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trajectories", type=int, default=None, help="agents (default 32)")
     parser.add_argument("--lengths", default=None, help="step lengths, tokens (default 64,512)")
     parser.add_argument("--refreshes", type=int, default=None, help="per mode and length (3)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: reference engines; cuda: real SGLang servers on the GPU(s)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     args.trajectories = args.trajectories or (8 if args.quick else 32)
@@ -146,8 +189,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def report(figures: dict[str, Any], modes: list[str], lengths: list[int]) -> None:
+    engines = "2 SGLang engines, GPU" if figures.get("device") == "cuda" else (
+        "2 reference engines, CPU"
+    )  # fmt: skip
     print(
-        f"{figures['trajectories']} agents, 2 reference engines, tiny model, CPU; medians of "
+        f"{figures['trajectories']} agents, {engines}, tiny model; medians of "
         f"{figures['refreshes']} refreshes"
     )
     print(f"{'mode':<7}{'step len':>9}{'gate closed s':>15}{'load s':>9}{'drain s':>9}"
@@ -181,13 +227,27 @@ def main(argv: list[str] | None = None) -> int:
     store = start_redis(appendonly=False)
     engines: list[Any] = []
     modes = ["step", "token"]
-    figures: dict[str, Any] = {"trajectories": args.trajectories, "refreshes": args.refreshes}
+    figures: dict[str, Any] = {
+        "trajectories": args.trajectories,
+        "refreshes": args.refreshes,
+        "device": args.device,
+    }
     version = 0
     try:
         with ThreadPoolExecutor(2) as pool:
-            engines = list(
-                pool.map(lambda _: launch_reference_server(weights[1], None, "0", (), work), [0, 1])
-            )
+            if args.device == "cuda":
+                import torch
+
+                gpus = torch.cuda.device_count()
+                if gpus < 1:
+                    raise SystemExit("--device cuda: torch sees no GPU")
+                engines = list(pool.map(lambda i: launch_sglang(weights[1], i, gpus, work), [0, 1]))
+            else:
+                engines = list(
+                    pool.map(
+                        lambda _: launch_reference_server(weights[1], None, "0", (), work), [0, 1]
+                    )
+                )
         urls = [e.url for e in engines]
         for mode in modes:
             os.environ["SWERL_ADAPTER__REFRESH_MODE"] = mode

@@ -4,10 +4,12 @@
 #   deploy/gpu_check_sglang.sh MODEL_DIR|tiny [PORT]
 #
 # Starts `python -m sglang.launch_server --model-path MODEL_DIR` on 127.0.0.1:PORT (default 30000),
-# waits for /health, then runs the client contract tests
+# waits for /health, then (1) runs the client contract tests
 # (tests/integration/adapter/engines/test_sglang_client.py) against it by setting SWERL_SGLANG_URL and
 # SWERL_SGLANG_MODEL_DIR. The same tests run against the CPU reference engine when those variables
 # are unset (plain `pytest tests/integration/adapter/engines`), so both servers are held to one contract.
+# (2) Then it stops that server and runs `bench/bench_refresh.py --device cuda --quick`: two SGLang
+# servers of the tiny model, step vs token refresh timings (issue 11), figures in the work dir.
 #
 # MODEL_DIR: a local Hugging Face model directory (e.g. a Qwen3-0.6B download), or `tiny` to build
 # swerl's tiny random model here (python -m services.tiny_model.build).
@@ -19,10 +21,11 @@
 #                      --attention-backend triton --disable-cuda-graph)
 #   SGLANG_START_TIMEOUT  seconds to wait for /health (default 900)
 #   SWERL_LONG_TOKENS  tokens of the "long" generation used by pause/abort tests (default 3000)
+#   SWERL_SKIP_BENCH_REFRESH=1  skip step (2)
 set -euo pipefail
 
 usage() {
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -114,5 +117,21 @@ if (( status != 0 )); then
   echo "contract tests FAILED against SGLang (exit $status); server log: $LOG" >&2
 else
   echo "contract tests passed against real SGLang"
+fi
+
+# 2. Refresh timings on real SGLang (issue 11): step vs token mode, two servers of the tiny model
+#    on the GPU(s), after this server is stopped (it holds the GPU's memory).
+if [[ "${SWERL_SKIP_BENCH_REFRESH:-0}" != 1 ]]; then
+  cleanup
+  SERVER_PGID=""
+  bench=0
+  env -u SGLANG_EXTRA_ARGS SGLANG_PYTHON="$SGLANG_PY" "$PY" bench/bench_refresh.py --device cuda \
+    --quick --json "$WORK/bench_refresh.json" || bench=$?
+  if (( bench != 0 )); then
+    echo "bench_refresh --device cuda FAILED (exit $bench); logs in $WORK" >&2
+    status=$bench
+  else
+    echo "bench_refresh --device cuda: figures in $WORK/bench_refresh.json"
+  fi
 fi
 exit "$status"
