@@ -185,7 +185,11 @@ class NoWeights:
     refreshing = False
 
     async def refresh(
-        self, model_path: str, version: int, weights_sha256: str | None = None
+        self,
+        model_path: str,
+        version: int,
+        weights_sha256: str | None = None,
+        probes: tuple[Any, ...] = (),
     ) -> dict[str, Any]:
         raise APIError(
             409, "relay mode: the adapter serves an upstream endpoint, it has no weights",

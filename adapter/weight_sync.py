@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapter.errors import APIError
 from adapter.routing import Engine, Router
-from adapter.weights import WeightCoordinator, parse_version
+from adapter.weight_check import WeightProbe
+from adapter.weights import WeightCoordinator
 
 
 class GroupRequest(BaseModel):
@@ -69,6 +70,9 @@ class DistributedRefreshRequest(BaseModel):
         default=None,
         pattern=r"^[0-9a-f]{64}$",
         description="the checksum of the broadcast weights (their disk copy's manifest)",
+    )
+    probes: tuple[WeightProbe, ...] = Field(
+        default=(), max_length=16, description="spot check after the update (weight_check)"
     )
     flush_cache: bool = True
 
@@ -184,11 +188,9 @@ class DistributedWeights:
             except Exception as exc:
                 return {"ok": False, "error": str(exc), **out}
             engine.weight_version = reported
-            ok = parse_version(reported) == version
-            out.update(ok=ok, version=reported)
-            if not ok:
-                out["error"] = f"engine reports weight_version {reported!r} after loading {version}"
-            return out
+            return await self.coordinator.verify(
+                engine, version, request.probes, {**out, "version": reported}
+            )
 
         summary = await self.coordinator.refresh(
             request.model_path,
@@ -196,6 +198,7 @@ class DistributedWeights:
             loader=load,
             check=lambda engines: self._check_members(request.group_name, engines),
             weights_sha256=request.weights_sha256,
+            probes=request.probes,
         )
         summary["transport"] = "distributed"
         return summary

@@ -40,6 +40,7 @@ from adapter.continuation import RefreshBarrier
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
+from adapter.weight_check import WeightProbe, check_probes
 
 log = logging.getLogger("adapter.weights")
 
@@ -108,6 +109,7 @@ class WeightState:
     version: int
     model_path: str | None = None  # weights of `version`, once a refresh loaded them
     weights_sha256: str | None = None  # the checksum the refresh of `version` named, if any
+    probes: tuple[WeightProbe, ...] = ()  # the spot check of `version`'s weights, if sent
     refreshes: int = 0
     last_refresh: dict[str, Any] = field(default_factory=dict)
 
@@ -171,7 +173,13 @@ class WeightCoordinator:
                 log.warning("engines report different weight versions: %s", sorted(set(versions)))
         self.metrics.weight_version.set(float(self.state.version))
 
-    async def _load(self, engine: Engine, model_path: str, version: int) -> dict[str, Any]:
+    async def _load(
+        self,
+        engine: Engine,
+        model_path: str,
+        version: int,
+        probes: tuple[WeightProbe, ...] = (),
+    ) -> dict[str, Any]:
         started = time.perf_counter()
         try:
             await engine.client.update_weights_from_disk(model_path, weight_version=str(version))
@@ -179,15 +187,26 @@ class WeightCoordinator:
         except Exception as exc:
             return {"ok": False, "error": str(exc), "load_s": time.perf_counter() - started}
         engine.weight_version = reported
-        ok = parse_version(reported) == version
-        out: dict[str, Any] = {
-            "ok": ok,
-            "version": reported,
-            "load_s": time.perf_counter() - started,
-        }
-        if not ok:
-            out["error"] = f"engine reports weight_version {reported!r} after loading {version}"
-        return out
+        out: dict[str, Any] = {"version": reported, "load_s": time.perf_counter() - started}
+        return await self.verify(engine, version, probes, out)
+
+    @staticmethod
+    async def verify(
+        engine: Engine, version: int, probes: tuple[WeightProbe, ...], out: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``out`` (an engine's load result) with ``ok``: the engine reports ``version`` and its
+        values of the ``probes`` are the publisher's (:mod:`adapter.weight_check`)."""
+        reported = out.get("version")
+        if parse_version(reported) != version:
+            error = f"engine reports weight_version {reported!r} after loading {version}"
+            return {**out, "ok": False, "error": error}
+        try:
+            problem = await check_probes(engine.client, probes)
+        except Exception as exc:
+            problem = f"weights check after loading: {exc}"
+        if problem is not None:
+            return {**out, "ok": False, "error": problem}
+        return {**out, "ok": True, "probes_checked": len(probes)}
 
     async def refresh(
         self,
@@ -196,6 +215,7 @@ class WeightCoordinator:
         loader: EngineLoader | None = None,
         check: Callable[[list[Engine]], None] | None = None,
         weights_sha256: str | None = None,
+        probes: tuple[WeightProbe, ...] = (),
     ) -> dict[str, Any]:
         """Step-mode refresh. ``loader`` loads one engine (default: from ``model_path`` on
         disk); ``check(engines)`` validates before the gate closes (raise APIError to refuse).
@@ -208,7 +228,7 @@ class WeightCoordinator:
         try:
             async with self._lock:
                 return await self._refresh_locked(
-                    model_path, version, loader, check, weights_sha256
+                    model_path, version, loader, check, weights_sha256, probes
                 )
         finally:
             self._refresh_pending = False
@@ -228,6 +248,7 @@ class WeightCoordinator:
         loader: EngineLoader | None,
         check: Callable[[list[Engine]], None] | None,
         weights_sha256: str | None = None,
+        probes: tuple[WeightProbe, ...] = (),
     ) -> dict[str, Any]:
         if loader is None and self._served_already(version, weights_sha256):
             # A trainer resumed from a checkpoint older than its last publish sends the same
@@ -248,10 +269,10 @@ class WeightCoordinator:
             assert model_path is not None
 
             async def loader(engine: Engine) -> dict[str, Any]:
-                return await self._load(engine, model_path, version)
+                return await self._load(engine, model_path, version, probes)
 
         if self.mode is RefreshMode.TOKEN:
-            return await self._refresh_paused(loader, model_path, version, weights_sha256)
+            return await self._refresh_paused(loader, model_path, version, weights_sha256, probes)
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
@@ -259,7 +280,7 @@ class WeightCoordinator:
             drained_at = await self._drain(closed_at)
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self._adopt(version, model_path, weights_sha256)
+            self._adopt(version, model_path, weights_sha256, probes)
         finally:
             self.gate.reopen()
         summary = {
@@ -281,6 +302,7 @@ class WeightCoordinator:
         model_path: str | None,
         version: int,
         weights_sha256: str | None = None,
+        probes: tuple[WeightProbe, ...] = (),
     ) -> dict[str, Any]:
         """Token-mode refresh: close the gate (new calls wait; nothing is drained), pause the
         engines in abort mode, load, continue them, reopen. The interrupted calls are continued
@@ -296,7 +318,7 @@ class WeightCoordinator:
             paused_at = time.perf_counter()
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self._adopt(version, model_path, weights_sha256)
+            self._adopt(version, model_path, weights_sha256, probes)
         finally:
             continue_from = time.perf_counter()
             await self._continue_all(engines)
@@ -318,10 +340,17 @@ class WeightCoordinator:
         self._refreshed(summary)
         return summary
 
-    def _adopt(self, version: int, model_path: str | None, weights_sha256: str | None) -> None:
+    def _adopt(
+        self,
+        version: int,
+        model_path: str | None,
+        weights_sha256: str | None,
+        probes: tuple[WeightProbe, ...] = (),
+    ) -> None:
         self.state.version = version
         self.state.model_path = model_path  # None: no disk copy of this version
         self.state.weights_sha256 = weights_sha256
+        self.state.probes = probes
         self.state.refreshes += 1
 
     async def _pause_all(self, engines: list[Engine]) -> None:
@@ -469,7 +498,9 @@ class WeightCoordinator:
                         "copy to reload from (publish with distributed.export_to_disk)"
                     )
                     return
-                result = await self._load(engine, current.model_path, current.version)
+                result = await self._load(
+                    engine, current.model_path, current.version, current.probes
+                )
                 if not result["ok"]:
                     engine.last_error = f"reload on readmission failed: {result.get('error')}"
                     return

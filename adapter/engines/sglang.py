@@ -461,6 +461,17 @@ class SGLangClient:
         except ValidationError as exc:
             raise EngineProtocolError(url, f"malformed model_info: {exc}") from exc
 
+    async def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
+        """The parameter's first ``truncate_size`` entries, as the engine holds them now
+        (SGLang's ``/get_weights_by_name``; a list, nested for a matrix)."""
+        url = self.base_url + "/get_weights_by_name"
+        payload = await self._json(
+            "POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size}
+        )
+        if not isinstance(payload, list):
+            raise EngineProtocolError(url, f"expected a list, got {str(payload)[:200]!r}")
+        return payload
+
     async def tp_size(self) -> int:
         """The engine's tensor-parallel workers (``tp_size`` of ``/get_server_info``; 1 when
         the engine does not say): the ranks it takes in a weight-update group, each worker

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapter.routes.deps import Distributed, Service, model_body, require_admin
+from adapter.weight_check import WeightProbe
 from adapter.weight_sync import DistributedRefreshRequest, GroupRequest
 
 
@@ -21,6 +22,12 @@ class RefreshRequest(BaseModel):
         pattern=r"^[0-9a-f]{64}$",
         description="the manifest's weights_sha256: checked against model_path's manifest; "
         "the version and checksum already served again is a no-op",
+    )
+    probes: tuple[WeightProbe, ...] = Field(
+        default=(),
+        max_length=16,
+        description="first values of a few 1-D tensors: each engine's are read back after "
+        "the load (adapter.weight_check)",
     )
 
 
@@ -37,7 +44,7 @@ REQUEST_BODIES: dict[str, tuple[type[BaseModel], bool]] = {
 async def refresh_weights(request: Request, service: Service) -> dict[str, Any]:
     body = await model_body(request, RefreshRequest)
     return await service.weights.refresh(
-        body.model_path, body.version, weights_sha256=body.weights_sha256
+        body.model_path, body.version, weights_sha256=body.weights_sha256, probes=body.probes
     )
 
 

@@ -191,6 +191,17 @@ class UpdateWeightsResult(BaseModel):
     num_paused_requests: int | None = 0
 
 
+class GetWeightsByNameRequest(BaseModel):
+    """Body of ``GET|POST /get_weights_by_name`` (SGLang ``GetWeightsByNameReqInput``): the
+    answer is the parameter's first ``truncate_size`` entries (along its first dimension) as a
+    JSON list."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1)
+    truncate_size: int = Field(default=100, ge=1)
+
+
 class InitWeightsUpdateGroupRequest(BaseModel):
     """Body of ``POST /init_weights_update_group`` (SGLang ``InitWeightsUpdateGroupReqInput``)."""
 

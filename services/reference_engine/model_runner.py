@@ -400,6 +400,10 @@ class ModelRunner:
             if name not in self._tied_keys
         }
 
+    def weight_by_name(self, name: str) -> torch.Tensor | None:
+        """The tensor under its checkpoint name (None if the model has none of that name)."""
+        return self._checkpoint().get(name)
+
     def _checkpoint(self) -> dict[str, torch.Tensor]:
         """The model's tensors under checkpoint names (a MoE's experts one matrix each, as
         views of the fused parameters: copying into them updates the model in place)."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from torch import Tensor
 
 from trainer.backends.base import TrainerBackend
 
@@ -66,6 +68,26 @@ def adapter_timings(summary: dict[str, Any]) -> dict[str, float]:
     }
 
 
+PROBE_TENSORS = 2  # one-dimensional tensors the engines' copies are spot-checked on
+PROBE_VALUES = 8  # their first values
+
+
+def weight_probes(named: Iterable[tuple[str, Tensor]]) -> list[dict[str, Any]]:
+    """The spot check a refresh carries (adapter.weight_check): the first values of the first
+    and last one-dimensional floating tensors by name (a model's norm weights, which SGLang
+    holds whole on every tensor-parallel worker)."""
+    flat = sorted(
+        (name, tensor)
+        for name, tensor in named
+        if tensor.dim() == 1 and tensor.is_floating_point() and tensor.numel() > 0
+    )
+    chosen = flat if len(flat) <= PROBE_TENSORS else [flat[0], flat[-1]]
+    return [
+        {"name": name, "values": tensor.detach()[:PROBE_VALUES].float().cpu().tolist()}
+        for name, tensor in chosen
+    ]
+
+
 def served_already(
     served: dict[str, Any], version: int, checksum: str | None, model_path: str | None
 ) -> bool:
@@ -122,11 +144,17 @@ class AdminClient:
         return result
 
     def refresh_from_disk(
-        self, model_path: str, version: int, weights_sha256: str | None = None
+        self,
+        model_path: str,
+        version: int,
+        weights_sha256: str | None = None,
+        probes: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"model_path": model_path, "version": version}
         if weights_sha256 is not None:
             body["weights_sha256"] = weights_sha256
+        if probes:
+            body["probes"] = probes
         result: dict[str, Any] = self._call("POST", "/admin/weights", body)
         return result
 

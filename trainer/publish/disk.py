@@ -14,6 +14,7 @@ from trainer.publish.base import (
 )
 from trainer.publish.config import PublishConfig
 from trainer.publish.versions import (
+    directory_probes,
     export_version,
     exported_versions,
     prune_versions,
@@ -55,7 +56,7 @@ class DiskPublisher:
             # The same version with the same weights (export_version checked the checksum) is
             # served already: a trainer resumed from an older checkpoint re-publishes. No-op.
             return idempotent_result(version, "disk", str(path), started, exported)
-        summary = self.admin.refresh_from_disk(str(path), version, checksum)
+        summary = self.admin.refresh_from_disk(str(path), version, checksum, directory_probes(path))
         refreshed = time.perf_counter()
         pruned = prune_versions(
             self.config.weights_dir, self.config.keep_last, self.admin.served_versions()

@@ -29,6 +29,7 @@ from trainer.publish.base import (
     adapter_timings,
     idempotent_result,
     served_already,
+    weight_probes,
 )
 from trainer.publish.config import PublishConfig
 from trainer.publish.versions import (
@@ -194,6 +195,7 @@ class DistributedPublisher:
         }
         if checksum is not None:
             body["weights_sha256"] = checksum
+        body["probes"] = weight_probes(weights)
         call = _Call(lambda: self.admin.refresh_distributed(body))
         transfer_started = time.perf_counter()
         bucket_s = self._broadcast(group, buckets, call, version)

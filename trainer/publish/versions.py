@@ -68,6 +68,29 @@ def weights_checksum(directory: Path) -> str:
     return str(value)
 
 
+def directory_probes(directory: Path) -> list[dict[str, Any]]:
+    """:func:`trainer.publish.base.weight_probes` of an exported version, read from its
+    safetensors files (only the one-dimensional tensors, and of those only two are loaded)."""
+    from safetensors import safe_open
+
+    from trainer.publish.base import weight_probes
+
+    flat: dict[str, Path] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if len(handle.get_slice(name).get_shape()) == 1:
+                    flat[name] = file
+    names = sorted(flat)
+    chosen = names if len(names) <= 2 else [names[0], names[-1]]
+
+    def load(name: str) -> Any:
+        with safe_open(str(flat[name]), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    return weight_probes((name, load(name)) for name in chosen)
+
+
 def export_version(backend: TrainerBackend, root: str | Path, version: int) -> Path:
     """Export ``backend``'s actor as ``root/v<version>`` (atomic, manifest, idempotent)."""
     target = version_dir(root, version)

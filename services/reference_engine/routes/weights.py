@@ -1,5 +1,6 @@
 """Weight updates: from disk, and by broadcast (SGLang's ``/init_weights_update_group`` and
-``/update_weights_from_distributed``, see :mod:`services.reference_engine.distributed_weights`)."""
+``/update_weights_from_distributed``, see :mod:`services.reference_engine.distributed_weights`);
+reading a parameter back (``/get_weights_by_name``, what a refresh's spot check asks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from services.protocol.sglang import (
+    GetWeightsByNameRequest,
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -106,3 +108,15 @@ async def update_weights_from_distributed(
         message,
     )
     return _group_result(success, message)
+
+
+@router.api_route("/get_weights_by_name", methods=["GET", "POST"])
+async def get_weights_by_name(body: GetWeightsByNameRequest, state: State) -> JSONResponse:
+    """The parameter's first ``truncate_size`` entries along its first dimension, as a JSON
+    list (SGLang's answer); an unknown name is a 400."""
+    tensor = state.runner.weight_by_name(body.name)
+    if tensor is None:
+        message = f"Get parameter by name failed: no parameter {body.name!r}"
+        return JSONResponse({"error": {"message": message}}, status_code=HTTPStatus.BAD_REQUEST)
+    values = tensor.detach()[: body.truncate_size].float().tolist()
+    return JSONResponse(values)

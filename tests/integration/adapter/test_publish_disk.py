@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from tests.support.publish import (
     trainer,
 )
 from trainer.publish import DiskPublisher, PublishConfig, PublishError, make_publisher
-from trainer.publish.versions import export_version
+from trainer.publish.versions import directory_probes, export_version
 
 
 def config(url: str, weights_dir: Path, keep: int) -> PublishConfig:
@@ -135,4 +136,50 @@ def test_the_adapter_checks_the_manifest_and_the_checksum(
         view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
         assert (view["current_version"], view["refreshes"]) == (1, 1)  # nothing moved
         assert view["gate_open"] is True and served(engine.url)[2] == "1"
+        publisher.close()
+
+
+def test_each_engine_is_spot_checked_after_the_load(
+    adapter: AdapterFactory, model_dir: Path, tmp_path: Path
+) -> None:
+    """The publisher sends the first values of two 1-D tensors; the adapter reads them back
+    from the engine after it loads (SGLang's /get_weights_by_name). Values the engine does not
+    hold fail its load: with no engine loaded, a 502, the version unchanged, and the engine
+    reloaded with the current weights before it serves again."""
+    backend = trainer(model_dir)
+    weights = tmp_path / "weights"
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publisher = make_publisher(config(a.url, weights, keep=3))
+        move_weights(backend, seed=31)
+        result = publisher.publish(backend)
+        assert result is not None
+        assert result.adapter["engines"][engine.url]["probes_checked"] == 2
+        probes = directory_probes(weights / "v1")
+        assert len(probes) == 2
+        published = {k: v.clone() for k, v in backend.actor.state_dict().items()}
+        norm = published["model.norm.weight"]
+        ask = {"name": "model.norm.weight", "truncate_size": 3}
+        values = httpx.post(f"{engine.url}/get_weights_by_name", json=ask).json()
+        assert values == norm[:3].tolist()  # the reference engine answers as SGLang does
+        # v2 on disk, announced with values it does not hold
+        move_weights(backend, seed=32)
+        backend.version = 2
+        path = export_version(backend, weights, 2)
+        wrong = [{**p, "values": [v + 1.0 for v in p["values"]]} for p in probes]
+        body = {"model_path": str(path), "version": 2, "probes": wrong}
+        r = a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
+        assert r.status_code == 502 and "weights check after loading" in r.text, r.text
+        view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+        assert view["current_version"] == 1
+        deadline = time.monotonic() + 20
+        while not a.http.get(f"{a.url}/health").json()["engines"][engine.url]:
+            assert time.monotonic() < deadline, "the engine was not readmitted"
+            time.sleep(0.1)
+        backend.actor.load_state_dict(published)
+        output, logprobs, version = served(engine.url)
+        assert version == "1"  # reloaded (and checked) before it rejoined
+        assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
         publisher.close()

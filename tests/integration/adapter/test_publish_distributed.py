@@ -115,6 +115,7 @@ def test_broadcast_publishes_to_every_engine(
                 assert versions(a)["current_version"] == backend.version
                 reports = result.adapter["engines"]
                 assert all(len(r["bucket_s"]) == len(result.bucket_s) for r in reports.values())
+                assert all(r["probes_checked"] == 2 for r in reports.values())  # spot-checked
                 assert_serves(two_engines, backend, backend.version)
                 assert result.model_path == str(tmp_path / f"v{backend.version}")
                 assert versions(a)["model_path"] == result.model_path

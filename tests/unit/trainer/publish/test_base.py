@@ -31,3 +31,29 @@ def test_an_old_summary_without_the_fields_reads_as_zero() -> None:
         "engine_load": 0.0,
         "requests_paused": 0.0,
     }
+
+
+def test_probes_are_the_first_and_last_one_dimensional_tensors(tmp_path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from trainer.publish.base import PROBE_VALUES, weight_probes
+    from trainer.publish.versions import directory_probes
+
+    named = {
+        "model.layers.0.input_layernorm.weight": torch.arange(12, dtype=torch.float32),
+        "model.layers.0.mlp.up_proj.weight": torch.ones(3, 4),  # a matrix: never a probe
+        "model.layers.1.input_layernorm.weight": torch.full((5,), 7.0),
+        "model.norm.weight": torch.linspace(-1, 1, 20).to(torch.bfloat16),
+        "model.steps": torch.arange(3),  # not floating
+    }
+    probes = weight_probes(named.items())
+    assert [p["name"] for p in probes] == [
+        "model.layers.0.input_layernorm.weight", "model.norm.weight"
+    ]  # fmt: skip
+    assert probes[0]["values"] == [float(v) for v in range(PROBE_VALUES)]
+    assert probes[1]["values"] == named["model.norm.weight"][:PROBE_VALUES].float().tolist()
+    half = {k: v for k, v in named.items() if k != "model.steps"}
+    save_file(dict(list(half.items())[:2]), tmp_path / "model-1.safetensors")
+    save_file(dict(list(half.items())[2:]), tmp_path / "model-2.safetensors")
+    assert directory_probes(tmp_path) == probes  # the same from the exported files

@@ -1,0 +1,67 @@
+"""The spot check after a weight update (adapter/weight_check.py): an engine's values of a few
+tensors against the publisher's, within a bfloat16 rounding."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from adapter.weight_check import PROBE_RTOL, WeightProbe, check_probes, probe_mismatch
+
+PROBE = WeightProbe(name="model.norm.weight", values=(1.0, -0.5, 0.25, 2.0))
+
+
+def test_values_within_a_bfloat16_rounding_agree() -> None:
+    bf16 = [1.0 + 2**-8, -0.5, 0.25 - 2**-10, 2.0 * (1 - 2**-8)]
+    assert probe_mismatch(PROBE, bf16) is None
+    assert probe_mismatch(PROBE, [1, -0.5, 0.25, 2]) is None  # ints from a JSON answer
+
+
+@pytest.mark.parametrize(
+    ("served", "named"),
+    [
+        ([1.0, -0.5, 0.25, 2.0 * (1 + 3 * PROBE_RTOL)], "model.norm.weight[3] is"),
+        ([1.0, -0.5, float("nan"), 2.0], "model.norm.weight[2] is nan"),
+        ([1.0, -0.5, 0.25], "for the first 4 values"),
+        ([[1.0, -0.5], [0.25, 2.0]], "for the first 4 values"),
+        ([True, -0.5, 0.25, 2.0], "for the first 4 values"),
+    ],
+)
+def test_other_or_malformed_values_are_named(served: list, named: str) -> None:
+    problem = probe_mismatch(PROBE, served)
+    assert problem is not None and named in problem
+
+
+def test_check_probes_reads_each_back_and_stops_at_the_first_mismatch() -> None:
+    asked: list[tuple[str, int]] = []
+
+    class Engine:
+        async def get_weights_by_name(self, name: str, size: int) -> list[float]:
+            asked.append((name, size))
+            return [0.0] * size if name == "b" else list(PROBE.values)[:size]
+
+    probes = (
+        WeightProbe(name="a", values=PROBE.values),
+        WeightProbe(name="b", values=(1.0,)),
+        WeightProbe(name="c", values=(1.0,)),
+    )
+    problem = asyncio.run(check_probes(Engine(), probes))
+    assert (
+        problem == "weights check after loading: b[0] is 0.0 on the engine, the publisher sent 1.0"
+    )
+    assert asked == [("a", 4), ("b", 1)]
+    assert asyncio.run(check_probes(Engine(), ())) is None
+
+
+def test_a_probe_needs_a_name_and_1_to_64_values() -> None:
+    bad_probes = [
+        {"name": "", "values": [1.0]},
+        {"name": "x", "values": []},
+        {"name": "x", "values": [0.0] * 65},
+        {"name": "x", "values": [1.0], "z": 1},
+    ]
+    for bad in bad_probes:
+        with pytest.raises(ValidationError):
+            WeightProbe.model_validate(bad)
