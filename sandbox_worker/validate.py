@@ -200,7 +200,17 @@ def validate_all(
     progress = progress or sys.stderr
     results = []
     for index, instance in enumerate(instances, start=1):
-        image = image_for(instance.instance_id)
+        try:
+            image = image_for(instance.instance_id)
+        except ValueError as exc:  # an id no image can be named for: this row's failure
+            result = InstanceResult(instance.instance_id, load_error=f"no image name: {exc}")
+            print(
+                f"[{index}/{len(instances)}] {instance.instance_id}: {result.load_error}",
+                file=progress,
+                flush=True,
+            )
+            results.append(result)
+            continue
         result = validate_instance(
             backend, instance, image, config=config, node=node, checks=checks
         )

@@ -17,8 +17,9 @@ remote, reflogs) is removed, so the agent cannot read the fix in the repository'
 :func:`clone_at`); without either, the ``--materializer`` puts it there (the mini set's).
 Environment: an optional ``setup_commands`` list (shell commands) becomes ``RUN`` steps, and an
 optional ``setup_script`` (the text of a bash script) runs once in ``/testbed``; the build has
-no network, so they install from what the base image or the repository holds (vendored wheels,
-``pip install --no-index --find-links``).
+no network (``network_mode="none"``, whatever the daemon's default), so they install from what
+the base image or the repository holds (vendored wheels, ``pip install --no-index
+--find-links``).
 
 Idempotent: an image whose ``swerl.content_hash`` label matches is not rebuilt, and a bwrap tree
 whose stamp names the current image id is not re-exported.
@@ -274,7 +275,13 @@ def build_image(
         }
         try:
             client.images.build(
-                path=str(ctx), tag=image, pull=False, rm=True, forcerm=True, labels=labels
+                path=str(ctx),
+                tag=image,
+                pull=False,
+                rm=True,
+                forcerm=True,
+                labels=labels,
+                network_mode="none",  # offline whatever the daemon's default network is
             )
         except docker.errors.BuildError as exc:
             log = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)

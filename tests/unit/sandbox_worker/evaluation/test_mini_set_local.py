@@ -31,6 +31,29 @@ def test_unknown_checks_are_rejected(
             )
 
 
+def test_an_instance_no_image_can_be_named_for_is_its_own_failure(
+    local_backend: LocalDirBackend,
+    local_config: EvalConfig,
+    mini_instances: dict[str, SWEInstance],
+) -> None:
+    """An id the image naming refuses (SWE-bench ids may hold a ``+``) fails that instance,
+    named, and validation goes on: it does not end the run with a traceback."""
+    import io
+
+    from sandbox_worker.images import instance_image
+
+    inst = mini_instances["swerl__strkit-1"]
+    odd = inst.model_copy(update={"instance_id": "swerl__strkit+1"})
+    progress = io.StringIO()
+    results = validate.validate_all(
+        local_backend, [odd], instance_image, config=local_config, progress=progress
+    )
+    assert [r.instance_id for r in results] == ["swerl__strkit+1"] and not results[0].ok
+    assert "no image name: invalid instance id 'swerl__strkit+1'" in (results[0].load_error or "")
+    assert "[1/1] swerl__strkit+1: no image name" in progress.getvalue()
+    assert "invalid instance id" in validate.format_table(results)
+
+
 @pytest.mark.slow  # runs the test suite twice
 def test_a_wrong_instance_fails_validation_with_reasons(
     local_backend: LocalDirBackend,
