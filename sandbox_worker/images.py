@@ -51,6 +51,15 @@ _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _NAMESPACE_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 
 
+ENVIRONMENT_HELP = f"""environment:
+  DOCKER_HOST            the Docker engine (default {DEFAULT_DOCKER_HOST})
+  SWERL_IMAGE_NAMESPACE  image name prefix (default {DEFAULT_NAMESPACE}; e.g. swerl/mytasks for
+                         a task set of your own: images swerl/mytasks/sweb.eval...)
+  SWERL_BASE_IMAGE       the image instance images build FROM (default swerl/base:bookworm)
+  SWERL_CACHE            bwrap trees and build caches (default {DEFAULT_CACHE})
+"""
+
+
 def docker_host() -> str:
     """The Docker endpoint every swerl component uses (``DOCKER_HOST`` overrides)."""
     return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
@@ -301,15 +310,21 @@ def build(instances: Path, *, bwrap: bool = True, force: bool = False) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_worker.images",
-        description="Task images: build the base image, one image per instance and their bwrap "
-        "trees on this node's Docker engine ($DOCKER_HOST), pull a dataset's published images "
+        description="Task images: build the base image, one image per instance and their bwrap\n"
+        "trees on this node's Docker engine ($DOCKER_HOST), pull a dataset's published images\n"
         "(ops, before training), or print image names. Images are never pulled at run time.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_build = sub.add_parser(
         "build",
         help="build base + instance images + bwrap trees",
-        description="Build what is missing or out of date (content-hashed; reruns are fast).",
+        description="Build what is missing or out of date (content-hashed; reruns are fast).\n"
+        "A row's repository is cloned at base_commit with nothing after it (the fix cannot be\n"
+        "read from its history); builds have no network.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p_build.add_argument(
         "--instances",
