@@ -9,12 +9,18 @@ again, so a rerun after an interruption only pulls what is missing. ``--registry
 prefixes every name (a mirror). At the end every image still missing is listed on stderr (and
 in ``--missing-out``, one instance id per line); exit status 0 when every image is present,
 1 when some are missing, 2 for bad arguments or an unreadable dataset.
+
+A transient pull failure (the registry unreachable, a timeout, a 5xx answer) is retried up to
+``--retries`` times, waiting ``--retry-backoff`` seconds, doubled after each try (at most 60 s);
+a permanent one (the image or manifest not found, unauthorized, access denied, a bad reference)
+is reported at once (:func:`is_permanent`).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +31,46 @@ from services.protocol.instance import SWEInstance
 
 DATASETS = ("swebench", "swegym", "swesmith")
 _REGISTRY_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?$")
+# What the engine says (in its 500 answer) when a retry cannot help: the image is not there or
+# this node may not read it.
+PERMANENT_MARKERS = (
+    "manifest unknown",
+    "not found",
+    "unauthorized",
+    "authentication required",
+    "denied",
+    "does not exist",
+    "invalid reference format",
+)
+PERMANENT_STATUSES = (400, 401, 403, 404)
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of a transient pull failure: ``retries`` more tries, ``backoff_s`` before the
+    first, doubled before each next one, at most ``max_backoff_s``."""
+
+    retries: int = 3
+    backoff_s: float = 2.0
+    max_backoff_s: float = MAX_BACKOFF_S
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise ValueError(f"retries and backoffs must be >= 0, got {self}")
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (retry - 1))
+
+
+def is_permanent(exc: Exception) -> bool:
+    """Whether a pull failure is one a retry cannot fix (see :data:`PERMANENT_MARKERS`)."""
+    status = getattr(exc, "status_code", None)
+    if status in PERMANENT_STATUSES:
+        return True
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    return any(marker in text for marker in PERMANENT_MARKERS)
 
 
 def image_name(instance: SWEInstance, dataset: str, registry: str | None = None) -> str:
@@ -60,6 +106,7 @@ class PullResult:
     instance_ids: tuple[str, ...]
     state: str  # "present" (already there), "pulled", "missing"
     error: str = ""
+    attempts: int = 0  # pulls tried (0: the engine had it)
 
 
 def pull_all(
@@ -68,9 +115,14 @@ def pull_all(
     *,
     parallel: int,
     progress: Callable[[str], None] = print,
+    retry: RetryPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[PullResult]:
-    """Pull every image of ``wanted`` (image -> instance ids) the engine lacks."""
+    """Pull every image of ``wanted`` (image -> instance ids) the engine lacks; a transient
+    failure is retried by ``retry`` (default :class:`RetryPolicy`), a permanent one is not."""
     import docker.errors
+
+    policy = retry or RetryPolicy()
 
     def one(image: str) -> PullResult:
         ids = tuple(wanted[image])
@@ -82,11 +134,19 @@ def pull_all(
         except docker.errors.APIError as exc:
             return PullResult(image, ids, "missing", f"image lookup failed: {exc}")
         repository, _, tag = image.rpartition(":")
-        try:
-            client.images.pull(repository, tag=tag)  # type: ignore[attr-defined]
-        except docker.errors.DockerException as exc:
-            return PullResult(image, ids, "missing", str(exc).splitlines()[0][:300])
-        return PullResult(image, ids, "pulled")
+        for attempt in range(1, policy.retries + 2):
+            try:
+                client.images.pull(repository, tag=tag)  # type: ignore[attr-defined]
+            except docker.errors.DockerException as exc:
+                error = str(exc).splitlines()[0][:300]
+                if is_permanent(exc) or attempt > policy.retries:
+                    return PullResult(image, ids, "missing", error, attempt)
+                wait = policy.delay(attempt)
+                progress(f"{image}: try {attempt} failed ({error}); retrying in {wait:g} s")
+                sleep(wait)
+                continue
+            return PullResult(image, ids, "pulled", attempts=attempt)
+        raise AssertionError("unreachable: the last try returns")
 
     results = []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -113,6 +173,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--registry", default=None, help="registry HOST[:PORT] prefixed to every name")
     p.add_argument("--parallel", type=int, default=4, help="concurrent pulls (default 4)")
     p.add_argument("--missing-out", type=Path, default=None, help="write missing instance ids here")
+    p.add_argument("--retries", type=int, default=RetryPolicy.retries,
+                   help="retries of a transient pull failure (unreachable, timeout, 5xx; "
+                   f"default {RetryPolicy.retries}); not found / unauthorized: never "
+                   "retried")  # fmt: skip
+    p.add_argument("--retry-backoff", type=float, default=RetryPolicy.backoff_s, metavar="S",
+                   help=f"seconds before the first retry, doubled each time, at most "
+                   f"{MAX_BACKOFF_S:g} (default {RetryPolicy.backoff_s:g})")  # fmt: skip
 
 
 def run(args: argparse.Namespace, error: Callable[[str], None]) -> int:
@@ -125,6 +192,9 @@ def run(args: argparse.Namespace, error: Callable[[str], None]) -> int:
 
     if args.parallel < 1:
         error(f"--parallel must be >= 1, got {args.parallel}")
+    if args.retries < 0 or not 0 <= args.retry_backoff <= MAX_BACKOFF_S:
+        error(f"--retries must be >= 0 and --retry-backoff in [0, {MAX_BACKOFF_S:g}]")
+    policy = RetryPolicy(args.retries, args.retry_backoff)
     try:
         instances = load_instances(args.instances)
         names = [(image_name(i, args.dataset, args.registry), i.instance_id) for i in instances]
@@ -140,7 +210,7 @@ def run(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         print(f"error: no Docker engine at {args.docker_host}: {exc}", file=sys.stderr)
         return 1
     try:
-        results = pull_all(client, wanted, parallel=args.parallel)
+        results = pull_all(client, wanted, parallel=args.parallel, retry=policy)
     finally:
         client.close()
     return report(results, args.missing_out)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
+from typing import ClassVar
 
 import pytest
 
@@ -378,6 +381,7 @@ def test_pull_a_dataset_is_resumable_and_reports_missing(tmp_path: Path) -> None
     cmd = [sys.executable, "-m", "sandbox_worker.images", "pull", "--instances", str(data)]
     cmd += ["--dataset", "swebench", "--docker-host", images.docker_host()]
     cmd += ["--registry", registry, "--parallel", "3", "--missing-out", str(missing_out)]
+    cmd += ["--retries", "1", "--retry-backoff", "0"]  # nothing listens: transient, one retry
     try:
         hold(0), hold(1)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -397,8 +401,76 @@ def test_pull_a_dataset_is_resumable_and_reports_missing(tmp_path: Path) -> None
             with contextlib.suppress(docker.errors.ImageNotFound):
                 client.images.remove(name)
         client.close()
+    assert "try 1 failed" in res.stdout and "connection refused" in res.stdout
     no_engine = [*cmd[:8], "--docker-host", f"unix://{tmp_path}/none.sock"]
     res = subprocess.run(no_engine, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "no Docker engine at" in res.stderr, res.stderr
     bad = subprocess.run([*cmd, "--registry", "Bad Host"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid registry 'Bad Host'" in bad.stderr, bad.stderr
+
+
+class _LoopbackRegistry(http.server.BaseHTTPRequestHandler):
+    """A registry on loopback (registry API v2, enough for the engine to ask for a manifest):
+    repository ``t/missing`` is unknown (404 MANIFEST_UNKNOWN), ``t/secret`` unauthorized
+    (401), every other one busy (503). Counts the manifest requests per repository."""
+
+    manifests: ClassVar[dict[str, int]] = {}
+
+    def do_GET(self) -> None:
+        if self.path == "/v2/":
+            return self._answer(200, {})
+        repository = self.path.removeprefix("/v2/").split("/manifests/")[0]
+        if self.command == "GET":
+            self.manifests[repository] = self.manifests.get(repository, 0) + 1
+        if repository == "t/missing":
+            return self._error(404, "MANIFEST_UNKNOWN", "manifest unknown")
+        if repository == "t/secret":
+            return self._error(401, "UNAUTHORIZED", "authentication required")
+        return self._error(503, "UNAVAILABLE", "busy")
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._answer(status, {"errors": [{"code": code, "message": message}]})
+
+    do_HEAD = do_GET
+
+    def _answer(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_pull_retries_a_busy_registry_and_not_a_missing_image() -> None:
+    """The real engine pulling from a registry on loopback: a 503 is retried (bounded), an
+    unknown manifest and an unauthorized pull are not."""
+    import docker
+
+    from sandbox_worker.image_pull import RetryPolicy, pull_all
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LoopbackRegistry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    wanted = {f"{host}/t/{name}:latest": [name] for name in ("busy", "missing", "secret")}
+    client = docker.DockerClient(base_url=images.docker_host())
+    _LoopbackRegistry.manifests.clear()
+    try:
+        results = pull_all(client, wanted, parallel=3, progress=lambda _: None,
+                           retry=RetryPolicy(retries=2, backoff_s=0.1))  # fmt: skip
+    finally:
+        client.close()
+        server.shutdown()
+    by_name = {r.image.split("/t/")[1].removesuffix(":latest"): r for r in results}
+    assert {n: (r.state, r.attempts) for n, r in by_name.items()} == {
+        "busy": ("missing", 3),
+        "missing": ("missing", 1),
+        "secret": ("missing", 1),
+    }
+    assert "503" in by_name["busy"].error and "manifest unknown" in by_name["missing"].error
+    # the engine asks for a manifest once per pull (it does not retry on its own)
+    assert _LoopbackRegistry.manifests["t/busy"] == 3 * _LoopbackRegistry.manifests["t/missing"]
