@@ -14,14 +14,19 @@ python -m pip install -e .
 git checkout 7ee9ceb71e868944a46e1ff00b506772a53a4f1d tests/test_blueprints.py
 git apply -v - <<'EOF_114329324912'
 diff --git a/tests/test_blueprints.py b/tests/test_blueprints.py
-index 1111111..2222222 100644
 --- a/tests/test_blueprints.py
 +++ b/tests/test_blueprints.py
-@@ -1,3 +1,5 @@
- import os
+@@ -256,6 +256,11 @@ def test_dotted_name_not_allowed(app, client):
+         flask.Blueprint("app.ui", __name__)
  
-+def test_swerl_fixture():
-+    assert True
+ 
++def test_empty_name_not_allowed(app, client):
++    with pytest.raises(ValueError):
++        flask.Blueprint("", __name__)
++
++
+ def test_dotted_names_from_app(app, client):
+     test = flask.Blueprint("test", __name__)
  
 
 EOF_114329324912

@@ -14,14 +14,19 @@ python -m pip install .
 git checkout 091991be0da19de9108dbe5e3752917fea3d7fdc test_requests.py
 git apply -v - <<'EOF_114329324912'
 diff --git a/test_requests.py b/test_requests.py
-index 1111111..2222222 100644
 --- a/test_requests.py
 +++ b/test_requests.py
-@@ -1,3 +1,5 @@
- import os
+@@ -1389,6 +1389,11 @@ def test_total_timeout_connect(self):
+         except ConnectTimeout:
+             pass
  
-+def test_swerl_fixture():
-+    assert True
++    def test_encoded_methods(self):
++        """See: https://github.com/kennethreitz/requests/issues/2316"""
++        r = requests.request(b'GET', httpbin('get'))
++        assert r.ok
++
+ 
+ SendCall = collections.namedtuple('SendCall', ('args', 'kwargs'))
  
 
 EOF_114329324912

@@ -14,15 +14,21 @@ python -m pip install -e .
 git checkout 41d211c24a6781843b174379d6d6538f5c17adb9 testing/test_capture.py
 git apply -v - <<'EOF_114329324912'
 diff --git a/testing/test_capture.py b/testing/test_capture.py
-index 1111111..2222222 100644
 --- a/testing/test_capture.py
 +++ b/testing/test_capture.py
-@@ -1,3 +1,5 @@
- import os
+@@ -514,6 +514,12 @@ def test_hello(capfd):
+         )
+         reprec.assertoutcome(passed=1)
  
-+def test_swerl_fixture():
-+    assert True
- 
++    @pytest.mark.parametrize("nl", ("\n", "\r\n", "\r"))
++    def test_cafd_preserves_newlines(self, capfd, nl):
++        print("test", end=nl)
++        out, err = capfd.readouterr()
++        assert out.endswith(nl)
++
+     def test_capfdbinary(self, testdir):
+         reprec = testdir.inline_runsource(
+             """\
 
 EOF_114329324912
 : '>>>>> Start Test Output'

@@ -14,15 +14,21 @@ python -m pip install -e .
 git checkout cffd4e0f86fefd4802349a9f9b19ed70934ea354 sympy/core/tests/test_basic.py
 git apply -v - <<'EOF_114329324912'
 diff --git a/sympy/core/tests/test_basic.py b/sympy/core/tests/test_basic.py
-index 1111111..2222222 100644
 --- a/sympy/core/tests/test_basic.py
 +++ b/sympy/core/tests/test_basic.py
-@@ -1,3 +1,5 @@
- import os
+@@ -34,6 +34,12 @@ def test_structure():
+     assert bool(b1)
  
-+def test_swerl_fixture():
-+    assert True
  
++def test_immutable():
++    assert not hasattr(b1, '__dict__')
++    with raises(AttributeError):
++        b1.x = 1
++
++
+ def test_equality():
+     instances = [b1, b2, b3, b21, Basic(b1, b1, b1), Basic]
+     for i, b_i in enumerate(instances):
 
 EOF_114329324912
 : '>>>>> Start Test Output'

@@ -120,13 +120,24 @@ def test_unknown_repository_or_version_is_a_clear_error() -> None:
 
 
 def test_django_directives_are_modules() -> None:
+    # The published test patch changes django/test/testcases.py and tests/servers/tests.py.
     row = ROWS["django__django-14011"]
     assert harness_test_directives(row["repo"], row["test_patch"]) == [
+        "django.test.testcases",
         "servers.tests",
-        "servers.test_liveserverthread",
     ]
-    row = ROWS["sphinx-doc__sphinx-8721"]  # the data file is not a directive
-    assert harness_test_directives(row["repo"], row["test_patch"]) == ["tests/test_ext_viewcode.py"]
+
+
+def test_new_files_are_directives_but_data_files_are_not() -> None:
+    # The published test patch adds four files under tests/roots/ (one of them text.txt).
+    row = ROWS["sphinx-doc__sphinx-11510"]
+    root = "tests/roots/test-directive-include"
+    assert harness_test_directives(row["repo"], row["test_patch"]) == [
+        f"{root}/baz/baz.rst",
+        f"{root}/conf.py",
+        f"{root}/foo.rst",
+        "tests/test_directive_other.py",
+    ]
 
 
 def test_parser_follows_the_row_then_the_repository() -> None:

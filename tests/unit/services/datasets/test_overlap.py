@@ -43,12 +43,13 @@ def _training(tmp_path: Path) -> Path:
         _row("django__django-11099", "django/django", "something else entirely"),
         # another task on the exact tree of an evaluation instance
         _row("django__django-99999", "django/django", "Admin crashes", leaked["base_commit"]),
-        # a reworded copy of an evaluation problem
+        # a reworded copy of an evaluation problem (the published statement, a term respelled)
         _row(
             "octo__web-3",
             "octo/web",
-            "Bug: LiveServerTestCase's ThreadedWSGIServer doesn't close database connections "
-            "after each thread. Seen on CI.",
+            verified["django__django-14011"]["problem_statement"].replace(
+                "LiveServerTestCase", "LiveServer test case"
+            ),
         ),
         _row("octo__web-4", "octo/web", "Parser drops the last token of a quoted string"),
     ]
