@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from services.protocol.ids import Ident
+from services.protocol.ids import Ident, InstanceKey
 from services.protocol.tasks import AgentLimits, SamplingConfig
 
 # A free-text reference (model name, path, dataset name): printable, no control characters.
@@ -64,7 +64,7 @@ class TrainSpec(Spec):
 class RolloutSpec(Spec):
     """``instance_ids`` x ``n_samples`` trajectories with the policy ``policy_version``."""
 
-    instance_ids: list[Ident] = Field(min_length=1, max_length=10_000)
+    instance_ids: list[InstanceKey] = Field(min_length=1, max_length=10_000)
     n_samples: int = Field(1, ge=1, le=1024)
     model: str | None = Field(None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")
     policy_version: int = Field(0, ge=0, le=2**62)

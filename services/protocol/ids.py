@@ -48,3 +48,38 @@ Ident = Annotated[
     AfterValidator(check_id),
     Field(min_length=1, max_length=ID_MAX_LENGTH, json_schema_extra={"pattern": ID_PATTERN}),
 ]
+
+
+# An instance key: a plain instance id, or ``<dataset>/<instance id>`` (a training mixture
+# namespaces ids by dataset, services.datasets.mixture; two datasets may reuse an id). The
+# dataset name follows the mixture's rule; ids keep to the rule above.
+DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
+_DATASET_NAME_RE = re.compile(DATASET_NAME_PATTERN)
+INSTANCE_KEY_RULE = f"an instance id ({ID_RULE}), or <dataset>/<instance id>"
+
+
+def split_instance_key(key: str) -> tuple[str | None, str]:
+    """``<dataset>/<id>`` -> (dataset, id); a plain id -> (None, id). ValueError naming the
+    rule when ``key`` is neither."""
+    if not isinstance(key, str):
+        raise ValueError(f"an instance key must be a string, got {type(key).__name__}")
+    dataset, sep, instance_id = key.rpartition("/")
+    if sep and not _DATASET_NAME_RE.match(dataset):
+        raise ValueError(f"invalid instance key {key[:80]!r}: {INSTANCE_KEY_RULE}")
+    problem = id_problem(instance_id)
+    if problem is not None:
+        raise ValueError(f"invalid instance key {key[:80]!r}: {INSTANCE_KEY_RULE}")
+    return (dataset if sep else None), instance_id
+
+
+def check_instance_key(value: str) -> str:
+    """``value`` if it is a valid instance key (:func:`split_instance_key`)."""
+    split_instance_key(value)
+    return value
+
+
+InstanceKey = Annotated[
+    str,
+    AfterValidator(check_instance_key),
+    Field(min_length=1, max_length=ID_MAX_LENGTH + 65),
+]

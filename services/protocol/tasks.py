@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.protocol.ids import Ident
+from services.protocol.ids import Ident, InstanceKey
 from services.protocol.toy import ToyTaskError, instance_number
 from services.protocol.trajectory import Outcome
 
@@ -60,7 +60,7 @@ class RolloutRequest(Message):
 
     batch_id: Ident = Field(default_factory=lambda: f"b-{uuid.uuid4().hex[:12]}")
     job_id: Ident = "default"
-    instance_ids: list[Ident] = Field(min_length=1)
+    instance_ids: list[InstanceKey] = Field(min_length=1)
     n_samples: int = Field(1, ge=1, le=1024)
     group_ids: list[Ident] | None = None  # default: "<batch_id>:<index>"
     policy_version: int = Field(0, ge=0)
@@ -88,7 +88,7 @@ class RolloutTask(Message):
     batch_id: Ident
     job_id: Ident = "default"
     group_id: Ident
-    instance_id: Ident
+    instance_id: InstanceKey
     sample_index: int = Field(0, ge=0)
     policy_version: int = Field(0, ge=0)
     attempt: int = Field(1, ge=1)

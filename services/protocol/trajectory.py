@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.protocol.ids import Ident
+from services.protocol.ids import Ident, InstanceKey
 from services.protocol.packing import float_array, int_array, pack, unpack
 
 TURN_MAGIC = b"SWT1"
@@ -392,7 +392,7 @@ class TrajectoryMeta(BaseModel):
     task_id: Ident | Literal[""] = ""
     batch_id: Ident | Literal[""] = ""
     group_id: Ident | Literal[""] = ""
-    instance_id: Ident | Literal[""] = ""
+    instance_id: InstanceKey | Literal[""] = ""
     created_at: float = Field(default_factory=time.time, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict)
 

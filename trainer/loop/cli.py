@@ -94,6 +94,13 @@ def load_run_config(
         resolve_schedule(train, trainer.algorithm)
     except ValueError as exc:
         raise ConfigError(f"invalid configuration [train]:\n  - train.schedule: {exc}") from None
+    if train.dataset.mixture:  # every row of every file, before anything starts
+        from trainer.loop.prompts import make_cursor
+
+        try:
+            make_cursor(train.dataset)
+        except ValueError as exc:
+            raise ConfigError(f"invalid configuration [train]:\n  - train.{exc}") from None
     return RunConfig(train, trainer, manager, publish)
 
 

@@ -29,7 +29,7 @@ from services.store.trajectories import TrajectoryNotFoundError, load_trajectory
 from trainer.loop.config import TrainConfig
 from trainer.loop.phases import BatchShape
 from trainer.loop.pool import RolloutPool, Selection
-from trainer.loop.prompts import PromptCursor
+from trainer.loop.prompts import MixtureCursor, PromptCursor
 
 
 class CollectorError(RuntimeError):
@@ -88,7 +88,7 @@ class Collector:
         self,
         manager: RolloutManager,
         store: redis.Redis,
-        cursor: PromptCursor,
+        cursor: PromptCursor | MixtureCursor,
         config: TrainConfig,
         pool: RolloutPool | None = None,
     ) -> None:

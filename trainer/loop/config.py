@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.config import StrictModel, load_config, register_section
+from services.datasets.mixture import parse_mixture
+from services.datasets.overlap import DEFAULT_THRESHOLD
 from services.protocol.ids import Ident
 from services.protocol.tasks import (
     AgentLimits,
@@ -91,28 +93,62 @@ DENY_FILE_HELP = (
 )
 
 
+MIXTURE_HELP = (
+    "dataset files drawn by weight, '[name=]path[:weight],...' (services/datasets/mixture.py): "
+    "prompts are '<name>/<instance_id>' keys, instead of instance_ids / instances_file"
+)
+
+
 class DatasetConfig(StrictModel):
-    """Where the prompts come from: instance ids, drawn in seeded shuffled epochs.
+    """Where the prompts come from: instance ids drawn in seeded shuffled epochs, or a
+    ``mixture`` of dataset files drawn by the mixture's seeded sampler (every instance once per
+    pass of its dataset; keys ``<dataset>/<instance_id>``).
 
     ``kind`` is the task kind of every rollout request (``swe`` when unset; ``toy`` for the toy
     task of docs/toy-task.md); a toy run names only toy instance ids (checked at start-up).
+    The deny-list applies to both forms (a mixture's entry by its instance id); a mixture's
+    entries that overlap ``overlap_eval`` (services/datasets/overlap.py) are left out too.
     """
 
     instance_ids: list[Ident] = Field(default_factory=list, description="prompt instance ids")
     instances_file: str = Field(
         default="", description="file with one instance id per line (added after instance_ids)"
     )
+    mixture: str = Field(default="", description=MIXTURE_HELP)
     deny_file: str = Field(default="", description=DENY_FILE_HELP)
+    overlap_eval: str = Field(
+        default="",
+        description="evaluation dataset file (e.g. SWE-bench Verified): mixture entries that "
+        "are, share the snapshot of, or near-duplicate one of its instances are left out",
+    )
+    overlap_threshold: float = Field(
+        default=DEFAULT_THRESHOLD, gt=0, le=1, description="near-duplicate problem similarity"
+    )
     kind: TaskKind | None = Field(
         default=None, description="task kind of every request: swe | toy (None: swe)"
     )
     shuffle: bool = Field(default=True, description="shuffle each epoch (seeded)")
     seed: int = Field(default=0, ge=0, description="seed of the epoch permutations")
 
+    @field_validator("mixture")
+    @classmethod
+    def _mixture_parses(cls, value: str) -> str:
+        if value:
+            parse_mixture(value)  # DatasetError (a ValueError) names the part
+        return value
+
     @model_validator(mode="after")
     def _ids_of_kind(self) -> DatasetConfig:
         if self.kind is not None:
             check_instances_of_kind(self.kind, self.instance_ids)
+        if self.mixture and (self.instance_ids or self.instances_file):
+            raise ValueError(
+                "give a mixture or instance ids (instance_ids/instances_file), not both"
+            )
+        if self.mixture and self.kind == "toy":
+            raise ValueError("a mixture holds SWE instances: kind 'toy' cannot use it")
+        if self.overlap_eval and not self.mixture:
+            raise ValueError("overlap_eval checks a mixture: set mixture")
         return self
 
 
@@ -184,8 +220,9 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _has_prompts(self) -> TrainConfig:
-        if not self.dataset.instance_ids and not self.dataset.instances_file:
-            raise ValueError("dataset needs instance_ids or an instances_file")
+        dataset = self.dataset
+        if not dataset.instance_ids and not dataset.instances_file and not dataset.mixture:
+            raise ValueError("dataset needs instance_ids, an instances_file or a mixture")
         return self
 
     @model_validator(mode="after")

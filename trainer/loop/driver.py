@@ -41,7 +41,7 @@ from trainer.loop.evaluation import PeriodicEval
 from trainer.loop.metrics import METRICS_FILE, MetricsLog
 from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
-from trainer.loop.prompts import PromptCursor, load_instance_ids
+from trainer.loop.prompts import make_cursor
 from trainer.loop.step_metrics import engine_metrics, rollout_metrics, step_record
 from trainer.publish import Publisher, publish_metrics
 
@@ -77,8 +77,7 @@ class TrainLoop:
         )
         self.warmup = warmup_steps(train, trainer.algorithm)
         self.mixed_only = uses_dynamic_sampling(train, trainer.algorithm)
-        dataset = train.dataset
-        cursor = PromptCursor(load_instance_ids(dataset), dataset.seed, dataset.shuffle)
+        cursor = make_cursor(train.dataset)
         self.collector = Collector(parts.manager, parts.store, cursor, train)
         self.step = 0
         self.skipped = 0

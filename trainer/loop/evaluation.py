@@ -81,8 +81,10 @@ class PeriodicEval:
         return f"{self.config.run_id}-eval{step:05d}"
 
     def check_held_out(self, training_ids: list[str]) -> None:
-        """ValueError when an eval instance is also a training prompt (files included)."""
-        shared = sorted(set(self.ids) & set(training_ids))
+        """ValueError when an eval instance is also a training prompt (files included; a
+        mixture's ``<dataset>/<id>`` prompt also by its instance id)."""
+        bare = {key.rpartition("/")[2] for key in training_ids}
+        shared = sorted(set(self.ids) & (set(training_ids) | bare))
         if shared:
             raise ValueError(f"eval instances must be held out, but {shared[:3]} are training "
                              "prompts")  # fmt: skip

@@ -3,16 +3,23 @@
 Epoch ``e = i // len(ids)`` is a permutation of the instance ids seeded by ``(seed, e)``
 (or the file order without shuffling); the cursor is the number of prompts drawn so far. A
 resumed run restores the cursor and draws exactly what the dead run would have drawn next.
+
+A mixture (``train.dataset.mixture``) is drawn by :class:`MixtureCursor` over the mixture's
+seeded sampler (services/datasets/mixture.py): its position is the same checkpointed number
+(draws so far), and a resumed run replays the sampler to it, so it continues the same sequence.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from services.datasets.denylist import load_denylist
-from services.datasets.loader import DatasetError
+from services.datasets.loader import DatasetError, load_instances
+from services.datasets.mixture import MixtureEntry, MixtureSampler, load_mixture, parse_mixture
+from services.datasets.overlap import find_overlaps
 from trainer.loop.config import DatasetConfig, EvalSettings
 
 log = logging.getLogger("swerl.trainer.prompts")
@@ -93,3 +100,72 @@ class PromptCursor:
             out.append(self._order(epoch)[index])
             self.position += 1
         return out
+
+
+class MixtureCursor:
+    """:class:`PromptCursor`'s interface over a mixture's sampler: prompts are entry keys
+    (``<dataset>/<instance_id>``); setting ``position`` replays the sampler to it."""
+
+    def __init__(self, sampler: MixtureSampler) -> None:
+        self.sampler = sampler
+        self.ids = [entry.key for entry in sampler.entries]
+
+    @property
+    def position(self) -> int:
+        return self.sampler.position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.sampler.seek(value)
+
+    def take(self, count: int) -> list[str]:
+        """The next ``count`` prompts."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        return [entry.key for entry in self.sampler.draw(count)]
+
+
+def make_cursor(config: DatasetConfig) -> PromptCursor | MixtureCursor:
+    """The run's prompt cursor: over the mixture when one is set, else over the instance ids
+    (ValueError naming the file, line and field of a bad row, or what is wrong)."""
+    if not config.mixture:
+        return PromptCursor(load_instance_ids(config), config.seed, config.shuffle)
+    try:
+        mixture = parse_mixture(config.mixture)
+        sampler = MixtureSampler(mixture, config.seed, load_mixture_entries(config))
+    except DatasetError as exc:
+        raise ValueError(f"dataset.mixture: {exc}") from exc
+    return MixtureCursor(sampler)
+
+
+def load_mixture_entries(config: DatasetConfig) -> dict[str, list[MixtureEntry]]:
+    """Every entry of ``config.mixture`` (files loaded strictly), less those on the deny-list
+    (by instance id) and those overlapping ``overlap_eval``, each one left out logged."""
+    loaded = load_mixture(parse_mixture(config.mixture))
+    if config.deny_file:
+        try:
+            denied = load_denylist(config.deny_file)
+        except DatasetError as exc:
+            raise DatasetError(f"deny_file: {exc}") from exc
+        for entry in (e for entries in loaded.values() for e in entries):
+            if entry.instance.instance_id in denied:
+                reason = denied[entry.instance.instance_id] or "no reason given"
+                log.warning("dataset: %s left out, on the deny-list %s (%s)", entry.key,
+                            config.deny_file, reason)  # fmt: skip
+        loaded = _keep(loaded, lambda e: e.instance.instance_id not in denied)
+    if config.overlap_eval:
+        evaluation = load_instances(config.overlap_eval)
+        flat = [e for entries in loaded.values() for e in entries]
+        report = find_overlaps(flat, evaluation, config.overlap_threshold)
+        overlapping = {o.train_key for o in report.overlaps}
+        for o in report.overlaps:
+            log.warning("dataset: %s left out, %s of %s in %s (similarity %.2f)", o.train_key,
+                        o.kind, o.eval_id, config.overlap_eval, o.similarity)  # fmt: skip
+        loaded = _keep(loaded, lambda e: e.key not in overlapping)
+    return loaded
+
+
+def _keep(
+    loaded: dict[str, list[MixtureEntry]], keep: Callable[[MixtureEntry], bool]
+) -> dict[str, list[MixtureEntry]]:
+    return {name: [e for e in entries if keep(e)] for name, entries in loaded.items()}

@@ -56,7 +56,10 @@ def test_defaults_are_the_spec_shapes() -> None:
         ),
         ({**MINIMAL, "gate": {"t_min": 10, "t_max": 5}}, r"t_max \(5\) must be >= t_min \(10\)"),
         ({**MINIMAL, "bootstrap": {"group_size": 1}}, r"bootstrap\.group_size"),
-        ({"run_dir": "/r", "steps": 1}, "dataset needs instance_ids or an instances_file"),
+        (
+            {"run_dir": "/r", "steps": 1},
+            "dataset needs instance_ids, an instances_file or a mixture",
+        ),
         ({**MINIMAL, "dataset": {"instance_ids": ["a"], "kind": "math"}}, r"dataset\.kind"),
         ({**MINIMAL, "dataset": {"instance_ids": ["a"], "kind": "toy"}}, "kind 'toy'"),
         ({**MINIMAL, "steps": 0}, r"train\.steps: Input should be greater than or equal to 1"),
