@@ -133,6 +133,16 @@ class TrajectoryRunnerConfig(StrictModel):
     # (the harness's names), "swegym", "swesmith" (the row's image_name or its snapshot's).
     # SWE-smith rows (repo "swesmith/...") always get SWE-smith's images once this is set.
     image_dataset: Literal["swebench", "swegym", "swesmith"] | None = None
+    # Namespaced task sets (sandbox_worker/task_sets.py): "<dataset>/<instance_id>" keys of a
+    # training mixture. datasets: the mixture's "[name=]path[:weight],..." (weights ignored);
+    # task_sets_dir: every <name>.jsonl there (None: $SWERL_CACHE/tasksets, where
+    # `images add` writes); dataset_images: dataset name -> image rule (default "local":
+    # swerl/<dataset>/..., or "swebench" / "swegym" / "swesmith": the published images).
+    datasets: str = ""
+    task_sets_dir: str | None = Field(None, pattern=r"^/")
+    dataset_images: dict[str, Literal["local", "swebench", "swegym", "swesmith"]] = Field(
+        default_factory=dict
+    )
     workdir: str = Field("/testbed", pattern=r"^/[A-Za-z0-9._\-/]+$")
     sandbox: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
     backend: BackendSettings = Field(default_factory=BackendSettings)

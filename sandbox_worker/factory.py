@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from sandbox_worker import image_pull, images
+from sandbox_worker import image_pull, images, task_sets
 from sandbox_worker.adapter_client import AdapterClient, TrajectoryRecords
 from sandbox_worker.backends import SandboxBackend, SandboxInfraError, make_backend
 from sandbox_worker.backends.base import SandboxLimits
@@ -134,6 +134,15 @@ def load_task_instances(paths: list[str]) -> dict[str, SWEInstance]:
             if inst.instance_id in found:
                 raise DatasetError(f"{path}: instance {inst.instance_id!r} is also in another file")
             found[inst.instance_id] = inst
+    return found
+
+
+def worker_task_instances(rc: TrajectoryRunnerConfig) -> dict[str, SWEInstance]:
+    """The plain ids of ``rollout.instances`` and the ``<dataset>/<id>`` keys of
+    ``rollout.datasets`` and the task-set directory (sandbox_worker/task_sets.py)."""
+    found = load_task_instances(rc.instances)
+    directory = Path(rc.task_sets_dir) if rc.task_sets_dir else task_sets.default_task_sets_dir()
+    found.update(task_sets.load_keyed_instances(rc.datasets, directory))
     return found
 
 
@@ -250,7 +259,7 @@ def _task_instances(
     rc: TrajectoryRunnerConfig, instances: Mapping[str, SWEInstance] | None
 ) -> dict[str, SWEInstance]:
     try:
-        return dict(instances) if instances is not None else load_task_instances(rc.instances)
+        return dict(instances) if instances is not None else worker_task_instances(rc)
     except (DatasetError, OSError) as exc:
         raise RunnerUnavailableError(f"cannot load the task instances: {exc}") from exc
 
@@ -278,6 +287,11 @@ def _image_naming(
     namespace, tag, dataset = rc.image_namespace, rc.image_tag, rc.image_dataset
 
     def image_for(instance_id: str) -> str:
+        if "/" in instance_id:  # <dataset>/<id>: the dataset's own image rule
+            keyed = task_instances.get(instance_id)
+            if keyed is None:
+                raise ValueError(f"no instance {instance_id!r} in the task sets")
+            return task_sets.keyed_image(instance_id, keyed, rc.dataset_images)
         if dataset is not None:
             instance = task_instances.get(instance_id)
             if instance is None:
