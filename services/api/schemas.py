@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from services.datasets.mixture import is_mixture_spec, parse_mixture
 from services.protocol.ids import Ident, InstanceKey
 from services.protocol.tasks import AgentLimits, SamplingConfig
 
@@ -53,12 +54,20 @@ class TrainSpec(Spec):
 
     algorithm: str = Field("li2sao", min_length=1, max_length=64, pattern=r"^[a-z0-9_\-]+$")
     model: str = Ref
-    dataset: str = Ref
+    dataset: str = Ref  # a mixture of dataset files, or a file of instance ids (trainer's host)
     steps: int = Field(ge=1, le=10_000_000)
     batch: BatchShape = Field(default_factory=BatchShape)
     checkpoint_dir: str = Ref
     resume: bool = False
     trainer_group: Ident = "default"
+
+    @field_validator("dataset")
+    @classmethod
+    def _mixture_syntax(cls, value: str) -> str:
+        """A mixture's syntax is checked at submission; its files on the trainer."""
+        if is_mixture_spec(value):
+            parse_mixture(value, check_files=False)  # DatasetError: a ValueError, a 422
+        return value
 
 
 class RolloutSpec(Spec):

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from services.datasets import DatasetError
+from services.datasets.mixture import is_mixture_spec, parse_mixture
 from services.swerl_cli.client import ApiClient
 from services.swerl_cli.errors import (
     EXIT_CODES_HELP,
@@ -102,7 +104,10 @@ def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )  # fmt: skip
     _submit_options(t, argparse.SUPPRESS)
     t.add_argument("--model", required=True, help="model name or path")
-    t.add_argument("--dataset", required=True, help="training dataset name or path")
+    t.add_argument("--dataset", required=True, type=_train_dataset,
+                   help="dataset files drawn by weight, [name=]path[:weight],... "
+                   "(.jsonl/.json/.parquet, read on the trainer's host; prompts are "
+                   "<name>/<instance_id>), or a file of instance ids")  # fmt: skip
     t.add_argument("--steps", type=int, required=True, help="optimizer steps")
     t.add_argument("--checkpoint-dir", required=True, help="where checkpoints go")
     t.add_argument("--algorithm", default="li2sao", help="li2sao (default) or a baseline")
@@ -184,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"Runs python -m {module} here with the arguments that "
                        f"follow: {summary} (its --help lists them).")  # fmt: skip
     return parser
+
+
+def _train_dataset(value: str) -> str:
+    """``--dataset`` of a training run: a mixture's syntax is checked here (exit 2)."""
+    if is_mixture_spec(value):
+        try:
+            parse_mixture(value, check_files=False)
+        except DatasetError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

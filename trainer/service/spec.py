@@ -4,7 +4,9 @@ job's fields over it, validated by the driver's own loader before anything is sp
 
 Mapping: ``model`` -> ``trainer.model``, ``algorithm`` -> ``trainer.algorithm``,
 ``checkpoint_dir`` -> ``trainer.checkpoint.dir``, ``steps`` -> ``train.steps``, ``dataset`` ->
-``train.dataset.instances_file`` (a file of instance ids, one a line, readable here),
+``train.dataset.mixture`` when it names dataset files (``[name=]path[:weight],...``, read
+here; services/datasets/mixture.py), else ``train.dataset.instances_file`` (a file of
+instance ids, one a line, readable here),
 ``batch.prompts_per_step`` x ``batch.samples_per_prompt`` -> ``train.bootstrap`` (prompts,
 group_size) and ``train.single.batch_size`` (their product: the same trajectories per step);
 with one sample per prompt only the single phase's batch is set. ``run_dir`` is
@@ -22,6 +24,8 @@ from pydantic import ValidationError
 
 from services.api.schemas import TrainSpec
 from services.config import ConfigError
+from services.datasets import DatasetError
+from services.datasets.mixture import is_mixture_spec, parse_mixture
 from trainer.loop.cli import load_run_config
 
 # Environment overrides of the keys a job sets: dropped from the training process's
@@ -31,6 +35,7 @@ SPEC_ENV_KEYS = (
     "SWERL_TRAIN__RUN_ID",
     "SWERL_TRAIN__STEPS",
     "SWERL_TRAIN__DATASET__INSTANCES_FILE",
+    "SWERL_TRAIN__DATASET__MIXTURE",
     "SWERL_TRAINER__MODEL",
     "SWERL_TRAINER__ALGORITHM",
     "SWERL_TRAINER__CHECKPOINT__DIR",
@@ -62,17 +67,12 @@ def load_base(path: str) -> dict[str, Any]:
 
 def job_sections(spec: TrainSpec, job_id: str, run_dir: Path) -> dict[str, Any]:
     """The sections the job's spec sets (see the module docstring)."""
-    dataset = Path(spec.dataset)
-    if not dataset.is_file():
-        raise SpecError(
-            f"spec.dataset {spec.dataset!r} is not a file of instance ids on this trainer"
-        )
     shape = spec.batch
     train: dict[str, Any] = {
         "run_dir": str(run_dir),
         "run_id": job_id,
         "steps": spec.steps,
-        "dataset": {"instances_file": str(dataset.resolve())},
+        "dataset": _dataset_section(spec.dataset),
         "single": {"batch_size": shape.prompts_per_step * shape.samples_per_prompt},
     }
     if shape.samples_per_prompt > 1:
@@ -84,6 +84,23 @@ def job_sections(spec: TrainSpec, job_id: str, run_dir: Path) -> dict[str, Any]:
         "checkpoint": {"dir": spec.checkpoint_dir},
     }
     return {"train": train, "trainer": trainer}
+
+
+def _dataset_section(value: str) -> dict[str, str]:
+    """``train.dataset`` of the job: a mixture of dataset files, or a file of instance ids."""
+    if is_mixture_spec(value):
+        try:
+            parse_mixture(value)
+        except DatasetError as exc:
+            raise SpecError(f"spec.dataset: {exc}") from None
+        return {"mixture": value}
+    dataset = Path(value)
+    if not dataset.is_file():
+        raise SpecError(
+            f"spec.dataset {value!r} is neither a dataset mixture ([name=]path[:weight],... of "
+            ".jsonl/.json/.parquet files) nor a file of instance ids on this trainer"
+        )
+    return {"instances_file": str(dataset.resolve())}
 
 
 def training_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -30,6 +30,12 @@ def test_train_spec_defaults_and_required_fields() -> None:
         (RolloutSpec, {"instance_ids": ["a"], "sampling": {"top_p": 0}}, "sampling"),
         (TrainSpec, {"model": "m", "dataset": "d", "steps": 0, "checkpoint_dir": "c"}, "steps"),
         (TrainSpec, {"model": "m\n", "dataset": "d", "steps": 1, "checkpoint_dir": "c"}, "model"),
+        (
+            TrainSpec,
+            {"model": "m", "dataset": "a.jsonl:-1", "steps": 1, "checkpoint_dir": "c"},
+            "dataset",
+        ),
+        (RolloutSpec, {"instance_ids": ["gym/a/b"]}, "instance_ids"),
         (EvalSpec, {"checkpoint": "c", "dataset": "d", "max_instances": 0}, "max_instances"),
     ],
 )
@@ -41,3 +47,14 @@ def test_bad_specs_name_the_field(model: type, body: dict, field: str) -> None:
 
 def test_terminal_states() -> None:
     assert {s for s in JobState if s.terminal} == {"succeeded", "failed", "cancelled"}
+
+
+def test_a_mixture_dataset_is_checked_at_submission() -> None:
+    """Its syntax here (the files are read on the trainer's host), and mixture keys are
+    instance ids a rollout job may name."""
+    spec = TrainSpec(model="m", dataset="gym=/x/a.jsonl:0.7,smith=/x/b.parquet:0.3", steps=1,
+                     checkpoint_dir="/c")  # fmt: skip
+    assert spec.dataset.startswith("gym=")
+    with pytest.raises(ValidationError, match="dataset name 'a' is used for both"):
+        TrainSpec(model="m", dataset="a=/x/a.jsonl,a=/y/b.jsonl", steps=1, checkpoint_dir="/c")
+    assert RolloutSpec(instance_ids=["gym/swerl__strkit-2"]).instance_ids == ["gym/swerl__strkit-2"]

@@ -30,6 +30,18 @@ def test_rollout_flags_make_the_spec() -> None:
     }
 
 
+def test_a_bad_mixture_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    _, spec = parse("submit", "train", "--model", "m", "--dataset", "g=/x/a.parquet:0.5,"
+                       "s=/x/b.jsonl:0.5", "--steps", "5", "--checkpoint-dir", "/c")  # fmt: skip
+    assert spec["dataset"] == "g=/x/a.parquet:0.5,s=/x/b.jsonl:0.5"
+    with pytest.raises(SystemExit) as exc:
+        parse("submit", "train", "--model", "m", "--dataset", "a.jsonl:0", "--steps", "5",
+              "--checkpoint-dir", "/c")  # fmt: skip
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "weight must be a positive number" in err and "Traceback" not in err
+
+
 def test_train_flags_make_the_spec() -> None:
     kind, spec = parse("submit", "train", "--model", "m", "--dataset", "d", "--steps", "5",
                        "--checkpoint-dir", "/c", "--resume", "--group", "g2")  # fmt: skip

@@ -54,7 +54,8 @@ def test_one_sample_per_prompt_sets_only_the_single_batch(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("over", "needle"),
     [
-        ({"dataset": "/no/such/ids.txt"}, "spec.dataset '/no/such/ids.txt' is not a file"),
+        ({"dataset": "/no/such/ids.txt"}, "spec.dataset '/no/such/ids.txt' is neither"),
+        ({"dataset": "g=/no/such.parquet:1"}, "no such dataset file '/no/such.parquet'"),
         ({"algorithm": "nosuch"}, "trainer.algorithm"),
         ({"steps": 0}, "invalid train spec"),
         ({"bogus": 1}, "bogus"),
@@ -87,3 +88,17 @@ def test_the_base_file_must_be_a_mapping(tmp_path: Path) -> None:
     bad.write_text("- train\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
         load_base(str(bad))
+
+
+def test_a_mixture_dataset_becomes_the_runs_mixture(tmp_path: Path) -> None:
+    """``swerl submit train --dataset gym=a.jsonl:0.5,smith=b.parquet:0.5``: the trainer's run
+    draws from the mixture; a bad row fails the job before the run, naming file and line."""
+    from tests.support.mixtures import write_two_file_mixture
+
+    mix = write_two_file_mixture(tmp_path)
+    path = write_run_config(spec(tmp_path, dataset=mix.spec), "j", tmp_path / "r", BASE, {})
+    cfg = load_run_config(str(path), environ={})
+    assert cfg.train.dataset.mixture == mix.spec and not cfg.train.dataset.instances_file
+    mix.gym.write_text('{"instance_id": "x"}\n')
+    with pytest.raises(SpecError, match=re.escape(f"{mix.gym}:line 1")):
+        write_run_config(spec(tmp_path, dataset=mix.spec), "j", tmp_path / "r2", BASE, {})
