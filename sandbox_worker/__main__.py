@@ -39,14 +39,21 @@ EPILOG = """\
 configuration (lowest precedence first): defaults < YAML file (--config or $SWERL_CONFIG,
 section "worker:") < environment (SWERL_WORKER__SLOTS=4, SWERL_WORKER__QUEUE__PREFIX=x:) < flags.
 The queue.prefix must match the rollout manager's. --print-config shows every key; the ones
-a task set usually sets (SWERL_WORKER__ROLLOUT__..., SWERL_WORKER__EVALUATION__...):
+a task set usually sets (SWERL_WORKER__ROLLOUT__..., SWERL_WORKER__ROLLOUT__EVALUATION__...):
   rollout.instances           dataset files of the task rows (JSONL/JSON/parquet)
   rollout.image_dataset       swebench | swegym | swesmith: the published image names to run
-  evaluation.eval_script      swerl (test_cmd + the row's test files) | harness (the official
+  evaluation.eval_script      auto (default: per row, the harness's script where the row's
+                              repository has a harness spec, swerl's otherwise) | swerl
+                              (test_cmd + the row's test files) | harness (the official
                               harness's script; SWE-smith rows: their profile's command)
-  evaluation.log_parser       pytest | auto (the harness's parser per row) | parse_log_<name>
+  evaluation.grading          auto (default: structured with swerl's script, swebench with
+                              the harness's) | structured | swebench
+  evaluation.log_parser       auto (default: the parser of the row's script) | pytest |
+                              parse_log_<name>
   evaluation.test_cmd         swerl's test command (python3 -m pytest -rA -p no:cacheprovider)
   evaluation.test_timeout_by_repo  seconds per repository, e.g. {"django/django": 1800}
+A choice that cannot grade a row (swerl's pytest script on a django row ...) fails its task at
+once, not retried, with a message naming these keys.
 
 environment: DOCKER_HOST, the docker backend's engine (default unix:///run/swerl/docker.sock);
 SWERL_IMAGE_NAMESPACE, the prefix of locally built image names (default swerl).

@@ -83,28 +83,31 @@ class EvaluationSettings(StrictModel):
     harness_grace_s: float = Field(60.0, gt=0.0)
     limits: SandboxLimitsConfig = Field(default_factory=SandboxLimitsConfig)
     # Reward grading (docs/tasks-and-rewards.md): "structured" needs the structured report and
-    # the official log parser to agree; "swebench" is the official parser alone.
-    grading: Literal["structured", "swebench"] = "structured"
+    # the official log parser to agree; "swebench" is the official parser alone; "auto" (the
+    # default): structured where swerl's script runs, swebench where the harness's does.
+    grading: Literal["auto", "structured", "swebench"] = "auto"
     restore_test_infra: bool = True
     # Per-repository test-infrastructure rules ("owner/name" or "*" -> TestInfraRule fields).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
-    # The eval script: "swerl" (swerl's: test_cmd + the row's test files) or "harness" (the
-    # official harness's script for the row: its eval_script, else the harness's spec for its
-    # repository and version; needs grading "swebench"). SWE-bench / SWE-Gym rows of
-    # repositories that are not pytest (django, sympy, ...) need "harness" and log_parser
-    # "auto" to be graded right.
-    eval_script: Literal["swerl", "harness"] = "swerl"
-    # "pytest" (swerl's), "auto" (the harness's parser per row) or a harness parser name.
-    log_parser: str = Field("pytest", pattern=r"^(?:pytest|auto|parse_log_[a-z0-9_]+)$")
+    # The eval script: "auto" (the default: per row, sandbox_worker/evaluation/row_grading.py:
+    # the harness's script for rows with an eval_script, SWE-smith rows and repositories the
+    # harness specifies; swerl's for rows with a test_cmd and every other repository),
+    # "swerl" (swerl's: test_cmd + the row's test files) or "harness" (the official harness's
+    # script for the row: its eval_script, else the harness's spec for its repository and
+    # version; needs grading "swebench" or "auto"). A choice that cannot grade a row right
+    # (swerl's pytest script on django ...) fails that task at once, not retried.
+    eval_script: Literal["auto", "swerl", "harness"] = "auto"
+    # "auto" (the parser of the script the row gets), "pytest" (swerl's) or a harness parser.
+    log_parser: str = Field("auto", pattern=r"^(?:pytest|auto|parse_log_[a-z0-9_]+)$")
     # swerl's test command (before the test files) for rows without their own test_cmd.
     test_cmd: str = Field(DEFAULT_TEST_CMD, min_length=1)
 
     @model_validator(mode="after")
     def _harness_grades_by_its_parser(self) -> EvaluationSettings:
-        if self.eval_script == "harness" and self.grading != "swebench":
+        if self.eval_script == "harness" and self.grading == "structured":
             raise ValueError(
-                'evaluation.eval_script "harness" needs evaluation.grading "swebench" (the '
-                "harness's script loads no structured-report plugin)"
+                'evaluation.eval_script "harness" needs evaluation.grading "swebench" or "auto" '
+                "(the harness's script loads no structured-report plugin)"
             )
         if self.log_parser != "auto" and self.log_parser not in LOG_PARSERS:
             known = ", ".join(["auto", *sorted(LOG_PARSERS)])

@@ -55,6 +55,7 @@ from sandbox_worker.backends.base import (
     SandboxSpec,
 )
 from sandbox_worker.evaluation import EvalConfig, EvalReport, evaluate_patch
+from sandbox_worker.evaluation.row_grading import GradingConfigError
 from sandbox_worker.openhands.config import OpenHandsConfig
 from sandbox_worker.openhands.prompt import build_swe_prompt
 from sandbox_worker.openhands.result import AgentRunResult, EndReason
@@ -71,6 +72,11 @@ from services.protocol.trajectory import Outcome, OutcomeStatus
 
 _log = logging.getLogger("swerl.worker.trajectory")
 
+# Where the worker's evaluation.* keys live (appended to deterministic evaluation failures).
+CONFIG_HINT = (
+    " [worker config: worker.rollout.evaluation.<key>, environment "
+    "SWERL_WORKER__ROLLOUT__EVALUATION__<KEY>]"
+)
 DIFF_BASE_COMMIT = "base_commit"  # HEAD at start == the instance's base_commit
 DIFF_START_HEAD = "start_head"  # HEAD at start descends from base_commit (or there is none)
 
@@ -238,6 +244,7 @@ class SandboxTrajectoryRunner:
                 "files that hold it)",
                 retryable=False,
             )
+        self._check_grading(instance)
         try:
             image = task.image or self.image_for(task.instance_id)
         except ValueError as exc:
@@ -258,6 +265,8 @@ class SandboxTrajectoryRunner:
         run.timed("eval", t0)
         run.report["evaluation"] = report.model_dump(mode="json")
         if report.infra_error is not None:
+            if report.config_error:  # the same on every attempt
+                raise _Abort(f"cannot evaluate: {report.infra_error}{CONFIG_HINT}", retryable=False)
             raise _Abort(f"evaluation infrastructure failed: {report.infra_error}")
         status = result.outcome_status
         assert status is not OutcomeStatus.ABORTED  # aborted endings left in _agent_phase
@@ -273,6 +282,14 @@ class SandboxTrajectoryRunner:
             n_turns=counts.n_turns if counts else 0,
             n_tokens=counts.n_tokens if counts else 0,
         )
+
+    def _check_grading(self, instance: SWEInstance) -> None:
+        """Choices that cannot grade the row right (``evaluation.*``: swerl's pytest script on
+        a django row ...) fail the task before the agent runs, final at once."""
+        try:
+            self.settings.evaluation.for_row(instance)
+        except GradingConfigError as exc:
+            raise _Abort(f"cannot grade: {exc}{CONFIG_HINT}", retryable=False) from exc
 
     def _check_labels(self, image: str, instance: SWEInstance) -> None:
         """An image labelled for another repository or base commit (images swerl builds carry

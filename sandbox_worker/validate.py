@@ -41,7 +41,7 @@ from typing import TextIO
 from sandbox_worker.backends.base import SandboxBackend
 from sandbox_worker.evaluation.evaluate import EvalConfig, EvalReport, evaluate_patch
 from sandbox_worker.tasks.checks import CheckPatchError, broken_patch, tampered_patch
-from services.cli import positive_int
+from services.cli import positive_int, repo_timeout
 from services.datasets import DatasetError, RowError, load_instances_collect
 from services.datasets.denylist import apply_denylist, load_denylist
 from services.protocol.instance import SWEInstance
@@ -299,6 +299,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds each test run may take (300)",
     )
+    parser.add_argument(
+        "--repo-timeout",
+        type=repo_timeout,
+        action="append",
+        default=[],
+        metavar="OWNER/NAME=S",
+        help="seconds the test runs of one repository may take, over --test-timeout "
+        "(repeatable, e.g. --repo-timeout sympy/sympy=1800; the worker's "
+        "evaluation.test_timeout_by_repo)",
+    )
     parser.add_argument("--node", default="validate", help="node name owning the sandboxes")
     return parser
 
@@ -337,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_worker.images import instance_image
 
     backend = make_backend(args.backend)
-    config = EvalConfig(test_timeout_s=args.test_timeout)
+    config = validation_config(args.test_timeout, dict(args.repo_timeout))
     print(
         f"validating {len(instances)} instance(s) with the {args.backend} backend",
         file=sys.stderr,
@@ -350,6 +360,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_valid is not None:
         write_valid(results, args.write_valid)
     return 0 if results and all(result.ok for result in results) else 1
+
+
+def validation_config(test_timeout_s: int, by_repo: dict[str, int]) -> EvalConfig:
+    """The worker's default grading (per row: sandbox_worker/evaluation/row_grading.py) with
+    the given test timeouts."""
+    return EvalConfig(
+        eval_script="auto",
+        grading="auto",
+        log_parser="auto",
+        test_timeout_s=test_timeout_s,
+        test_timeout_by_repo=by_repo,
+    )
 
 
 def write_valid(results: Sequence[InstanceResult], path: Path) -> int:

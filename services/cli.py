@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from services.config import ConfigError, dump_config, load_config
+from services.protocol.instance import REPO_PATTERN
 
 # Exit statuses shared by the services (documented in their epilogs).
 EXIT_OK = 0
@@ -42,6 +44,15 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def repo_timeout(text: str) -> tuple[str, int]:
+    """``argparse`` ``type=`` for ``owner/name=SECONDS`` (a per-repository test timeout, the
+    worker's ``evaluation.test_timeout_by_repo`` entry): anything else is a usage error."""
+    repo, sep, seconds = text.rpartition("=")
+    if not sep or not re.fullmatch(REPO_PATTERN, repo):
+        raise argparse.ArgumentTypeError(f"expected owner/name=SECONDS, got {text!r}")
+    return repo, positive_int(seconds)
 
 
 def service_parser(

@@ -39,7 +39,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -85,6 +84,12 @@ from sandbox_worker.evaluation.patches import (
     new_files,
     unsafe_patch_reason,
 )
+from sandbox_worker.evaluation.row_grading import (
+    GradingChoice,
+    GradingConfigError,
+    ScriptChoice,
+    row_grading,
+)
 from sandbox_worker.evaluation.script import (
     TIMEOUT_EXIT_CODE,
     EvalScriptSpec,
@@ -129,8 +134,9 @@ class EvalConfig(BaseModel):
     # "swerl": swerl's eval script (script.py); "harness": exactly the official harness's
     # script for the row (the row's eval_script, else the harness's spec for its repository and
     # version; specs.py), for benchmark parity on the harness's images. Needs
-    # grading="swebench" (the harness's script loads no structured-report plugin).
-    eval_script: Literal["swerl", "harness"] = "swerl"
+    # grading="swebench" (the harness's script loads no structured-report plugin). "auto": per
+    # row (row_grading.py): the harness's where the row has a harness spec, else swerl's.
+    eval_script: ScriptChoice = "swerl"
     test_timeout_s: int = Field(1800, ge=1)  # harness default
     # Per-repository test timeouts ("owner/name" -> seconds) over test_timeout_s: a slow
     # suite (sympy, astropy...) gets more time without raising it for every repository.
@@ -146,8 +152,9 @@ class EvalConfig(BaseModel):
     # run them anyway and report their status (validation uses it to check the base state).
     grade_empty_patch: bool = False
     # "structured" (training rewards): resolved only if the structured report *and* the
-    # official log parser say so; "swebench": the official log parser alone (benchmark parity).
-    grading: Literal["structured", "swebench"] = "structured"
+    # official log parser say so; "swebench": the official log parser alone (benchmark parity);
+    # "auto": structured where swerl's script runs, swebench where the harness's does.
+    grading: GradingChoice = "structured"
     # Restore test infrastructure the patch touched (off only to grade predictions that
     # change it as the official harness does).
     restore_test_infra: bool = True
@@ -174,12 +181,26 @@ class EvalConfig(BaseModel):
             return self
         return self.model_copy(update={"test_timeout_s": seconds})
 
+    def for_row(self, instance: SWEInstance) -> EvalConfig:
+        """This config resolved for one row: no ``auto`` choice left, its repository's test
+        timeout; :class:`GradingConfigError` when the choices cannot grade the row right."""
+        chosen = row_grading(instance, self.eval_script, self.grading, self.log_parser)
+        resolved = self.for_repo(instance.repo)
+        update = {
+            "eval_script": chosen.eval_script,
+            "grading": chosen.grading,
+            "log_parser": chosen.log_parser,
+        }
+        if all(getattr(resolved, key) == value for key, value in update.items()):
+            return resolved
+        return resolved.model_copy(update=update)
+
     @model_validator(mode="after")
     def _consistent(self) -> EvalConfig:
         if self.log_parser != "auto" and self.log_parser not in LOG_PARSERS:
             known = ", ".join(["auto", *sorted(LOG_PARSERS)])
             raise ValueError(f"unknown log_parser {self.log_parser!r} (known: {known})")
-        if self.eval_script == "harness" and self.grading != "swebench":
+        if self.eval_script == "harness" and self.grading == "structured":
             raise ValueError('eval_script="harness" needs grading="swebench"')
         return self
 
@@ -205,6 +226,9 @@ class EvalReport(BaseModel):
     log_tail: str = ""
     duration_s: float = 0.0
     infra_error: str | None = None
+    # The infra_error is deterministic (the configuration or the row cannot grade this
+    # instance: the same on every attempt): the worker does not retry it.
+    config_error: bool = False
     # Why the patch was refused before applying it (it writes into .git or through a symlink
     # it creates): graded like a patch that does not apply.
     patch_rejected: str | None = None
@@ -228,6 +252,10 @@ class _InfraFailure(Exception):
     """Internal: abort the evaluation as an infrastructure failure."""
 
 
+class _ConfigFailure(_InfraFailure):
+    """Internal: abort the evaluation for a deterministic reason (``config_error``)."""
+
+
 def sandbox_id_for(instance_id: str) -> str:
     """A unique sandbox id in the backend's alphabet ``[a-z0-9-]``."""
     # Short: a backend's state paths embed "<node>.<sandbox id>" and unix socket paths in
@@ -249,6 +277,11 @@ def evaluate_patch(
     for infrastructure failures (they come back as ``infra_error``)."""
     config = config or EvalConfig()
     started = time.monotonic()
+    transcript: list[str] = []
+    try:
+        config = config.for_row(instance)
+    except GradingConfigError as exc:
+        return _infra(instance, str(exc), transcript, config, started, config_error=True)
     spec = SandboxSpec(
         image=image,
         node=node,
@@ -258,7 +291,6 @@ def evaluate_patch(
         network=NetworkPolicy.NONE,
         labels={"swerl.role": "eval", "swerl.instance": instance.instance_id},
     )
-    transcript: list[str] = []
     try:
         sandbox = backend.create(spec)
     except (SandboxInfraError, OSError) as exc:
@@ -266,10 +298,14 @@ def evaluate_patch(
     try:
         fields = _evaluate_in(sandbox, instance, patch or "", config, transcript)
     except _InfraFailure as exc:
-        return _infra(instance, str(exc), transcript, config, started)
+        deterministic = isinstance(exc, _ConfigFailure)
+        return _infra(instance, str(exc), transcript, config, started, config_error=deterministic)
     except PatchParseError as exc:  # the instance's test patch, not the agent's patch
-        reason = f"the instance's test patch is malformed: {exc}"
-        return _infra(instance, reason, transcript, config, started)
+        reason = (
+            f"the instance's test patch is malformed: {exc} (fix the row in the dataset file, "
+            "worker.rollout.instances)"
+        )
+        return _infra(instance, reason, transcript, config, started, config_error=True)
     except (SandboxInfraError, OSError) as exc:
         return _infra(instance, f"sandbox failed: {exc}", transcript, config, started)
     finally:
@@ -303,7 +339,10 @@ def _evaluate_in(
                 prune=False,  # no agent sees this sandbox: the commit is what matters
             )
         except TaskStateError as exc:
-            raise _InfraFailure(f"wrong image: {exc}") from None
+            raise _ConfigFailure(
+                f"wrong image: {exc} (check worker.rollout.image_dataset / image_namespace: "
+                "the image must hold the row's repository)"
+            ) from None
         transcript.append(f"$ task state of {instance.instance_id}: {instance.base_commit}")
     base = instance.base_ref
     result = sandbox.exec(
@@ -562,7 +601,7 @@ def _log_parser(instance: SWEInstance, config: EvalConfig) -> LogParser:
     try:
         return HARNESS_PARSERS[harness_parser_name(instance)]
     except ValueError as exc:
-        raise _InfraFailure(str(exc)) from None
+        raise _ConfigFailure(f"{exc} (evaluation.log_parser, or the row's log_parser)") from None
 
 
 def _run_harness_script(
@@ -573,7 +612,7 @@ def _run_harness_script(
     try:
         script = harness_eval_script(instance)
     except (UnknownSpecError, ValueError) as exc:
-        raise _InfraFailure(str(exc)) from None
+        raise _ConfigFailure(f"{exc} (evaluation.eval_script)") from None
     script_path = f"{config.scratch_dir}/eval.sh"
     sandbox.write_file(script_path, script.encode(), mode=0o755)
     result = sandbox.exec(
@@ -610,7 +649,7 @@ def _run_tests(
         try:
             command = profile_test_command(instance)
         except UnknownProfileError as exc:
-            raise _InfraFailure(str(exc)) from None
+            raise _ConfigFailure(str(exc)) from None
         report_dir = None
     test_patch_path = None
     if instance.test_patch:
@@ -661,12 +700,19 @@ def _tail(transcript: list[str], config: EvalConfig) -> str:
 
 
 def _infra(
-    instance: SWEInstance, reason: str, transcript: list[str], config: EvalConfig, started: float
+    instance: SWEInstance,
+    reason: str,
+    transcript: list[str],
+    config: EvalConfig,
+    started: float,
+    *,
+    config_error: bool = False,
 ) -> EvalReport:
     log.warning("evaluation of %s aborted: %s", instance.instance_id, reason)
     return EvalReport(
         instance_id=instance.instance_id,
         infra_error=reason,
+        config_error=config_error,
         log_tail=_tail(transcript, config),
         duration_s=time.monotonic() - started,
     )

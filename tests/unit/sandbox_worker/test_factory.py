@@ -72,7 +72,9 @@ def test_settings_follow_the_config() -> None:
     assert s.snapshot_images is False  # one image per instance unless the images are SWE-smith's
     for dataset, snapshot in (("swesmith", True), ("swegym", False), ("swebench", False)):
         assert runner_settings(cfg(image_dataset=dataset).rollout).snapshot_images is snapshot
-    assert (s.evaluation.eval_script, s.evaluation.log_parser) == ("swerl", "pytest")
+    # per row by default: the harness's script and parser where the row has a spec
+    assert (s.evaluation.eval_script, s.evaluation.log_parser) == ("auto", "auto")
+    assert runner_settings(cfg().rollout).evaluation.grading == "auto"
 
 
 def test_the_harness_eval_script_is_a_worker_setting() -> None:
@@ -84,7 +86,7 @@ def test_the_harness_eval_script_is_a_worker_setting() -> None:
         "harness", "swebench", "auto", "pytest -x"
     )  # fmt: skip
     with pytest.raises(ValidationError, match=r'eval_script "harness" needs evaluation\.grading'):
-        cfg(evaluation={"eval_script": "harness"})
+        cfg(evaluation={"eval_script": "harness", "grading": "structured"})
     with pytest.raises(ValidationError, match=r"evaluation\.log_parser 'parse_log_nope'"):
         cfg(evaluation={"log_parser": "parse_log_nope"})
 

@@ -22,6 +22,7 @@ from sandbox_worker.evaluation import EvalReport
 from sandbox_worker.openhands.result import AgentRunResult, EndReason, EventSummary
 from sandbox_worker.runner import SHUTDOWN, CancelToken
 from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, DIFF_START_HEAD
+from services.protocol.instance import SWEInstance
 from services.protocol.trajectory import Outcome, OutcomeStatus
 from tests.unit.sandbox_worker.conftest import (
     COUNTERS,
@@ -315,6 +316,52 @@ def test_evaluation_infrastructure_failure_is_aborted(harness: Harness) -> None:
     assert outcome.abort_reason == (
         "evaluation infrastructure failed: sandbox creation failed: boom"
     )
+
+
+def test_a_deterministic_evaluation_failure_is_not_retried(harness: Harness) -> None:
+    def misconfigured(*_a: Any, **_k: Any) -> EvalReport:
+        return EvalReport(
+            instance_id=INSTANCE_ID,
+            infra_error="no SWE-smith profile for 'acme__tool' (evaluation.eval_script)",
+            config_error=True,
+        )
+
+    runner = harness.runner(agent(EndReason.FINISHED, apply_gold(harness)), eval_fn=misconfigured)
+    outcome = runner.run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None
+    assert outcome.retryable is False  # the same on every attempt: final at once
+    reason = outcome.abort_reason or ""
+    assert "evaluation.eval_script" in reason and "SWERL_WORKER__ROLLOUT__EVALUATION__" in reason
+
+
+def test_a_row_the_evaluation_cannot_grade_fails_before_the_agent(harness: Harness) -> None:
+    """swerl's pytest script on a django row would score every patch 0: the task fails at once,
+    naming the keys, before a sandbox or a trajectory record exists."""
+    django = SWEInstance.model_validate(
+        {**harness.instance.model_dump(), "repo": "django/django", "version": "3.0"}
+    )
+    settings = dataclasses.replace(
+        harness.settings,
+        evaluation=harness.settings.evaluation.model_copy(
+            update={"eval_script": "swerl", "grading": "structured", "log_parser": "pytest"}
+        ),
+    )
+    harness = dataclasses.replace(harness, settings=settings)
+    runner = harness.runner(no_agent, eval_fn=no_eval, instances={INSTANCE_ID: django})
+    outcome = runner.run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.retryable is False
+    reason = outcome.abort_reason or ""
+    assert "not pytest" in reason and "evaluation.eval_script" in reason
+    assert harness.backend.created == [] and harness.adapter.opened == []
+    # the default (auto) grades the same row with the harness's script instead
+    auto = harness.settings.evaluation.model_copy(
+        update={"eval_script": "auto", "grading": "auto", "log_parser": "auto"}
+    ).for_row(django)
+    assert (auto.eval_script, auto.log_parser) == ("harness", "parse_log_django")
+
+
+def no_agent(*_a: Any, **_k: Any) -> AgentRunResult:
+    raise AssertionError("the agent must not run")
 
 
 def test_repository_broken_by_the_agent_is_an_empty_patch(harness: Harness) -> None:

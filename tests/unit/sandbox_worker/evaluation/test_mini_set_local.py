@@ -87,7 +87,7 @@ def test_cli_exit_status(
 
     monkeypatch.setattr(sandbox_worker.backends, "make_backend", lambda name: local_backend)
     monkeypatch.setattr(sandbox_worker.images, "instance_image", lambda iid: iid[7:-2])
-    monkeypatch.setattr(validate, "EvalConfig", lambda test_timeout_s: local_config)
+    monkeypatch.setattr(validate, "validation_config", lambda timeout_s, by_repo: local_config)
     # (The passing run of the CLI is exercised with the real bwrap backend in
     # tests/integration/sandbox_worker/evaluation.) An instance whose gold patch does not fix
     # the bug:
@@ -112,6 +112,26 @@ def test_cli_exit_status(
             validate.main(["--test-timeout", bad, "--instances", str(broken)])
         assert exit_info.value.code == 2
         assert "--test-timeout" in capsys.readouterr().err
+    for bad in ("sympy/sympy", "sympy=60", "sympy/sympy=0"):
+        with pytest.raises(SystemExit) as exit_info:
+            validate.main(["--repo-timeout", bad, "--instances", str(broken)])
+        assert exit_info.value.code == 2
+        assert "--repo-timeout" in capsys.readouterr().err
+
+
+def test_validation_grades_like_the_worker_with_per_repository_timeouts() -> None:
+    args = validate._parser().parse_args(
+        ["--test-timeout", "60", "--repo-timeout", "swerl/strkit=600", "--repo-timeout", "a/b=7"]
+    )
+    config = validate.validation_config(args.test_timeout, dict(args.repo_timeout))
+    strkit = SWEInstance.model_validate_json(
+        next(line for line in INSTANCES.read_text().splitlines() if "swerl__strkit-2" in line)
+    )
+    spanlib = SWEInstance.model_validate_json(INSTANCES.read_text().splitlines()[0])
+    assert config.for_row(strkit).test_timeout_s == 600
+    assert config.for_row(spanlib).test_timeout_s == 60
+    assert (config.eval_script, config.grading, config.log_parser) == ("auto", "auto", "auto")
+    assert config.for_row(spanlib).grading == "structured"  # swerl's rows: structured report
 
 
 @pytest.mark.slow  # runs the test suite three times
