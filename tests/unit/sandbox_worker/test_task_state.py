@@ -187,3 +187,5 @@ def test_the_evaluation_grades_a_swesmith_row_like_its_harness(
     # the wrong image is an infrastructure failure naming the instance, not a reward of 0
     wrong = evaluate_patch(backend, row, row.gold_patch, "other", node="n", config=config)
     assert wrong.reward is None and "wrong image" in (wrong.infra_error or "")
+    # ... a deterministic one (the same image on every attempt) naming the key to fix
+    assert wrong.config_error and "worker.rollout.image_dataset" in (wrong.infra_error or "")

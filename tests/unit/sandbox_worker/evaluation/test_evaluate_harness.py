@@ -97,6 +97,8 @@ def test_row_without_script_or_spec_is_an_infrastructure_error(
     report = _grade(local_backend, local_config, inst, inst.patch)
     assert report.infra_error is not None
     assert f"no SWE-bench or SWE-Gym test spec for repository {inst.repo!r}" in report.infra_error
+    # deterministic: not retried, and the message names the key to change
+    assert report.config_error and "evaluation.eval_script" in report.infra_error
 
 
 def test_config_rejects_inconsistent_choices() -> None:
@@ -116,4 +118,5 @@ def test_unknown_row_parser_aborts_before_the_tests_run(
     inst = SWEInstance.model_validate({**inst.model_dump(), "log_parser": "parse_log_cargo"})
     report = _grade(local_backend, local_config, inst, inst.patch)
     assert report.infra_error is not None and "parse_log_cargo" in report.infra_error
+    assert report.config_error and "evaluation.log_parser" in report.infra_error
     assert not report.tests_run
