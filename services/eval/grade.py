@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,8 +58,14 @@ def eval_script_for(instance: SWEInstance, choice: str) -> Literal["harness", "s
     return "harness"
 
 
-def eval_config(instance: SWEInstance, script_choice: str, timeout_s: int) -> EvalConfig:
-    """The official harness's grading for one instance."""
+def eval_config(
+    instance: SWEInstance,
+    script_choice: str,
+    timeout_s: int,
+    timeout_by_repo: Mapping[str, int] | None = None,
+) -> EvalConfig:
+    """The official harness's grading for one instance; its test timeout is its repository's
+    entry of ``timeout_by_repo`` (``--repo-timeout``), else ``timeout_s``."""
     return EvalConfig(
         grading="swebench",
         eval_script=eval_script_for(instance, script_choice),
@@ -66,8 +73,9 @@ def eval_config(instance: SWEInstance, script_choice: str, timeout_s: int) -> Ev
         restore_test_infra=False,  # the harness grades the tree the patch left
         keep_test_output=True,
         test_timeout_s=timeout_s,
+        test_timeout_by_repo=dict(timeout_by_repo or {}),
         log_tail_chars=LOG_TAIL_CHARS,
-    )
+    ).for_repo(instance.repo)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class Grader:
     node: str
     script_choice: str = "auto"
     timeout_s: int = 1800
+    timeout_by_repo: Mapping[str, int] = field(default_factory=dict)  # owner/name -> seconds
 
     def grade(self, instance: SWEInstance, prediction: Prediction, image: str) -> Outcome:
         started = time.monotonic()
@@ -88,7 +97,7 @@ class Grader:
         for stale in (LOG_REPORT, LOG_TEST_OUTPUT):  # a resumed error is graded afresh
             (log_dir / stale).unlink(missing_ok=True)
         (log_dir / LOG_PATCH).write_text(prediction.model_patch or "")
-        config = eval_config(instance, self.script_choice, self.timeout_s)
+        config = eval_config(instance, self.script_choice, self.timeout_s, self.timeout_by_repo)
         if config.eval_script == "harness":  # the script the harness writes next to its logs
             (log_dir / LOG_EVAL_SCRIPT).write_text(harness_eval_script(instance))
         report = evaluate_patch(
@@ -97,7 +106,7 @@ class Grader:
         if report.test_output is not None:
             output = report.test_output
             if report.tests_timed_out:
-                output += timeout_note(self.timeout_s)
+                output += timeout_note(config.test_timeout_s)
             (log_dir / LOG_TEST_OUTPUT).write_text(output)
         status, detail, infra = verdict(report)
         if status != "error":

@@ -237,7 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the backend's own error family (docker, bwrap set-up)
         print(f"error: the {args.backend} backend is not available: {exc}", file=sys.stderr)
         return EXIT_INFRA
-    grader = Grader(backend, plan.root, plan.run_id, node, args.eval_script, args.timeout)
+    grader = Grader(
+        backend,
+        plan.root,
+        plan.run_id,
+        node,
+        args.eval_script,
+        args.timeout,
+        dict(args.repo_timeout or []),
+    )
     try:
         outcomes = grade_all(grader, plan, args.workers)
     except KeyboardInterrupt:

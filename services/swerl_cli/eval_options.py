@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli import positive_int
+from services.cli import positive_int, repo_timeout
 
 EVAL_MODULE = "services.eval"
 
@@ -104,6 +104,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                         "again")  # fmt: skip
     p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
                    help="seconds the tests of one instance may run (1800)")  # fmt: skip
+    p.add_argument("--repo-timeout", type=repo_timeout, action="append", default=[],
+                   metavar="OWNER/NAME=S",
+                   help="seconds the tests of one repository's instances may run, over "
+                        "--timeout (repeatable, e.g. --repo-timeout sympy/sympy=3600; the "
+                        "worker's evaluation.test_timeout_by_repo)")  # fmt: skip
     p.add_argument("--image-namespace", metavar="NS",
                    help="image namespace: 'swebench' for the official SWE-bench images (default "
                         "$SWERL_IMAGE_NAMESPACE or swerl, the images built here)")  # fmt: skip

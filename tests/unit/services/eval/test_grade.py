@@ -60,3 +60,12 @@ def test_verdicts(fields: dict[str, object], status: str, infra: bool) -> None:
     assert (detail == "") == (status == "resolved")
     if fields.get("f2p_failure"):
         assert "t::x" in detail
+
+
+def test_a_repository_timeout_overrides_the_global_one() -> None:
+    """``--repo-timeout owner/name=S``: the worker's evaluation.test_timeout_by_repo shape."""
+    by_repo = {"django/django": 3000, "sympy/sympy": 60}
+    timeouts = {row.repo: eval_config(row, "auto", 900, by_repo).test_timeout_s for row in VERIFIED}
+    assert timeouts["django/django"] == 3000 and timeouts["sympy/sympy"] == 60
+    assert timeouts["astropy/astropy"] == 900  # no entry: the global --timeout
+    assert eval_config(VERIFIED[0], "auto", 900).test_timeout_s == 900

@@ -67,3 +67,16 @@ def test_a_deny_list_that_empties_the_run_or_is_bad_is_a_usage_error(
     deny.write_text("not an id!\n")
     assert main([*base, "--deny", str(deny)]) == 2
     assert "line 1: not an instance id" in capsys.readouterr().err
+
+
+def test_repository_timeouts_are_parsed_and_bad_ones_are_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse("--repo-timeout", "sympy/sympy=3600", "--repo-timeout", "django/django=60")
+    assert dict(args.repo_timeout) == {"sympy/sympy": 3600, "django/django": 60}
+    assert parse().repo_timeout == []
+    for bad in ("sympy=3600", "sympy/sympy=0", "sympy/sympy=soon"):
+        with pytest.raises(SystemExit) as info:
+            main(["--dataset", "d.jsonl", "--predictions", "p.jsonl", "--repo-timeout", bad])
+        assert info.value.code == 2
+        assert "--repo-timeout" in capsys.readouterr().err
