@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sandbox_worker.config import NODE_PATTERN
 from services.demo import main, resolve_model
+from services.demo_report import TrajectoryRow
 
 
 def _model(directory: Path) -> Path:
@@ -44,3 +48,75 @@ def test_the_cli_refuses_a_bad_model_with_exit_2(
     code = main(["--model", str(tmp_path / "absent"), "--run-dir", str(tmp_path / "run")])
     assert code == 2
     assert "--model" in capsys.readouterr().err
+
+
+class _Stack:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def stop_all(self) -> None:
+        pass
+
+
+class _Manager:
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, request: object) -> str:
+        return "b1"
+
+    def close(self) -> None:
+        pass
+
+
+def _row(instance_id: str, status: str, reward: float | None) -> TrajectoryRow:
+    return TrajectoryRow(f"t-{instance_id}", instance_id, 0, "g", [], status, reward, 0, 0)
+
+
+@pytest.fixture
+def fake_services(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``main`` with every service replaced: what it starts is recorded, what the batch
+    returns is ``state["rows"]``."""
+    import services.demo as demo
+
+    state: dict[str, Any] = {"nodes": [], "rows": []}
+    monkeypatch.setattr(demo, "LocalStack", _Stack)
+    monkeypatch.setattr(demo, "RolloutManager", _Manager)
+    monkeypatch.setattr(demo, "start_services", lambda *a: ("redis://r", "http://a", {}))
+    monkeypatch.setattr(demo, "start_worker", lambda *a: state["nodes"].append(a[5]))
+    monkeypatch.setattr(demo, "wait_for_batch", lambda *a: [])
+    monkeypatch.setattr(demo, "report", lambda *a: ([], state["rows"]))
+    monkeypatch.setattr(demo, "objective_metrics", lambda *a: None)
+    return state
+
+
+def _run(tmp_path: Path, name: str) -> int:
+    model = tmp_path / "model"
+    if not model.exists():
+        _model(model)
+    return main(["--model", str(model), "--run-dir", str(tmp_path / name), "--samples", "1"])
+
+
+def test_every_trajectory_aborted_is_a_failed_demo(
+    tmp_path: Path, fake_services: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_services["rows"] = [_row("a__b-1", "aborted", None), _row("a__b-2", "aborted", None)]
+    assert _run(tmp_path, "all-aborted") == 1
+    assert "every trajectory aborted" in capsys.readouterr().err
+    fake_services["rows"] = [_row("a__b-1", "aborted", None), _row("a__b-2", "completed", 0.0)]
+    assert _run(tmp_path, "one-graded") == 0
+
+
+def test_each_demo_runs_its_worker_under_a_node_name_of_its_own(
+    tmp_path: Path, fake_services: dict[str, Any]
+) -> None:
+    """The worker removes the sandboxes of its node name at start: two demos sharing one would
+    destroy each other's sandboxes."""
+    fake_services["rows"] = [_row("a__b-1", "completed", 1.0)]
+    assert _run(tmp_path, "first") == 0 and _run(tmp_path, "second") == 0
+    first, second = fake_services["nodes"]
+    assert first != second
+    assert all(re.fullmatch(NODE_PATTERN, node) for node in (first, second))
