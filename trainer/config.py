@@ -119,6 +119,14 @@ class MegatronConfig(StrictModel):
         ge=1,
         description="pipeline stages (TP = 1, dense models; the world is PP x data parallel)",
     )
+    context_parallel: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "context-parallel ranks: each holds a slice of every sequence, keys and values "
+            "all-gathered per layer (dense models, PP = EP = 1; TP x CP x DP divides the world)"
+        ),
+    )
     distributed_optimizer: bool = Field(
         default=False,
         description=(
@@ -126,6 +134,17 @@ class MegatronConfig(StrictModel):
             "ZeroRedundancyOptimizer; data parallel only, a no-op in one process)"
         ),
     )
+
+    @model_validator(mode="after")
+    def _context_parallel_alone(self) -> MegatronConfig:
+        if self.context_parallel > 1:
+            for name in ("pipeline_parallel", "expert_parallel"):
+                if getattr(self, name) > 1:
+                    raise ValueError(
+                        f"context_parallel {self.context_parallel} with {name} "
+                        f"{getattr(self, name)} is not built in the megatron backend yet"
+                    )
+        return self
 
 
 class TrainerConfig(StrictModel):

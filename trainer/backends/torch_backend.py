@@ -99,6 +99,25 @@ def _optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.opt
     )
 
 
+def token_logprobs(
+    logits: Tensor, tokens: Tensor, action_mask: Tensor, temperature: float, entropy: bool
+) -> tuple[Tensor, Tensor]:
+    """Logprobs of ``tokens`` under ``logits`` (``[..., vocab]``, scaled by 1 / ``temperature``)
+    and the entropy (zeros unless ``entropy``), both float32, 0 where ``action_mask`` is
+    False; any leading shape (``[n, t]`` per row, ``[m]`` for a set of tokens)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, tokens.clamp(min=0)[..., None]).squeeze(-1)
+    logp = torch.where(action_mask, logp, torch.zeros_like(logp))
+    ent = torch.zeros_like(logp)
+    if entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        ent = torch.where(action_mask, ent, torch.zeros_like(ent))
+    return logp, ent
+
+
 class PolicyScorer(nn.Module):
     """The actor as one module: logits at given positions only (FSDP2 shards it as a root)."""
 
@@ -311,17 +330,8 @@ class TorchBackend:
     ) -> tuple[Tensor, Tensor]:
         """``[n, t]`` logprobs of ``mb``'s post-prompt tokens under ``logits`` ``[n, t, vocab]``
         (0 off actions), and the entropy (0 unless ``entropy``)."""
-        logits = logits.float()
-        if self.config.rollout_temperature != 1.0:
-            logits = logits / self.config.rollout_temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, mb.tokens.clamp(min=0)[..., None]).squeeze(-1)
-        logp = torch.where(mb.action_mask, logp, torch.zeros_like(logp))
-        ent = torch.zeros_like(logp)
-        if entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            ent = torch.where(mb.action_mask, ent, torch.zeros_like(ent))
-        return logp, ent
+        temperature = self.config.rollout_temperature
+        return token_logprobs(logits, mb.tokens, mb.action_mask, temperature, entropy)
 
     def _actor_logp(self, mb: TrainBatch, inputs: PackedInputs) -> Tensor:
         return self._actor_logprobs(mb, inputs)[0]

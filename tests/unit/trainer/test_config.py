@@ -36,6 +36,9 @@ def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
     env = {"SWERL_TRAINER__BACKEND": "megatron", "SWERL_TRAINER__MEGATRON__TENSOR_PARALLEL": "2"}
     megatron = load_trainer_config(environ=env)
     assert (megatron.backend, megatron.megatron.tensor_parallel) == ("megatron", 2)
+    assert megatron.megatron.context_parallel == 1  # the default: every rank whole sequences
+    env = {"SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL": "4"}
+    assert load_trainer_config(environ=env).megatron.context_parallel == 4
     assert (cfg.actor.lr, cfg.objective.value_clip, cfg.objective.dis_high) == (2e-6, 0.3, 5.0)
 
 
@@ -55,6 +58,21 @@ def test_yaml_and_env_reach_nested_keys(tmp_path: Path) -> None:
         ({"SWERL_TRAINER__ACTOR_MINIBATCHES": "0"}, "trainer.actor_minibatches"),
         ({"SWERL_TRAINER__BACKEND": "deepspeed"}, "trainer.backend"),
         ({"SWERL_TRAINER__MEGATRON__TENSOR_PARALLEL": "0"}, "trainer.megatron.tensor_parallel"),
+        ({"SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL": "0"}, "trainer.megatron.context_parallel"),
+        (
+            {
+                "SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL": "2",
+                "SWERL_TRAINER__MEGATRON__PIPELINE_PARALLEL": "2",
+            },
+            "context_parallel 2 with pipeline_parallel 2 is not built",
+        ),
+        (
+            {
+                "SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL": "2",
+                "SWERL_TRAINER__MEGATRON__EXPERT_PARALLEL": "2",
+            },
+            "context_parallel 2 with expert_parallel 2 is not built",
+        ),
     ],
 )
 def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:

@@ -56,16 +56,18 @@ from torch import Tensor, nn
 from trainer.backends import torch_checkpoint
 from trainer.backends.base import BackendError, ForwardResult
 from trainer.backends.critic import freeze_attention
+from trainer.backends.megatron.cp_layout import ShardedInputs
 from trainer.backends.parallel import DataParallel
 from trainer.backends.torch_backend import (
     EXPORT_STAMP,
     TOKENIZER_FILES,
     TorchBackend,
     _fingerprint,
+    token_logprobs,
 )
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
-from trainer.data import TrainBatch
+from trainer.data import PackedInputs, TrainBatch
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -178,7 +180,8 @@ class MegatronBackend(TorchBackend):
             raise BackendError(f"device {config.device} requested but CUDA is not available")
         hf_config, self.tokenizer, hf_weights = _read_source(self.model_dir)
         check_supported(hf_config)
-        tp = config.megatron.tensor_parallel
+        tp, cp = config.megatron.tensor_parallel, config.megatron.context_parallel
+        self._check_context_parallel(hf_config, cp, tp)
         convert.check_tensor_parallel(hf_config, tp)
         pp = config.megatron.pipeline_parallel
         if pp > 1:
@@ -209,10 +212,10 @@ class MegatronBackend(TorchBackend):
                 "a MoE model under tensor parallel is not built in the megatron backend yet "
                 "(TP=1, one process or data parallel)"
             )
-        init_parallel(tp, config.seed, pp, ep, self.device)
+        init_parallel(tp, config.seed, pp, ep, self.device, cp)
         self.hf_config = hf_config
-        self.pp, self.ep = pp, ep
-        self._check_world(tp, pp, ep)
+        self.pp, self.ep, self.cp = pp, ep, cp
+        self._check_world(tp, pp, ep, cp)
         torch.manual_seed(config.seed)
         self.tp_rank = self._tp_rank()
         weights = convert.hf_to_megatron(
@@ -221,8 +224,9 @@ class MegatronBackend(TorchBackend):
         if pp > 1:
             weights = convert.pipeline_stage(weights, hf_config, self._pp_rank(), pp)
         self._build_models(weights)
+        self._last_shard: tuple[PackedInputs, ShardedInputs] | None = None
         self.fingerprint = self._layout_fingerprint()
-        self.dp = self._data_parallel(tp, pp, ep)
+        self.dp = self._data_parallel(tp, pp, ep, cp)
         self._init_optimizers()
         self.version = 0
         self.steps = 0
@@ -288,25 +292,42 @@ class MegatronBackend(TorchBackend):
             )
 
     @staticmethod
-    def _data_parallel(tp: int, pp: int, ep: int) -> DataParallel:
-        """The data-parallel ranks: the world at TP=PP=EP=1; megatron's data-parallel group
-        under TP or PP (each member a replica of TP ranks or PP stages, which hold the same
-        rows); none under EP (its ranks hold the same rows, the world is one replica)."""
+    def _check_context_parallel(hf_config: Any, cp: int, tp: int) -> None:
+        """Context parallel is built for dense models at TP=PP=EP=1 (x data parallel)."""
+        from trainer.backends.megatron.model import is_moe
+
+        if cp == 1:
+            return
+        if is_moe(hf_config):
+            raise BackendError("a MoE model under context parallel is not built yet")
+        if tp > 1:
+            raise BackendError(
+                "tensor and context parallel together are not built in the megatron backend yet"
+            )
+
+    @staticmethod
+    def _data_parallel(tp: int, pp: int, ep: int, cp: int = 1) -> DataParallel:
+        """The data-parallel ranks: the world at TP=PP=EP=CP=1; megatron's data-parallel group
+        under TP, PP or CP (each member a replica of TP ranks, PP stages or CP ranks, which
+        hold the same rows); none under EP (its ranks hold the same rows, the world is one
+        replica)."""
         from megatron.core import parallel_state
 
-        if tp == pp == ep == 1:
+        if tp == pp == ep == cp == 1:
             return DataParallel.current()
-        if ep == 1:  # replicas of TP ranks or of PP stages
+        if ep == 1:  # replicas of TP ranks, PP stages or CP ranks
             return DataParallel.of_group(parallel_state.get_data_parallel_group())
         return DataParallel()
 
     @staticmethod
-    def _check_world(tp: int, pp: int = 1, ep: int = 1) -> None:
+    def _check_world(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> None:
         world = dist.get_world_size()
         if tp > 1 and world % tp:
             raise BackendError(f"world size {world} is not a multiple of TP={tp}")
         if pp > 1 and world % pp:
             raise BackendError(f"world size {world} is not a multiple of PP={pp}")
+        if cp > 1 and world % cp:
+            raise BackendError(f"world size {world} is not a multiple of CP={cp}")
         if ep > 1 and world != ep:
             raise BackendError(
                 f"world size {world} with EP={ep}: expert and data parallel together are not "
@@ -341,7 +362,10 @@ class MegatronBackend(TorchBackend):
         1F1B schedule (:mod:`trainer.backends.megatron.pipeline`), the last stage's outputs
         summed onto every stage (so every stage evaluates the same objective)."""
         if self.pp == 1:
-            return super()._forward(batch, plan, actor, critic, raw)
+            result = super()._forward(batch, plan, actor, critic, raw)
+            for tensor in (result.logprobs, result.values, result.entropy):
+                self._context_sum(tensor)
+            return result
         from trainer.backends.megatron.pipeline import pipeline_forward
 
         views = [m.view(batch) for m in plan]
@@ -367,6 +391,88 @@ class MegatronBackend(TorchBackend):
             dist.all_reduce(tensor, group=parallel_state.get_pipeline_model_parallel_group())
             self.dp.sum(tensor)
         return ForwardResult(logprobs=out[0], values=out[2] if critic else None, entropy=out[1])
+
+    # ------------------------------------------------------------------ context parallel
+
+    def _context_sum(self, tensor: Tensor | None) -> None:
+        """Sum ``tensor`` over the CP group in place: each token's output is non-zero on the
+        one CP rank that holds it, so every rank gets the whole batch's."""
+        if self.cp > 1 and tensor is not None:
+            from megatron.core import parallel_state
+
+            dist.all_reduce(tensor, group=parallel_state.get_context_parallel_group())
+
+    def _shard(self, inputs: PackedInputs) -> ShardedInputs:
+        """This CP rank's part of ``inputs`` (the last micro-batch's kept: the actor and the
+        critic of one forward share it)."""
+        from trainer.backends.megatron.cp_layout import shard_inputs
+
+        last = self._last_shard
+        if last is not None and last[0] is inputs:
+            return last[1]
+        from megatron.core import parallel_state
+
+        shard = shard_inputs(inputs, self.cp, parallel_state.get_context_parallel_rank())
+        self._last_shard = (inputs, shard)
+        return shard
+
+    def _actor_logprobs(  # type: ignore[override]
+        self,
+        mb: TrainBatch,
+        inputs: PackedInputs,
+        entropy: bool = False,
+        scorer: Any = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The torch backend's; under context parallel the logits of this CP rank's tokens
+        only: ``[n, t]`` logprobs and entropies, 0 at the other ranks' tokens."""
+        if self.cp == 1:
+            return super()._actor_logprobs(mb, inputs, entropy, scorer)
+        from trainer.backends.megatron.cp_layout import scatter_owned
+
+        shard = self._shard(inputs)
+        with self._autocast():
+            logits = (scorer or self.scorer)(shard)  # [m, vocab]
+        owned = shard.owned
+        temperature = self.config.rollout_temperature
+        logp, ent = token_logprobs(
+            logits, mb.tokens[owned], mb.action_mask[owned], temperature, entropy
+        )
+        return scatter_owned(logp, owned), scatter_owned(ent, owned)
+
+    def _critic_values(self, mb: TrainBatch, inputs: PackedInputs, raw: bool = False) -> Tensor:
+        """The torch backend's; under context parallel the values of this CP rank's tokens
+        only (0 at the other ranks')."""
+        if self.cp == 1:
+            return super()._critic_values(mb, inputs, raw)
+        from trainer.backends.megatron.cp_layout import scatter_owned
+
+        shard = self._shard(inputs)
+        with self._autocast():
+            values = scatter_owned(self.critic(shard, raw=raw), shard.owned)
+        return torch.where(mb.action_mask, values, torch.zeros_like(values))
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: TrainBatch, plan: list[Any]) -> Tensor:
+        out = super()._reference_logprobs(batch, plan)
+        self._context_sum(out)
+        return out
+
+    def _sum_gradient_shares(self, params: list[nn.Parameter]) -> None:
+        """Sum the gradients over the data-parallel ranks, with the CP ranks of each replica
+        under context parallel: each backpropagated its own rows' (tokens') share."""
+        if self.cp > 1:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        elif self.dp.enabled:
+            group = self.dp.group  # None: the world
+        else:
+            return
+        for p in params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+
+    # ------------------------------------------------------------------ pipeline heads
 
     def _critic_head(self, raw: bool) -> Any:
         critic = self.critic
@@ -447,10 +553,7 @@ class MegatronBackend(TorchBackend):
         """The torch backend's clip-and-step with the global grad norm over tensor-parallel
         shards: each sharded parameter counts on its rank, a replicated one (norms, the value
         head) once; the clip coefficient is torch's ``max_norm / (norm + 1e-6)``, at most 1."""
-        if self.dp.enabled:  # each replica backpropagated its own rows' share: sum the shares
-            for p in params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.dp.group)
+        self._sum_gradient_shares(params)
         sum_partial_grads(params, self.partial_grads)
         if self.ep > 1:
             # Every EP rank scored the whole batch and its tokens reached every expert's owner:

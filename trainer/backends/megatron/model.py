@@ -30,7 +30,10 @@ from torch import Tensor, nn
 
 from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
+from trainer.backends.megatron.cp_layout import ShardedInputs, packed_attention_mask
 from trainer.data import PackedInputs
+
+Inputs = PackedInputs | ShardedInputs  # a micro-batch's lanes, or one CP rank's part of them
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
@@ -204,6 +207,13 @@ def build_gpt(
     spec = get_gpt_layer_local_spec(
         num_experts=experts, moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"
     )
+    context_parallel = parallel_state.get_context_parallel_world_size() > 1
+    if context_parallel:
+        if experts is not None:
+            raise BackendError("a MoE model under context parallel is not built yet")
+        from trainer.backends.megatron.cp_attention import AllGatherContextAttention
+
+        spec.submodules.self_attention.submodules.core_attention = AllGatherContextAttention
     with cpu_compat.building():
         model = GPTModel(
             config,
@@ -217,6 +227,9 @@ def build_gpt(
             rotary_base=_rope_theta(hf_config),
         )
     if getattr(model, "rotary_pos_emb", None) is not None:
+        if context_parallel:
+            # each CP rank passes its own columns' positions: no slicing of a whole-lane table
+            model.rotary_pos_emb.cp_group = None
         rope_outside_autocast(model.rotary_pos_emb)
     return model
 
@@ -249,11 +262,13 @@ def init_parallel(
     pipeline_parallel: int = 1,
     expert_parallel: int = 1,
     device: torch.device | str = "cpu",
+    context_parallel: int = 1,
 ) -> None:
     """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
     megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
     model replica (the rest is data parallel; ``expert_parallel`` ranks of it split a MoE's
-    experts) and its model-parallel RNG streams from ``seed``; on the CPU ``device``, the
+    experts; ``context_parallel`` ranks of it split every sequence) and its model-parallel RNG
+    streams from ``seed``; on the CPU ``device``, the
     compatibility layer (:mod:`trainer.backends.megatron.cpu_compat`) first."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -277,67 +292,63 @@ def init_parallel(
             dist.init_process_group(
                 "gloo", rank=int(os.environ.get("RANK", "0")), world_size=world_size
             )
+    world = dist.get_world_size()
+    if world % (tensor_parallel * pipeline_parallel * context_parallel):
+        raise BackendError(
+            f"world size {world} is not a multiple of TP={tensor_parallel} x "
+            f"PP={pipeline_parallel} x CP={context_parallel}"
+        )
     if parallel_state.model_parallel_is_initialized():
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
             parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_context_parallel_world_size(),
         )
-        if have != (tensor_parallel, pipeline_parallel, expert_parallel):
+        want = (tensor_parallel, pipeline_parallel, expert_parallel, context_parallel)
+        if have != want:
             raise BackendError(
                 f"megatron parallel_state is initialised with TP={have[0]}, PP={have[1]}, "
-                f"EP={have[2]}, asked for TP={tensor_parallel}, PP={pipeline_parallel}, "
-                f"EP={expert_parallel}"
+                f"EP={have[2]}, CP={have[3]}, asked for TP={tensor_parallel}, "
+                f"PP={pipeline_parallel}, EP={expert_parallel}, CP={context_parallel}"
             )
     else:
-        world, per_model = dist.get_world_size(), tensor_parallel * pipeline_parallel
-        if world % per_model:
-            raise BackendError(
-                f"world size {world} is not a multiple of TP={tensor_parallel} x "
-                f"PP={pipeline_parallel}"
-            )
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel,
             pipeline_model_parallel_size=pipeline_parallel,
             expert_model_parallel_size=expert_parallel,
+            context_parallel_size=context_parallel,
         )
     model_parallel_cuda_manual_seed(seed)
 
 
-def packed_attention_mask(position_ids: Tensor) -> Tensor:
-    """``[lanes, 1, w, w]`` bool, True where attention is masked: a token sees the earlier
-    tokens of its own row (rows start where the position ids restart at 0)."""
-    row = torch.cumsum((position_ids == 0).long(), dim=-1)  # [lanes, w]
-    same = row[:, :, None] == row[:, None, :]
-    width = position_ids.shape[-1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
-    return ~(same & causal)[:, None]
-
-
-def decoder_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+def decoder_states(model: nn.Module, inputs: Inputs) -> Tensor:
     """``[width, lanes, hidden]`` output of this pipeline stage's layers on the ``[lanes,
     width]`` packed inputs: the first stage embeds the tokens, a later one starts from the
     input tensor megatron's schedule set (``model.set_input_tensor``); on the last stage the
-    output is normed by the final layernorm."""
+    output is normed by the final layernorm. Under context parallel ``inputs`` is this CP
+    rank's part (:class:`~trainer.backends.megatron.cp_layout.ShardedInputs`): the output is
+    its ``w / cp`` columns, the rotary angles those of its explicit positions."""
     ids, positions = inputs.input_ids, inputs.position_ids
+    if isinstance(inputs, ShardedInputs):  # this CP rank's columns, its queries' mask rows
+        mask = inputs.attention_mask
+    else:
+        mask = packed_attention_mask(positions)
     embedded = None
     if model.pre_process:
         embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
     rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
-    return model.decoder(
-        hidden_states=embedded,
-        attention_mask=packed_attention_mask(positions),
-        rotary_pos_emb=rotary,
-    )
+    return model.decoder(hidden_states=embedded, attention_mask=mask, rotary_pos_emb=rotary)
 
 
-def pick(hidden: Tensor, inputs: PackedInputs) -> Tensor:
-    """``[rows * T, hidden]``: the positions ``inputs.index`` picks of ``[w, lanes, h]``."""
+def pick(hidden: Tensor, inputs: Inputs) -> Tensor:
+    """``[rows * T, hidden]``: the positions ``inputs.index`` picks of ``[w, lanes, h]``
+    (under context parallel ``[m, hidden]``: this rank's owned tokens)."""
     flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
     return flat[inputs.index.reshape(-1)]
 
 
-def hidden_states(model: nn.Module, inputs: PackedInputs) -> Tensor:
+def hidden_states(model: nn.Module, inputs: Inputs) -> Tensor:
     """``[rows * T, hidden]`` final (normed) hidden states at the positions ``inputs.index``
     picks, from the ``[lanes, width]`` packed inputs (the whole model on this rank)."""
     return pick(decoder_states(model, inputs), inputs)
@@ -355,16 +366,17 @@ def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
 
 
 class MegatronScorer(nn.Module):
-    """The actor: logits ``[n, t, vocab]`` of the post-prompt positions (packed lanes)."""
+    """The actor: logits ``[n, t, vocab]`` of the post-prompt positions (packed lanes; under
+    context parallel ``[m, vocab]``, this rank's owned tokens)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, inputs: PackedInputs) -> Tensor:
+    def forward(self, inputs: Inputs) -> Tensor:
         return self.head(decoder_states(self.model, inputs), inputs)
 
-    def head(self, hidden: Tensor, inputs: PackedInputs) -> Tensor:
+    def head(self, hidden: Tensor, inputs: Inputs) -> Tensor:
         """Logits ``[n, t, vocab]`` from the last stage's ``[w, lanes, h]`` decoder output."""
         logits = output_logits(self.model, pick(hidden, inputs))
         return logits.reshape(*inputs.index.shape, -1)
@@ -387,11 +399,12 @@ class MegatronValueModel(ValueModel):
         for param in output.parameters() if output is not None else ():
             param.requires_grad_(False)  # the critic has no vocabulary head
 
-    def forward(self, inputs: PackedInputs, raw: bool = False) -> Tensor:
-        """``[n, t]`` float32 values (``raw``: a sigmoid head's logits)."""
+    def forward(self, inputs: Inputs, raw: bool = False) -> Tensor:
+        """``[n, t]`` float32 values (``raw``: a sigmoid head's logits; ``[m]`` under
+        context parallel, this rank's owned tokens)."""
         return self.head(decoder_states(self.body, inputs), inputs, raw)
 
-    def head(self, hidden: Tensor, inputs: PackedInputs, raw: bool = False) -> Tensor:
+    def head(self, hidden: Tensor, inputs: Inputs, raw: bool = False) -> Tensor:
         """Values ``[n, t]`` from the last stage's ``[w, lanes, h]`` decoder output."""
         picked = pick(hidden, inputs)
         out = self.value_head(picked).squeeze(-1).float().reshape(inputs.index.shape)

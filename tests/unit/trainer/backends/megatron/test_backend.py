@@ -36,12 +36,13 @@ def make(model_dir: Path, name: str, **overrides) -> TorchBackend:
     return create_backend(config)
 
 
-def parity_batch(reference: TorchBackend) -> TrainBatch:
+def parity_batch(reference: TorchBackend, longer_first: int = 0) -> TrainBatch:
     """Six rows of different lengths in three groups (packed into shared lanes), rewards 1/0,
-    behaviour logprobs the reference's (ratio 1)."""
+    behaviour logprobs the reference's (ratio 1); ``longer_first``: tokens added to the first
+    row's prompt."""
     records = []
     for i in range(6):
-        prompt = [3, 4, 5 + i] + [9 + i] * (2 * i)
+        prompt = [3, 4, 5 + i] + [9 + i] * (2 * i + (longer_first if i == 0 else 0))
         turns = [turn([], [30 + i, 31, 32], 0), turn([6, 7], [40, 41 + i, 50 + i], 0)]
         records.append(record(f"r{i}", [(prompt, turns)], reward=float(i % 2), group=f"g{i // 2}"))
     batch, _ = build_batch(records, trainer_version=0)
@@ -211,6 +212,12 @@ def test_unsupported_models_and_settings_are_named(
     if not torch.cuda.is_available():
         with pytest.raises(BackendError, match="device cuda requested but CUDA is not avail"):
             make(tiny_model_dir, "megatron", device="cuda")
+    with pytest.raises(BackendError, match="a MoE model under context parallel is not built"):
+        make(tiny_moe_dir, "megatron", megatron={"context_parallel": 2})
+    with pytest.raises(BackendError, match="tensor and context parallel together are not"):
+        make(tiny_model_dir, "megatron", megatron={"context_parallel": 2, "tensor_parallel": 2})
+    with pytest.raises(BackendError, match=r"world size 1 is not a multiple of .* x CP=2"):
+        make(tiny_model_dir, "megatron", megatron={"context_parallel": 2})
     alone = make(tiny_model_dir, "megatron", megatron={"distributed_optimizer": True})
     assert isinstance(alone.actor_optimizer, torch.optim.AdamW)  # one process: nothing to shard
 
