@@ -578,9 +578,15 @@ def bench_large_prompt(url: str, pid: int, model_dir: Path, figures: dict[str, A
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (8 x 3 turns, 32 tok)")
-    parser.add_argument("--trajectories", type=int, default=None)
-    parser.add_argument("--turns", type=int, default=None)
-    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument(
+        "--trajectories", type=int, default=None, help="trajectories per phase (32; --quick 8)"
+    )
+    parser.add_argument(
+        "--turns", type=int, default=None, help="turns per trajectory (10; --quick 3)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens generated per turn (128; --quick 32)"
+    )
     parser.add_argument(
         "--concurrency", type=int, default=None, help="capacity phase: concurrent trajectories"
     )

@@ -417,9 +417,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="64 x 2048, a few seconds")
     parser.add_argument("--n", type=int, default=None, help="trajectories (default 256)")
     parser.add_argument("--t", type=int, default=None, help="positions (default 8192)")
-    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed repetitions of each measurement (10)"
+    )
     parser.add_argument("--gae-rows", type=int, default=None, help="rows for the loop reference")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random tensors (0)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared box)"
     )
@@ -439,7 +441,9 @@ def main() -> None:
         help="objective timings: wall time, or this thread's CPU time (steady on a loaded "
         "machine, where other processes preempt the run; needs --threads 1 on the CPU)",
     )
-    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory measurements"
+    )
     parser.add_argument(
         "--json",
         type=Path,

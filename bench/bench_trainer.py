@@ -720,7 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small batches, 2 memory sizes")
     parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (3 / 5)")
     parser.add_argument("--groups", default=None, help="memory sizes in groups of 8 (1,2 / 1,2,4)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the sampled batch shapes and tokens (0)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(

@@ -9,30 +9,47 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import re
+import sys
 
 import pytest
 
-ENTRY_POINTS = (
+from tests.support.paths import REPO_ROOT
+
+# The packages whose modules may be command-line entry points (python -m ...).
+PACKAGES = ("adapter", "bench", "deploy", "sandbox_worker", "services", "trainer")
+# A module is an entry point when it defines main() and builds an argparse parser.
+_MAIN = re.compile(r"^def main\(", re.MULTILINE)
+_PARSER = re.compile(r"\bargparse\b|\bservice_parser\(|\bbuild_\w*parser\(")
+# Known entry points: the discovery below must find every one of them (it is not too narrow).
+KNOWN = (
     "adapter.__main__",
     "sandbox_worker.__main__",
     "sandbox_worker.images",
     "sandbox_worker.validate",
     "services.api.__main__",
-    "services.datasets.overlap",
     "services.demo",
     "services.eval.main",
     "services.manager.__main__",
-    "services.reference_engine.server",
     "services.swerl_cli.main",
-    "services.tiny_model.build",
     "trainer.loop.cli",  # python -m trainer train
     "trainer.service.cli",  # python -m trainer serve
-    "services.tiny_model.warm_start",
-    "services.toy_train",
-    "services.toy_train_job",
-    "services.swe_train",
-    # python -m trainer itself: checked once its subcommands settle (issue 12 adds `report`)
 )
+
+
+def discover_entry_points() -> list[str]:
+    """Every module of :data:`PACKAGES` that defines ``main`` and builds an argparse parser."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            source = path.read_text()
+            if _MAIN.search(source) and _PARSER.search(source):
+                found.append(".".join(path.relative_to(REPO_ROOT).with_suffix("").parts))
+    return found
+
+
+ENTRY_POINTS = discover_entry_points()
 
 
 class _Captured(Exception):
@@ -49,7 +66,11 @@ def capture_parser(module: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Arg
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", grab)
     main = importlib.import_module(module).main
     with pytest.raises(_Captured) as got:
-        main(["--help"])
+        if inspect.signature(main).parameters:
+            main(["--help"])
+        else:  # main() reads sys.argv
+            monkeypatch.setattr(sys, "argv", [module, "--help"])
+            main()
     return got.value.parser
 
 
@@ -81,3 +102,16 @@ def test_the_check_finds_an_undocumented_option() -> None:
     sub = parser.add_subparsers().add_parser("run", description="r")
     sub.add_argument("--inner")
     assert undocumented(parser) == ["--bare", "run: subcommand without help", "run --inner"]
+
+
+def test_the_discovery_finds_every_known_entry_point() -> None:
+    assert set(KNOWN) <= set(ENTRY_POINTS), sorted(set(KNOWN) - set(ENTRY_POINTS))
+    assert len(ENTRY_POINTS) >= 30  # bench, deploy and test-machinery tools included
+
+
+def test_python_m_trainer_help_names_its_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer.__main__ import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {command} " in out for command in COMMANDS), out

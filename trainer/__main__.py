@@ -7,10 +7,24 @@ from __future__ import annotations
 import sys
 
 COMMANDS = ("score", "train", "report", "serve")
+HELP = """\
+usage: python -m trainer COMMAND [OPTIONS]   (python -m trainer COMMAND --help: its options)
+
+commands:
+  score    per-token log-probabilities of given sequences under a model (the trainer
+           backend's forward: the train / rollout mismatch check)
+  train    the training loop: rollouts through the rollout manager, Li2SAO (or a baseline)
+           on the trainer backend, each new version published to the adapter
+  report   a training run's PNG dashboard and summary from its metrics.jsonl
+  serve    the trainer service: claims the job API's train jobs and runs each
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["-h"], ["--help"]):
+        print(HELP, end="")
+        return 0
     if not args or args[0] not in COMMANDS:
         print(f"usage: python -m trainer {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 2

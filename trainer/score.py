@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path, help="HF model directory")
     parser.add_argument("--input", required=True, type=Path, help="JSONL of input_ids + start")
     parser.add_argument("--output", required=True, type=Path, help="JSONL written here")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device", default="cpu", help="torch device that scores: cpu, cuda or cuda:N"
+    )
     parser.add_argument(
         "--temperature",
         type=float,

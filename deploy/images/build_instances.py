@@ -412,7 +412,12 @@ def build_rootfs(client: docker.DockerClient, image: str, base_root: str) -> boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instances", type=Path, default=images.DEFAULT_INSTANCES)
+    parser.add_argument(
+        "--instances",
+        type=Path,
+        default=images.DEFAULT_INSTANCES,
+        help="dataset file of the instances to build images for (default: the mini set)",
+    )
     parser.add_argument("--materializer", default=DEFAULT_MATERIALIZER, help="MODULE:FUNCTION")
     parser.add_argument("--no-bwrap", action="store_true", help="skip the bwrap trees")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")

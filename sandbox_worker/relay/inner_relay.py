@@ -111,10 +111,16 @@ async def _serve(mode: str, listen: str, connect: str, ready_file: str | None) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("tcp2unix", "unix2tcp"))
+    parser.add_argument(
+        "mode",
+        choices=("tcp2unix", "unix2tcp"),
+        help="tcp2unix: a TCP listener relayed to a unix socket; unix2tcp: the reverse",
+    )
     parser.add_argument("--listen", required=True, help="HOST:PORT (tcp2unix) or socket path")
     parser.add_argument("--connect", required=True, help="socket path (tcp2unix) or HOST:PORT")
-    parser.add_argument("--ready-file", default=None)
+    parser.add_argument(
+        "--ready-file", default=None, help="file created once the listener accepts connections"
+    )
     args = parser.parse_args(argv)
     try:
         if args.mode == "tcp2unix":

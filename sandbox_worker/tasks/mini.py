@@ -160,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="only verify the file is current")
     parser.add_argument("--python", default=sys.executable, help="Python that runs the tests")
-    parser.add_argument("--output", type=Path, default=INSTANCES_JSONL)
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=INSTANCES_JSONL,
+        help="instances file to write (default tests/data/instances.jsonl)",
+    )
     args = parser.parse_args(argv)
     try:
         records = [build_record(source, args.python) for source in read_sources()]

@@ -160,8 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True, help="script file to write (JSONL)")
     parser.add_argument("--instances", default=str(DEFAULT_INSTANCES), help="instances file")
-    parser.add_argument("--only", action="append", default=None, metavar="ID")
-    parser.add_argument("--repo-dir", default="/testbed")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="only this instance (repeatable)",
+    )
+    parser.add_argument(
+        "--repo-dir", default="/testbed", help="the repository inside the sandbox (/testbed)"
+    )
     args = parser.parse_args(argv)
     try:
         instances = load_instances(args.instances, only=args.only)
