@@ -21,6 +21,8 @@ filesystem is and, when the image is the base image plus ``/testbed`` only, wher
 instance images, bwrap root filesystems); it is idempotent and fast when nothing changed.
 ``python -m sandbox_worker.images pull --instances FILE --dataset swebench --docker-host URL``
 pulls a whole dataset's published images (:mod:`sandbox_worker.image_pull`).
+``python -m sandbox_worker.images add --instances FILE --name NAME`` builds, validates and
+registers a task set of one's own in one command (:mod:`sandbox_worker.task_set_add`).
 """
 
 from __future__ import annotations
@@ -346,12 +348,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="image namespace (default: $SWERL_IMAGE_NAMESPACE or swerl)",
     )
-    from sandbox_worker import image_pull  # the pull subcommand (ops, a whole dataset)
+    from sandbox_worker import (
+        image_pull,  # the pull subcommand (ops, a whole dataset)
+        task_set_add,  # the add subcommand (a task set of one's own)
+    )
 
     image_pull.add_parser(sub)
+    task_set_add.add_parser(sub)
     args = parser.parse_args(argv)
     if args.cmd == "pull":
         return image_pull.run(args, parser.error)
+    if args.cmd == "add":
+        return task_set_add.run(args, parser.error)
     if args.cmd == "name":
         try:
             names = [instance_image(iid, namespace=args.namespace) for iid in args.instance_ids]
