@@ -334,9 +334,10 @@ def check_two_replicas(got: dict, model: Path, scored: TrainBatch, **settings: o
 def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """TP=2 x DP=2 (the 2-KV-head variant) and PP=2 x DP=2 (the tiny model, one layer per
-    stage) over the same four processes: two replicas of two model-parallel ranks, each
-    replica its share of the groups; the same outputs, step and weights as one process."""
+    """TP=2 x DP=2 (the 2-KV-head variant), PP=2 x DP=2 (the tiny model, one layer per
+    stage) and CP=2 x DP=2 (the 2-KV-head variant) over the same four processes: two
+    replicas of two model-parallel (or CP) ranks, each replica its share of the groups; the
+    same outputs, step and weights as one process."""
     from tests.support.megatron_pp_worker import BATCH as PP_BATCH
 
     model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
@@ -351,6 +352,7 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     four = torch.load(out, weights_only=False)
     check_two_replicas(four["tp"], model, batch)
     check_two_replicas(four["pp"], tiny_model_dir, tiny_batch, batch=PP_BATCH)
+    check_two_replicas(four["cp"], model, batch)  # CP=2 x DP=2: replicas of two CP ranks
     for layout in ("tp", "pp"):
         check_distributed_optimizer(four[layout], four[f"{layout}_zero"])
 
