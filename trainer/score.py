@@ -8,8 +8,9 @@ len(input_ids) - k``), computed in fp32 by the trainer backend (the same code pa
 training). ``start`` must be >= 1: the first token has no predecessor.
 
 ``--backend megatron --nproc N`` scores with N local processes (:mod:`trainer.launch`) as one
-megatron model split ``--tp`` / ``--pp`` / ``--ep`` ways (their product, or the one set, is
-N); rank 0 writes the output.
+megatron model split ``--tp`` / ``--pp`` / ``--ep`` ways, or every sequence split ``--cp`` ways
+(the backend's rules; ranks left over are data parallel); rank 0 writes the output with every
+row's logprobs whole.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         default="torch",
         help="trainer backend whose forward scores",
     )
-    for flag, what in (("--tp", "tensor"), ("--pp", "pipeline"), ("--ep", "expert")):
+    kinds = (("--tp", "tensor"), ("--pp", "pipeline"), ("--ep", "expert"), ("--cp", "context"))
+    for flag, what in kinds:
         parser.add_argument(flag, type=int, default=1, help=f"megatron: {what}-parallel size")
     parser.add_argument(
         "--nproc", type=int, default=1, help="megatron: local processes (ranks) that score"
@@ -141,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         help="score log_softmax(logits / T), as an engine sampling at T reports",
     )
     args = parser.parse_args(argv)
-    sizes = {"tensor_parallel": args.tp, "pipeline_parallel": args.pp, "expert_parallel": args.ep}
+    sizes = {
+        "tensor_parallel": args.tp,
+        "pipeline_parallel": args.pp,
+        "expert_parallel": args.ep,
+        "context_parallel": args.cp,
+    }
     parallel = args.nproc > 1 or any(size != 1 for size in sizes.values())
     if parallel and args.backend != "megatron":
-        print("error: --tp/--pp/--ep/--nproc need --backend megatron", file=sys.stderr)
+        print("error: --tp/--pp/--ep/--cp/--nproc need --backend megatron", file=sys.stderr)
         return 2
     if args.nproc > 1 and not is_child():
         return launch(["-m", "trainer", "score", *(sys.argv[2:] if argv is None else argv)],

@@ -63,8 +63,9 @@ def test_bad_input_lines_are_named(
 
 
 @pytest.mark.slow  # two processes importing megatron-core
-def test_two_pipeline_stages_in_two_processes_score_like_a_full_forward(
-    tiny_model_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("split", ["--pp", "--cp"])  # two stages; each sequence in two slices
+def test_two_processes_score_like_a_full_forward(
+    tiny_model_dir: Path, tmp_path: Path, split: str
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -73,7 +74,7 @@ def test_two_pipeline_stages_in_two_processes_score_like_a_full_forward(
         {"input_ids": [10, 11, 12], "start": 1},
     ]
     source = write_lines(tmp_path / "in.jsonl", items)
-    assert main(["score", "--backend", "megatron", "--pp", "2", "--nproc", "2",
+    assert main(["score", "--backend", "megatron", split, "2", "--nproc", "2",
                  "--model", str(tiny_model_dir), "--input", str(source),
                  "--output", str(tmp_path / "out.jsonl")]) == 0  # fmt: skip
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
@@ -94,4 +95,7 @@ def test_parallel_flags_need_the_megatron_backend(
     code = main(["score", "--pp", "2", "--model", str(tiny_model_dir), "--input", str(source),
                  "--output", str(tmp_path / "out.jsonl")])  # fmt: skip
     assert code == 2
-    assert "--tp/--pp/--ep/--nproc need --backend megatron" in capsys.readouterr().err
+    assert "--tp/--pp/--ep/--cp/--nproc need --backend megatron" in capsys.readouterr().err
+    code = main(["score", "--cp", "2", "--model", str(tiny_model_dir), "--input", str(source),
+                 "--output", str(tmp_path / "out.jsonl")])  # fmt: skip
+    assert code == 2 and "need --backend megatron" in capsys.readouterr().err
