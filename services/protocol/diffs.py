@@ -6,7 +6,8 @@ what makes a diff unusable: no file header, a hunk before any file header, a mal
 ``@@ -a,b +c,d @@`` line, a line inside a hunk that is not `` ``/``+``/``-``/``\\``, and a hunk
 whose body is shorter or longer than its counts say (a truncated or hand-edited patch). Lines
 between files (``diff --git``, ``index``, mode and rename lines) are not interpreted: ``git
-apply`` does not need them to be anything in particular.
+apply`` does not need them to be anything in particular. A diff must end with a newline
+(``git apply`` calls one that does not "corrupt").
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ _HUNK_HEADER = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 def unified_diff_problem(text: str) -> str | None:
     """Why ``text`` is not a well-formed unified diff (naming the diff line), or None."""
+    if text and not text.endswith("\n"):
+        # git apply and patch reject a diff whose last line is cut (seen when a diff is read
+        # through a stripping helper): the row's error, not a silent failing test later.
+        return "the last diff line has no newline (a truncated diff: git apply calls it corrupt)"
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start an empty one

@@ -45,12 +45,12 @@ def _repo(root: Path) -> tuple[Path, str, str, str]:
         "def count(text):\n    return len(text.split())\n\n\ndef upper(text):\n"
         "    return text.upper()\n"
     )
-    gold = _git(repo, "diff")
+    gold = _git(repo, "diff") + "\n"  # _git strips the output: a diff ends with a newline
     _git(repo, "checkout", "-q", "--", "wordcount.py")
     with (repo / "test_wordcount.py").open("a") as f:
         f.write("\n\ndef test_count_spaces():\n    from wordcount import count\n\n"
                 "    assert count('a  b ') == 2\n")  # fmt: skip
-    test_patch = _git(repo, "diff")
+    test_patch = _git(repo, "diff") + "\n"
     _git(repo, "checkout", "-q", "--", "test_wordcount.py")
     return repo, base, gold, test_patch
 

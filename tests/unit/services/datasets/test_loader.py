@@ -342,3 +342,23 @@ def test_collect_all_still_raises_file_level_errors(tmp_path: Path) -> None:
     (tmp_path / "e.jsonl").write_text("\n\n")
     with pytest.raises(DatasetError, match="no instances"):
         load_instances_collect(tmp_path / "e.jsonl")
+
+
+def test_a_diff_cut_before_its_last_newline_is_the_rows_error(tmp_path: Path) -> None:
+    """``git apply`` rejects such a diff as corrupt, so a row whose gold or test patch lost its
+    final newline would otherwise be graded with its tests missing (a silent 0)."""
+    import subprocess
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "m.py").write_text("a\n")
+    cut = PATCH.rstrip("\n")
+    git = ["git", "-C", str(repo), "apply", "--check", "-"]
+    assert subprocess.run(git, input=PATCH, capture_output=True, text=True).returncode == 0
+    refused = subprocess.run(git, input=cut, capture_output=True, text=True)
+    assert refused.returncode != 0 and "corrupt patch" in refused.stderr
+    for field in ("patch", "test_patch"):
+        path = tmp_path / f"{field}.jsonl"
+        path.write_text(json.dumps({**SWEBENCH_ROW, field: cut}) + "\n")
+        with pytest.raises(DatasetError, match=rf"line 1 .*'{field}'.*no newline"):
+            load_instances(path)
