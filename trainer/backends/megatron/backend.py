@@ -26,16 +26,21 @@ first and last stage, and the weights are gathered from every stage. With ``expe
 1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). Tensor or pipeline parallel combine with data parallel
-(TP x DP, PP x DP: replicas over megatron's data-parallel group). TP with PP, expert parallel
-with another kind, MoE under tensor or
-pipeline parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
+(:func:`expert_parallel_grad_norm`). With ``context_parallel`` > 1 (dense, TP=PP=EP=1) every
+CP rank holds a slice of every lane (:mod:`trainer.backends.megatron.cp_layout`), attention
+gathers the keys and values (:mod:`trainer.backends.megatron.cp_attention`), each token is
+scored on the rank that holds it and the per-token outputs are summed over the CP group (the
+objective is the whole batch's on every rank), and the gradients are summed over the
+data-parallel-with-CP group. Tensor, pipeline or context parallel combine with data parallel
+(TP x DP, PP x DP, CP x DP: replicas over megatron's data-parallel group). TP with PP, expert
+parallel with another kind, context parallel with TP, PP or EP, MoE under tensor, pipeline or
+context parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
 ZeRO-1 with torch's ZeroRedundancyOptimizer over the data-parallel group, also under TP x DP
-and PP x DP; not under EP), resharding a checkpoint to
-another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
-:class:`BackendError`. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend
-does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
-``custom_bwd`` for CUDA, so their backward runs under the forward's autocast state.
+and PP x DP; not under EP), resharding a checkpoint to another model-parallel layout and bf16
+under pipeline parallel are not built yet and raise :class:`BackendError`. ``precision: bf16``
+(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32:
+megatron's linear layers are ``custom_fwd`` / ``custom_bwd`` for CUDA, so their backward runs
+under the forward's autocast state.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """

@@ -14,6 +14,10 @@ only, so positions go in through its M-RoPE (``mrope``) with one section holding
 frequency: with the same position ids on the three M-RoPE axes that is exactly 1-D RoPE at the
 given per-token positions. The attention mask is explicit and block-diagonal causal (a token
 sees the earlier tokens of its own row), the same view a packed row gets in the torch backend.
+Under context parallel each rank runs the model on its slice of the lanes
+(:class:`~trainer.backends.megatron.cp_layout.ShardedInputs`: its columns, its queries' mask
+rows) with :class:`~trainer.backends.megatron.cp_attention.AllGatherContextAttention` as the
+core attention of the local spec.
 """
 
 from __future__ import annotations
