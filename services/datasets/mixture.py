@@ -180,6 +180,10 @@ class MixtureSampler:
         self._orders = {n: _passes(self._loaded[n], self.seed, n) for n in self._names}
         self.position = 0
 
+    def parts(self) -> list[tuple[str, float]]:
+        """``(name, normalised weight)`` of every part, in the mixture's order."""
+        return list(zip(self._names, self._weights, strict=True))
+
     @property
     def entries(self) -> list[MixtureEntry]:
         """Every entry that can be drawn, part by part."""

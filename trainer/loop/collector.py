@@ -233,4 +233,5 @@ class Collector:
             "seq": self.seq,
             "active": sorted(self.pool.requests),
             "cursor": self.cursor.position,
+            "dataset": self.cursor.fingerprint(),
         }

@@ -115,6 +115,12 @@ class DatasetConfig(StrictModel):
         default="", description="file with one instance id per line (added after instance_ids)"
     )
     mixture: str = Field(default="", description=MIXTURE_HELP)
+    on_change: Literal["error", "restart"] = Field(
+        default="error",
+        description="a resumed run whose dataset changed since its checkpoint (ids, files, "
+        "weights, seed, deny-list): error (default) | restart (draw the new dataset from its "
+        "start)",
+    )
     deny_file: str = Field(default="", description=DENY_FILE_HELP)
     overlap_eval: str = Field(
         default="",

@@ -41,7 +41,7 @@ from trainer.loop.evaluation import PeriodicEval
 from trainer.loop.metrics import METRICS_FILE, MetricsLog
 from trainer.loop.phases import PhaseController
 from trainer.loop.pool import Selection
-from trainer.loop.prompts import make_cursor
+from trainer.loop.prompts import make_cursor, same_dataset
 from trainer.loop.step_metrics import engine_metrics, rollout_metrics, step_record
 from trainer.publish import Publisher, publish_metrics
 
@@ -113,7 +113,9 @@ class TrainLoop:
         self.step = int(state["step"])
         self.phases.load_state_dict(state["phases"])
         collector = state["collector"]
-        self.collector.cursor.position = int(collector["cursor"])
+        mine = self.collector.cursor.fingerprint()
+        if same_dataset(path, collector.get("dataset"), mine, self.train.dataset.on_change):
+            self.collector.cursor.position = int(collector["cursor"])
         self.collector.pool.counts.update(state.get("counts", {}))
         cancelled = self.collector.recover(list(collector["active"]), int(collector["seq"]))
         self.collector.pool.counts["cancelled_tasks"] += cancelled

@@ -11,6 +11,8 @@ seeded sampler (services/datasets/mixture.py): its position is the same checkpoi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -20,6 +22,7 @@ from services.datasets.denylist import load_denylist
 from services.datasets.loader import DatasetError, load_instances
 from services.datasets.mixture import MixtureEntry, MixtureSampler, load_mixture, parse_mixture
 from services.datasets.overlap import find_overlaps
+from trainer.checkpoint import CheckpointError
 from trainer.loop.config import DatasetConfig, EvalSettings
 
 log = logging.getLogger("swerl.trainer.prompts")
@@ -90,6 +93,11 @@ class PromptCursor:
     def epoch(self) -> int:
         return self.position // len(self.ids)
 
+    def fingerprint(self) -> str:
+        """What the sequence of prompts depends on (ids in order, seed, shuffle), hashed: a
+        checkpoint's cursor means the same prompts only under the same fingerprint."""
+        return _digest({"ids": self.ids, "seed": self.seed, "shuffle": self.shuffle})
+
     def take(self, count: int) -> list[str]:
         """The next ``count`` prompts (crossing epochs as needed)."""
         if count < 1:
@@ -123,6 +131,38 @@ class MixtureCursor:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         return [entry.key for entry in self.sampler.draw(count)]
+
+    def fingerprint(self) -> str:
+        """:meth:`PromptCursor.fingerprint` of a mixture: its parts' names and weights, the
+        entries left after the deny-list and overlap check, and the seed."""
+        return _digest({"parts": self.sampler.parts(), "ids": self.ids, "seed": self.sampler.seed})
+
+
+def same_dataset(checkpoint: Path, saved: object, mine: str, on_change: str) -> bool:
+    """Whether a checkpoint's data cursor applies to this run's dataset (fingerprint ``mine``).
+
+    The cursor counts draws of one dataset: under another (ids, files, weights, seed, shuffle,
+    deny-list) it would continue a sequence the dead run never drew. A changed dataset is an
+    error, or with ``on_change: restart`` False (draw the new dataset from its start).
+    ``saved`` None: a checkpoint from before fingerprints, taken as the same."""
+    if saved is None or saved == mine:
+        return True
+    if on_change == "restart":
+        log.warning(
+            "train.dataset changed since %s (fingerprint %s, now %s): the prompt sequence "
+            "starts again from the new dataset's first draw", checkpoint, saved, mine,
+        )  # fmt: skip
+        return False
+    raise CheckpointError(
+        f"{checkpoint}: its prompts were drawn from another train.dataset (fingerprint "
+        f"{saved}, now {mine}: the ids, files, weights, seed, shuffle or deny-list changed); "
+        "resume with the same dataset, or set train.dataset.on_change: restart to draw the "
+        "new dataset from its start"
+    )
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def make_cursor(config: DatasetConfig) -> PromptCursor | MixtureCursor:

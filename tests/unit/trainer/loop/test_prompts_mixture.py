@@ -137,3 +137,46 @@ def test_deny_list_and_contamination_check_leave_entries_out(
     emptied = DatasetConfig(mixture=f"solo={only}", deny_file=str(deny))
     with pytest.raises(ValueError, match="no instances left in solo"):
         make_cursor(emptied)
+
+
+def test_a_changed_dataset_is_caught_at_resume(tmp_path: Path) -> None:
+    """The checkpointed cursor counts draws of one dataset: the loop state carries the
+    dataset's fingerprint, and a resume under another dataset is an error naming the key to
+    set, or with ``on_change: restart`` starts the new sequence."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop.collector import Collector
+    from trainer.loop.prompts import same_dataset
+
+    mix = write_two_file_mixture(tmp_path)
+    train = TrainConfig(run_dir=str(tmp_path), steps=1, dataset={"mixture": mix.spec})
+    collector = Collector(None, None, make_cursor(train.dataset), train)  # type: ignore[arg-type]
+    saved = collector.state_dict()["dataset"]
+    deny = tmp_path / "deny.txt"
+    deny.write_text("swerl__spanlib-1\n")
+    reweighted = write_two_file_mixture(tmp_path, gym_weight=0.7, smith_weight=0.3).spec
+    same = [DatasetConfig(mixture=mix.spec), DatasetConfig(mixture=mix.spec.replace(":0.5", ":2"))]
+    changed = [
+        DatasetConfig(mixture=mix.spec, seed=1),
+        DatasetConfig(mixture=reweighted),
+        DatasetConfig(mixture=mix.spec, deny_file=str(deny)),
+        DatasetConfig(mixture=f"gym={mix.gym}"),
+    ]
+    for config in same:  # weights 2:2 normalise to 0.5:0.5: the same sequence
+        assert make_cursor(config).fingerprint() == saved
+    for config in changed:
+        mine = make_cursor(config).fingerprint()
+        assert mine != saved, config
+        with pytest.raises(CheckpointError, match="train.dataset.on_change: restart"):
+            same_dataset(tmp_path, saved, mine, "error")
+        assert same_dataset(tmp_path, saved, mine, "restart") is False
+    assert same_dataset(tmp_path, saved, saved, "error") is True
+    assert same_dataset(tmp_path, None, saved, "error") is True  # an older checkpoint
+    ids = DatasetConfig(instance_ids=["a", "b", "c"])
+    plain = make_cursor(ids).fingerprint()
+    assert plain == make_cursor(DatasetConfig(instance_ids=["a", "b", "c"])).fingerprint()
+    for other in (["a", "c", "b"], ["a", "b"]):
+        assert make_cursor(DatasetConfig(instance_ids=other)).fingerprint() != plain
+    assert (
+        make_cursor(DatasetConfig(instance_ids=["a", "b", "c"], shuffle=False)).fingerprint()
+        != plain
+    )
