@@ -12,6 +12,9 @@ Outcomes:
 * ``infra_error`` set: the infrastructure failed (sandbox not created, image missing, reset
   failed, a harness step or the whole eval run exceeded its exec timeout, the backend raised).
   The worker reports the trajectory as ``aborted``: excluded from training, never scored 0.
+  ``config_error`` set as well: the failure is the same on every attempt (the configured
+  choices cannot grade the row, ``row_grading.py``; no spec, profile or parser for it; an
+  image that cannot hold it; a malformed test patch): the worker does not retry it.
 * ``applied=False``: the patch does not apply (or is empty) -> not resolved, a legitimate
   reward 0, as in SWE-bench; also a patch refused before applying because applying it would
   write into ``.git``, outside the repository or through a symlink it creates

@@ -166,7 +166,7 @@ def test_a_changed_dataset_is_caught_at_resume(tmp_path: Path) -> None:
     for config in changed:
         mine = make_cursor(config).fingerprint()
         assert mine != saved, config
-        with pytest.raises(CheckpointError, match="train.dataset.on_change: restart"):
+        with pytest.raises(CheckpointError, match=r"train\.dataset\.on_change: restart"):
             same_dataset(tmp_path, saved, mine, "error")
         assert same_dataset(tmp_path, saved, mine, "restart") is False
     assert same_dataset(tmp_path, saved, saved, "error") is True
