@@ -239,9 +239,10 @@ class SandboxTrajectoryRunner:
         instance = self.instances.get(task.instance_id)
         if instance is None:
             raise _Abort(
-                f"unknown instance {task.instance_id!r}: not in the worker's task files (set "
-                "worker.rollout.instances / SWERL_WORKER__ROLLOUT__INSTANCES to the dataset "
-                "files that hold it)",
+                f"unknown instance {task.instance_id!r}: not in the worker's task files (a "
+                "plain id: set worker.rollout.instances / SWERL_WORKER__ROLLOUT__INSTANCES to "
+                "the dataset files that hold it; a <dataset>/<id> key: worker.rollout.datasets "
+                "or a <dataset>.jsonl in worker.rollout.task_sets_dir)",
                 retryable=False,
             )
         self._check_grading(instance)

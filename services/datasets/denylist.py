@@ -15,18 +15,18 @@ can report what they left out instead of dropping it silently.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.datasets.loader import DatasetError, read_text
-from services.protocol.instance import INSTANCE_ID_PATTERN, SWEInstance
-
-_ID_RE = re.compile(INSTANCE_ID_PATTERN)
+from services.protocol.ids import split_instance_key
+from services.protocol.instance import SWEInstance
 
 
 def load_denylist(path: str | Path) -> dict[str, str]:
-    """Denied instance id -> reason (``""`` when the line gives none), in file order."""
+    """Denied instance id -> reason (``""`` when the line gives none), in file order. A line
+    is a plain id (denied in every dataset) or a ``<dataset>/<instance id>`` key (only that
+    dataset's entry of a training mixture)."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such deny-list file")
@@ -37,8 +37,12 @@ def load_denylist(path: str | Path) -> dict[str, str]:
         iid = entry.strip()
         if not iid:
             continue
-        if not _ID_RE.match(iid):
-            raise DatasetError(f"{path}:line {lineno}: not an instance id: {iid!r}")
+        try:
+            split_instance_key(iid)
+        except ValueError:
+            raise DatasetError(
+                f"{path}:line {lineno}: not an instance id or <dataset>/<id> key: {iid!r}"
+            ) from None
         if iid in denied:
             raise DatasetError(f"{path}:line {lineno}: {iid!r} is listed twice (line {where[iid]})")
         denied[iid], where[iid] = reason.strip(), lineno

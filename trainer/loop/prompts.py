@@ -187,12 +187,15 @@ def load_mixture_entries(config: DatasetConfig) -> dict[str, list[MixtureEntry]]
             denied = load_denylist(config.deny_file)
         except DatasetError as exc:
             raise DatasetError(f"deny_file: {exc}") from exc
+        def deny_line(entry: MixtureEntry) -> str | None:  # by its key, or by its plain id
+            return next((k for k in (entry.key, entry.instance.instance_id) if k in denied), None)
+
         for entry in (e for entries in loaded.values() for e in entries):
-            if entry.instance.instance_id in denied:
-                reason = denied[entry.instance.instance_id] or "no reason given"
+            line = deny_line(entry)
+            if line is not None:
                 log.warning("dataset: %s left out, on the deny-list %s (%s)", entry.key,
-                            config.deny_file, reason)  # fmt: skip
-        loaded = _keep(loaded, lambda e: e.instance.instance_id not in denied)
+                            config.deny_file, denied[line] or "no reason given")  # fmt: skip
+        loaded = _keep(loaded, lambda e: deny_line(e) is None)
     if config.overlap_eval:
         evaluation = load_instances(config.overlap_eval)
         flat = [e for entries in loaded.values() for e in entries]

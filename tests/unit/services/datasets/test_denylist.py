@@ -22,7 +22,9 @@ def test_ids_with_and_without_reasons(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("ok-1\nbad id here\n", r"line 2: not an instance id: 'bad id here'"),
+        ("ok-1\nbad id here\n", r"line 2: not an instance id or <dataset>/<id> key: 'bad id here'"),
+        ("ok-1\n/ok-2\n", r"line 2: not an instance id or <dataset>/<id> key: '/ok-2'"),
+        ("ok-1\na b/ok-2\n", r"line 2: not an instance id or <dataset>/<id> key: 'a b/ok-2'"),
         ("a-1\nb-2 # x\na-1 # again\n", r"line 3: 'a-1' is listed twice \(line 1\)"),
     ],
 )

@@ -120,16 +120,18 @@ def test_deny_list_and_contamination_check_leave_entries_out(
 ) -> None:
     mix = write_two_file_mixture(tmp_path)
     deny = tmp_path / "deny.txt"
-    deny.write_text("swerl__spanlib-1  # flaky\n")
+    deny.write_text("swerl__spanlib-1  # flaky\nsmith/swerl__strkit-2  # this dataset's only\n")
     evaluation = tmp_path / "verified.jsonl"
     evaluation.write_text(json.dumps(mini_rows()[8]) + "\n")  # swerl__tinyini-3 leaked
     config = DatasetConfig(mixture=mix.spec, deny_file=str(deny), overlap_eval=str(evaluation))
     cursor = make_cursor(config)
     # the mini tinyini rows share one snapshot (repo + base commit): all three are left out
     tinyini = {f"smith/swerl__tinyini-{n}" for n in (1, 2, 3)}
-    assert set(cursor.ids) == set(mix.rows) - tinyini - {"gym/swerl__spanlib-1"}
+    denied = {"gym/swerl__spanlib-1", "smith/swerl__strkit-2"}  # gym/swerl__strkit-2 stays
+    assert set(cursor.ids) == set(mix.rows) - tinyini - denied
     assert set(cursor.take(50)) == set(cursor.ids)
     assert "gym/swerl__spanlib-1 left out, on the deny-list" in caplog.text
+    assert "smith/swerl__strkit-2 left out, on the deny-list" in caplog.text
     assert "smith/swerl__tinyini-3 left out, same instance of swerl__tinyini-3" in caplog.text
     assert "smith/swerl__tinyini-1 left out, same snapshot of swerl__tinyini-3" in caplog.text
     only = tmp_path / "one.jsonl"
