@@ -5,11 +5,13 @@ Joins a gloo group of WORLD (4) ranks on loopback and builds the megatron backen
 on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel ranks, each replica training
 its share of the batch's groups; then, re-initialised, with PP=2 on TINY_DIR (key ``pp``):
 two replicas of two pipeline stages; then both again with the distributed optimizer; then
-with CP=2 on MODEL_DIR (key ``cp``): two replicas of two context-parallel ranks. On each
+with CP=2 on MODEL_DIR (key ``cp``): two replicas of two context-parallel ranks, and with
+TP=2 x CP=2 (key ``tp_cp``): one replica. On each
 it scores the batch, gathers the HF weights, takes one Li2SAO step, records each rank's share
 of the AdamW states and checks the resume from a checkpoint
 (:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves the outputs, the weights,
-the step's metrics and each rank's (model-parallel or CP rank, DP rank, DP size) to OUT_FILE.
+the step's metrics, each rank's (model-parallel or CP rank, DP rank, DP size) and (TP rank,
+CP rank) to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -42,15 +44,21 @@ def run_layout(world: int, model_dir: str, batch_file: str, ckpt: str, **layout:
     batch = torch.load(batch_file, weights_only=False)
     coords: list = [None] * world
     model_rank = backend.tp_rank if backend.pp == 1 else backend._pp_rank()
-    if backend.cp > 1:
+    if backend.cp > 1 and backend.config.megatron.tensor_parallel == 1:
         from megatron.core import parallel_state
 
         model_rank = parallel_state.get_context_parallel_rank()
     dist.all_gather_object(coords, (model_rank, backend.dp.rank, backend.dp.world))
     rows: list = [None] * world
     dist.all_gather_object(rows, backend.dp.rows(batch))
+    from megatron.core import parallel_state
+
+    tp_cp: list = [None] * world
+    cp_rank = parallel_state.get_context_parallel_rank()
+    dist.all_gather_object(tp_cp, (backend.tp_rank, cp_rank))
     result = {
         "coords": coords,
+        "tp_cp": tp_cp,
         "rows_by_rank": rows,
         "forward": backend.logprobs_and_values(batch),
         "weights": snapshot(backend),
@@ -78,7 +86,7 @@ def run(world: int, args: list[str]) -> dict:
     """TP=2 x DP=2 on the 2-KV-head model, then the same ranks as PP=2 x DP=2 on the tiny
     model (its two layers one stage each); each again with the distributed optimizer (keys
     ``tp_zero``, ``pp_zero``: the AdamW states sharded over the data-parallel group); then
-    CP=2 x DP=2 on the 2-KV-head model (key ``cp``)."""
+    CP=2 x DP=2 and TP=2 x CP=2 on the 2-KV-head model (keys ``cp``, ``tp_cp``)."""
     from megatron.core import parallel_state
 
     model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file = args
@@ -90,6 +98,11 @@ def run(world: int, args: list[str]) -> dict:
         "tp_zero": (model_dir, batch_file, tensor),
         "pp_zero": (tiny_dir, tiny_batch_file, pipeline),
         "cp": (model_dir, batch_file, {"megatron": {"context_parallel": 2}}),
+        "tp_cp": (
+            model_dir,
+            batch_file,
+            {"megatron": {"tensor_parallel": TP, "context_parallel": 2}},
+        ),
     }
     result = {}
     for key, (model, batch, layout) in runs.items():

@@ -26,21 +26,21 @@ first and last stage, and the weights are gathered from every stage. With ``expe
 1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
-(:func:`expert_parallel_grad_norm`). With ``context_parallel`` > 1 (dense, TP=PP=EP=1) every
+(:func:`expert_parallel_grad_norm`). With ``context_parallel`` > 1 (dense, PP=EP=1) every
 CP rank holds a slice of every lane (:mod:`trainer.backends.megatron.cp_layout`), attention
 gathers the keys and values (:mod:`trainer.backends.megatron.cp_attention`), each token is
 scored on the rank that holds it and the per-token outputs are summed over the CP group (the
 objective is the whole batch's on every rank), and the gradients are summed over the
 data-parallel-with-CP group. Tensor, pipeline or context parallel combine with data parallel
-(TP x DP, PP x DP, CP x DP: replicas over megatron's data-parallel group). TP with PP, expert
-parallel with another kind, context parallel with TP, PP or EP, MoE under tensor, pipeline or
-context parallel, Megatron's own DistributedOptimizer (``megatron.distributed_optimizer`` is
-ZeRO-1 with torch's ZeroRedundancyOptimizer over the data-parallel group, also under TP x DP
-and PP x DP; not under EP), resharding a checkpoint to another model-parallel layout and bf16
-under pipeline parallel are not built yet and raise :class:`BackendError`. ``precision: bf16``
-(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32:
-megatron's linear layers are ``custom_fwd`` / ``custom_bwd`` for CUDA, so their backward runs
-under the forward's autocast state.
+(TP x DP, PP x DP, CP x DP, TP x CP x DP: replicas over megatron's data-parallel group). TP
+with PP, expert parallel with another kind, context parallel with PP or EP, MoE under tensor,
+pipeline or context parallel, Megatron's own DistributedOptimizer
+(``megatron.distributed_optimizer`` is ZeRO-1 with torch's ZeroRedundancyOptimizer over the
+data-parallel group, also under TP x DP and PP x DP; not under EP), resharding a checkpoint
+to another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
+:class:`BackendError`. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend
+does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
+``custom_bwd`` for CUDA, so their backward runs under the forward's autocast state.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
@@ -186,7 +186,7 @@ class MegatronBackend(TorchBackend):
         hf_config, self.tokenizer, hf_weights = _read_source(self.model_dir)
         check_supported(hf_config)
         tp, cp = config.megatron.tensor_parallel, config.megatron.context_parallel
-        self._check_context_parallel(hf_config, cp, tp)
+        self._check_context_parallel(hf_config, cp)
         convert.check_tensor_parallel(hf_config, tp)
         pp = config.megatron.pipeline_parallel
         if pp > 1:
@@ -297,18 +297,12 @@ class MegatronBackend(TorchBackend):
             )
 
     @staticmethod
-    def _check_context_parallel(hf_config: Any, cp: int, tp: int) -> None:
-        """Context parallel is built for dense models at TP=PP=EP=1 (x data parallel)."""
+    def _check_context_parallel(hf_config: Any, cp: int) -> None:
+        """Context parallel is built for dense models (PP=EP=1: the config refuses them)."""
         from trainer.backends.megatron.model import is_moe
 
-        if cp == 1:
-            return
-        if is_moe(hf_config):
+        if cp > 1 and is_moe(hf_config):
             raise BackendError("a MoE model under context parallel is not built yet")
-        if tp > 1:
-            raise BackendError(
-                "tensor and context parallel together are not built in the megatron backend yet"
-            )
 
     @staticmethod
     def _data_parallel(tp: int, pp: int, ep: int, cp: int = 1) -> DataParallel:

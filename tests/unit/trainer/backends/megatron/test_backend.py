@@ -214,8 +214,6 @@ def test_unsupported_models_and_settings_are_named(
             make(tiny_model_dir, "megatron", device="cuda")
     with pytest.raises(BackendError, match="a MoE model under context parallel is not built"):
         make(tiny_moe_dir, "megatron", megatron={"context_parallel": 2})
-    with pytest.raises(BackendError, match="tensor and context parallel together are not"):
-        make(tiny_model_dir, "megatron", megatron={"context_parallel": 2, "tensor_parallel": 2})
     with pytest.raises(BackendError, match=r"world size 1 is not a multiple of .* x CP=2"):
         make(tiny_model_dir, "megatron", megatron={"context_parallel": 2})
     alone = make(tiny_model_dir, "megatron", megatron={"distributed_optimizer": True})
@@ -309,6 +307,12 @@ def check_two_replicas(got: dict, model: Path, scored: TrainBatch, **settings: o
         assert shares[0] == shares[1] and shares[0]  # a replica's ranks: the same rows
         rows[dp_rank] = shares[0]
     assert sorted(rows[0] + rows[1]) == list(range(scored.num_rows))  # split by replica
+    check_like_one_process(got, model, scored, **settings)
+
+
+def check_like_one_process(got: dict, model: Path, scored: TrainBatch, **settings: object) -> None:
+    """A parallel run's outputs (1e-5), gathered weights (bit-exact), step (metrics 1e-5,
+    weights as in the one-process parity), value head and resume against one process."""
     one = make(model, "megatron", **settings)
     want, mask = one.logprobs_and_values(scored), scored.action_mask
     for part in ("logprobs", "values", "entropy"):
@@ -336,8 +340,8 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
 ) -> None:
     """TP=2 x DP=2 (the 2-KV-head variant), PP=2 x DP=2 (the tiny model, one layer per
     stage) and CP=2 x DP=2 (the 2-KV-head variant) over the same four processes: two
-    replicas of two model-parallel (or CP) ranks, each replica its share of the groups; the
-    same outputs, step and weights as one process."""
+    replicas of two model-parallel (or CP) ranks, each replica its share of the groups; then
+    TP=2 x CP=2, one replica; the same outputs, step and weights as one process."""
     from tests.support.megatron_pp_worker import BATCH as PP_BATCH
 
     model = gqa_model_dir(tiny_model_dir, tmp_path / "gqa")
@@ -353,6 +357,10 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     check_two_replicas(four["tp"], model, batch)
     check_two_replicas(four["pp"], tiny_model_dir, tiny_batch, batch=PP_BATCH)
     check_two_replicas(four["cp"], model, batch)  # CP=2 x DP=2: replicas of two CP ranks
+    tp_cp = four["tp_cp"]  # TP=2 x CP=2: one replica, megatron's order (TP ranks adjacent)
+    assert tp_cp["tp_cp"] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert [dp_size for _, _, dp_size in tp_cp["coords"]] == [1] * 4
+    check_like_one_process(tp_cp, model, batch)
     for layout in ("tp", "pp"):
         check_distributed_optimizer(four[layout], four[f"{layout}_zero"])
 
