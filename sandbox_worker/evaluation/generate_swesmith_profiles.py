@@ -3,7 +3,9 @@
 SWE-smith grades a row with its repository's *profile* (``swesmith.profiles.python``): the test
 command (the default activates the image's conda env and runs pytest verbosely over the whole
 suite; a few repositories override it), whether only the graded test files run
-(``min_testing``), the time limit and the log parser. swerl reads those facts from this data
+(``min_testing``), the rule ``get_test_cmd`` builds the row's command by (the graded files, or
+mypy's ``-k`` over the reference test patch's cases), the time limit and the log parser (each
+rule and parser under the name of swerl's counterpart). swerl reads those facts from this data
 file; nothing of SWE-smith's code is copied. Run it in a scratch environment that can import
 swesmith (its dependencies are heavy; none is needed at run time)::
 
@@ -14,8 +16,9 @@ swesmith (its dependencies are heavy; none is needed at run time)::
     /tmp/swesmith-env/bin/python sandbox_worker/evaluation/generate_swesmith_profiles.py \\
         sandbox_worker/evaluation/data/swesmith_profiles.json tests/data/swesmith_profiles
 
-The second argument is the fixture folder: ``commands.json`` (``get_test_cmd`` of sample rows)
-and ``parsed.json`` (each sample log of ``logs/`` through the profile parsers that own it).
+The second argument is the fixture folder: ``commands.json`` (``get_test_cmd`` of sample rows,
+mypy's with and without an ``instance_ref``) and ``parsed.json`` (each sample log of ``logs/``
+through the profile parser that owns it).
 """
 
 from __future__ import annotations
@@ -26,16 +29,61 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# A row of each kind the fixtures hold: (profile key, F2P, P2P).
-SAMPLE_ROWS = [
-    ("pallets__click.fde47b4b", ["tests/test_basic.py::test_a"], ["tests/test_utils.py::test_b"]),
+# mypy's data-driven cases in a SWE-bench test patch: added ones and one in the context.
+_MYPY_TEST_PATCH = """\
+diff --git a/test-data/unit/check-overloading.test b/test-data/unit/check-overloading.test
+--- a/test-data/unit/check-overloading.test
++++ b/test-data/unit/check-overloading.test
+@@ -10,3 +10,11 @@
+ [case testOverloadContext]
+ from typing import overload
+ [builtins fixtures/tuple.pyi]
++
++[case testOverloadNewCase]
++reveal_type(1)  # N: Revealed type is "Literal[1]?"
++
++[case testOverloadNewCase-xfail]
++x: int = ""
++[out]
++main:1: error: Incompatible types
+"""
+_MYPY_ONE_CASE = """\
+diff --git a/test-data/unit/check-final.test b/test-data/unit/check-final.test
+--- a/test-data/unit/check-final.test
++++ b/test-data/unit/check-final.test
+@@ -1,1 +1,3 @@
++[case testFinalOnly]
++x = 1
+"""
+_MYPY_F2P = ["mypy/test/testcheck.py::TypeCheckSuite::check-overloading.test::testOverloadNewCase"]
+_MYPY_P2P = ["mypy/test/testcheck.py::TypeCheckSuite::check-overloading.test::testOverloadContext"]
+_TORNADO_F2P = ["test_redirect (tornado.test.web_test.RedirectHandlerTest)"]
+_TORNADO_P2P = [
+    "test_gzip (tornado.test.httpclient_test.HTTPClientCommonTestCase)",
+    "test_redirect (tornado.test.web_test.RedirectHandlerTest)",
+]
+
+# A row of each kind the fixtures hold: (profile key, F2P, P2P, the row's other fields).
+SAMPLE_ROWS: list[tuple[str, list[str], list[str], dict[str, Any]]] = [
+    (
+        "pallets__click.fde47b4b",
+        ["tests/test_basic.py::test_a"],
+        ["tests/test_utils.py::test_b"],
+        {},
+    ),
     (
         "pandas-dev__pandas.95280573",
         ["pandas/tests/a/test_x.py::test_one", "pandas/tests/a/test_x.py::test_two"],
         ["pandas/tests/b/test_y.py::test_three", "pandas/tests/a/test_x.py::test_four"],
+        {},
     ),
-    ("pydantic__pydantic.acb0f10f", ["tests/test_main.py::test_m"], ["tests/test_x.py::test_n"]),
-    ("paramiko__paramiko.23f92003", ["tests/test_client.py::T::test_c"], []),
+    (
+        "pydantic__pydantic.acb0f10f",
+        ["tests/test_main.py::test_m"],
+        ["tests/test_x.py::test_n"],
+        {},
+    ),
+    ("paramiko__paramiko.23f92003", ["tests/test_client.py::T::test_c"], [], {}),
     (
         "sympy__sympy.2ab64612",
         ["sympy/core/tests/test_basic.py::test_equality"],
@@ -43,13 +91,28 @@ SAMPLE_ROWS = [
             "sympy/core/tests/test_args.py::test_sympy__core__add",
             "sympy/core/tests/test_basic.py::t",
         ],
+        {},
     ),
+    # mypy: a bug-generated row (no instance_ref), a PR mirror's with one case, with three
+    ("python__mypy.e93f06ce", _MYPY_F2P, _MYPY_P2P, {}),
+    ("python__mypy.e93f06ce", _MYPY_F2P, [], {"instance_ref": {"test_patch": _MYPY_ONE_CASE}}),
+    (
+        "python__mypy.e93f06ce",
+        _MYPY_F2P,
+        _MYPY_P2P,
+        {"instance_ref": {"test_patch": _MYPY_TEST_PATCH}},
+    ),
+    ("tornadoweb__tornado.d5ac65c1", _TORNADO_F2P, _TORNADO_P2P, {}),
+    ("un33k__python-slugify.872b3750", ["test_manager (test.TestSlugify)"], [], {}),
 ]
 # The sample logs and the profiles whose parsers read them.
 SAMPLE_LOGS = {
     "pytest_verbose.log": "pallets__click.fde47b4b",
     "pytest_xdist.log": "HIPS__autograd.ac044f0d",
     "pytest_summary.log": "paramiko__paramiko.23f92003",
+    "unittest_verbose.log": "un33k__python-slugify.872b3750",
+    "unittest_headers.log": "tornadoweb__tornado.d5ac65c1",
+    "pytest_mypy.log": "python__mypy.e93f06ce",
 }
 
 
@@ -59,12 +122,27 @@ def _defines(profile: Any, name: str, base: type) -> bool:
 
 def profiles_table() -> dict[str, Any]:
     from swesmith.profiles import registry
-    from swesmith.profiles.python import AutogradAc044f0d, Paramiko23f92003, PythonProfile
+    from swesmith.profiles.base import RepoProfile
+    from swesmith.profiles.python import (
+        AutogradAc044f0d,
+        MypyE93f06ce,
+        Paramiko23f92003,
+        PythonProfile,
+        PythonSlugify872b3750,
+        TornadoD5ac65c1,
+    )
 
     parsers = {
         PythonProfile.log_parser: "swesmith_pytest",
         AutogradAc044f0d.log_parser: "swesmith_pytest_xdist",
         Paramiko23f92003.log_parser: "swesmith_pytest_summary",
+        PythonSlugify872b3750.log_parser: "swesmith_unittest_verbose",
+        TornadoD5ac65c1.log_parser: "swesmith_unittest_headers",
+        MypyE93f06ce.log_parser: "swesmith_status_last_word",
+    }
+    test_cmd_rules = {
+        RepoProfile.get_test_cmd: "test_files",
+        MypyE93f06ce.get_test_cmd: "k_test_patch_cases",
     }
     repos: dict[str, Any] = {}
     for key in sorted(registry.keys()):
@@ -81,7 +159,9 @@ def profiles_table() -> dict[str, Any]:
             "min_testing": bool(profile.min_testing),
             "timeout": int(profile.timeout),
             "log_parser": parsers.get(type(profile).log_parser, f"own:{type(profile).__name__}"),
-            "own_test_cmd": _defines(profile, "get_test_cmd", PythonProfile),
+            "test_cmd_rule": test_cmd_rules.get(
+                type(profile).get_test_cmd, f"own:{type(profile).__name__}"
+            ),
             "own_test_files": _defines(profile, "get_test_files", PythonProfile),
         }
     return {
@@ -94,13 +174,14 @@ def fixtures(out: Path) -> None:
     from swesmith.profiles import registry
 
     commands = []
-    for key, f2p, p2p in SAMPLE_ROWS:
+    for key, f2p, p2p, extra in SAMPLE_ROWS:
         row = {
             "instance_id": f"{key}.func_pm_ctrl_invert_if__abcd1234",
             "repo": f"swesmith/{key}",
             "patch": "diff --git a/x.py b/x.py\n",
             "FAIL_TO_PASS": f2p,
             "PASS_TO_PASS": p2p,
+            **extra,
         }
         command, _ = registry.get_from_inst(row).get_test_cmd(row)
         commands.append({"row": row, "test_command": command})

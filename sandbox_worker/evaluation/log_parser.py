@@ -292,14 +292,72 @@ def _smith_parser(pattern: str, name_group: int) -> LogParser:
     return parse
 
 
+# un33k/python-slugify's profile: unittest --verbose result lines "<description> ... <word>",
+# the description of letters, digits, "_-,.'()" and whitespace only (a line with any other
+# character is not read); "ok", "FAIL" and "ERROR" count, anything else (skipped ...) does not.
+_UNITTEST_DESCRIPTION = r"^([a-zA-Z0-9_\-,\.\s\(\)']+)\s\.{3}\s"
+_UNITTEST_RESULTS = tuple(
+    (re.compile(f"{_UNITTEST_DESCRIPTION}{word}$"), status.value)
+    for word, status in (
+        ("ok", TestStatus.PASSED),
+        ("FAIL", TestStatus.FAILED),
+        ("ERROR", TestStatus.ERROR),
+    )
+)
+
+
+def parse_swesmith_unittest_verbose(log: str) -> dict[str, str]:
+    """python-slugify's SWE-smith parser: ``test_x (test.T) ... ok|FAIL|ERROR`` lines."""
+    status_map: dict[str, str] = {}
+    for line in log.split("\n"):
+        for regex, status in _UNITTEST_RESULTS:
+            match = regex.match(line)
+            if match:
+                status_map[match.group(1)] = status
+                break
+    return status_map
+
+
+def parse_swesmith_unittest_headers(log: str) -> dict[str, str]:
+    """tornadoweb/tornado's SWE-smith parser: a line ending ``... ok`` passes and one holding
+    `` ... skipped `` is skipped (the id: the line before its first `` ... ``); a failure is
+    read from its ``FAIL: <test> (<class>)`` / ``ERROR: ...`` header (the id: the header's
+    second and third words), never from its ``... FAIL`` result line."""
+    status_map: dict[str, str] = {}
+    for line in log.split("\n"):
+        if line.endswith("... ok"):
+            status_map[line.split(" ... ")[0]] = TestStatus.PASSED.value
+        elif " ... skipped " in line:
+            status_map[line.split(" ... ")[0]] = TestStatus.SKIPPED.value
+        elif line.startswith(("ERROR:", "FAIL:")):
+            status_map[" ".join(line.split()[1:3])] = TestStatus.FAILED.value
+    return status_map
+
+
+def parse_swesmith_status_last_word(log: str) -> dict[str, str]:
+    """python/mypy's SWE-smith parser (``pytest -rA``): a line containing ``PASSED``, else one
+    containing ``FAILED``, anywhere, gives that status to the line's last word -- the test id
+    of ``PASSED <id>``, but the message's last word of ``FAILED <id> - <message>``."""
+    status_map: dict[str, str] = {}
+    for line in log.split("\n"):
+        for status in (TestStatus.PASSED.value, TestStatus.FAILED.value):
+            if status in line:
+                status_map[line.split()[-1]] = status
+                break
+    return status_map
+
+
 # SWE-smith's profile parsers (swesmith.profiles.python, sandbox_worker/evaluation/
 # swesmith_profiles.py): the default reads pytest's verbose lines ("<id> PASSED [ 10%]"),
 # HIPS/autograd's the xdist form ("[gw0] PASSED <id>"), paramiko's the -rA summary
-# ("PASSED <id>").
+# ("PASSED <id>"); python-slugify, tornado and mypy have parsers of their own (above).
 SWESMITH_PARSERS: dict[str, LogParser] = {
     "swesmith_pytest": _smith_parser(r"^(\S+)(\s+){status}", 1),
     "swesmith_pytest_xdist": _smith_parser(r"^\[gw\d\]\s{status}\s(\S+)", 1),
     "swesmith_pytest_summary": _smith_parser(r"^{status}\s(\S+)", 1),
+    "swesmith_unittest_verbose": parse_swesmith_unittest_verbose,
+    "swesmith_unittest_headers": parse_swesmith_unittest_headers,
+    "swesmith_status_last_word": parse_swesmith_status_last_word,
 }
 # Every parser a row may get (SWE-bench's, SWE-Gym's fork's and SWE-smith's profiles').
 HARNESS_PARSERS: dict[str, LogParser] = {**PARSERS, **SWEGYM_PARSERS, **SWESMITH_PARSERS}

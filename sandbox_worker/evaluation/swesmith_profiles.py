@@ -7,14 +7,26 @@ SWE-smith grades an instance with its repository's profile (``swesmith.profiles.
   repository's environment in conda's ``testbed`` env, so a plain ``python -m pytest`` runs
   outside it -- over the whole suite; a profile with ``min_testing`` runs only the graded test
   files (the F2P files, then the P2P files, each sorted and de-duplicated: ``get_test_cmd``);
-  a few repositories have their own command (pydantic runs ``uv``, paramiko ``-rA``, ...);
-* the parser of that command's log (:data:`~sandbox_worker.evaluation.log_parser.SWESMITH_PARSERS`).
+  a few repositories have their own command (pydantic runs ``uv``, paramiko ``-rA``, tornado
+  ``python -m tornado.test --verbose``, python-slugify ``python test.py --verbose``, ...);
+* the parser of that command's log (:data:`~sandbox_worker.evaluation.log_parser.SWESMITH_PARSERS`;
+  python-slugify, tornado and mypy have parsers of their own).
+
+python/mypy builds its command in code of its own (``test_cmd_rule: k_test_patch_cases``):
+``pytest --color=no -rA -k "<case> or <case> ..."`` with the ``[case ...]`` names of the row's
+``instance_ref`` test patch (the SWE-bench instance a PR-mirror bug was recreated from, where
+a row carries it). When there are fewer than two such names -- every row without an
+``instance_ref`` among them -- SWE-smith's command is ``pytest ... -k`` with no expression: a
+pytest usage error before any test runs, which grades every patch 0. swerl refuses such a row
+by name (:class:`UngradableRowError`) instead of reproducing that run, as it does a case name
+a double-quoted shell word would not keep as written (``"``, ``$``, a backquote, a backslash,
+a newline).
 
 The facts are data (``data/swesmith_profiles.json``, generated from the swesmith package by
-``generate_swesmith_profiles.py``; nothing of its code is copied). Three profiles build their
-command or parse their log in code of their own (python/mypy, tornadoweb/tornado,
-un33k/python-slugify): those are not reproduced and such a row is refused by name, as is a row
-of a repository SWE-smith has no profile for.
+``generate_swesmith_profiles.py``; nothing of its code is copied): the command, ``min_testing``,
+the parser's name and the command rule's name. A profile whose command rule or parser swerl
+has no counterpart for would be refused by name, as is a row of a repository SWE-smith has no
+profile for; in swesmith 0.0.9 every one of the 133 Python profiles is reproduced.
 
 In ``evaluation.eval_script: harness`` a SWE-smith row's eval script is swerl's (the task state
 of :mod:`sandbox_worker.task_state`, the hidden tests restored, graded files reverted) with the
@@ -26,19 +38,34 @@ SWE-bench's (``get_eval_report``). The time limit is the evaluation's ``test_tim
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sandbox_worker.evaluation.log_parser import SWESMITH_PARSERS
 from services.protocol.instance import SWEInstance
 
 PROFILES_PATH = Path(__file__).parent / "data" / "swesmith_profiles.json"
 MIRROR_PREFIX = "swesmith/"
+INSTANCE_REF = "instance_ref"  # SWE-smith's field: the SWE-bench row a PR mirror recreates
+# The command rules swerl reproduces (the JSON's ``test_cmd_rule``): SWE-smith's default
+# ``get_test_cmd`` (the graded files under ``min_testing``) and mypy's (``-k`` over the test
+# patch's data-driven cases).
+TEST_FILES_RULE = "test_files"
+CASES_RULE = "k_test_patch_cases"
+_CASE_NAME = re.compile(r"\[case ([^\]]+)\]")
+_MIN_CASES = 2  # mypy's get_test_cmd adds the -k expression only for more than one case
+_UNQUOTABLE = re.compile(r'["$`\\\n]')  # not kept as written inside a double-quoted word
 
 
 class UnknownProfileError(ValueError):
     """No SWE-smith profile swerl reproduces for the row's repository."""
+
+
+class UngradableRowError(UnknownProfileError):
+    """The profile is reproduced, but SWE-smith's own command for this row would be broken."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +73,7 @@ class SmithProfile:
     key: str  # owner__repo.commit8
     test_cmd: str
     min_testing: bool
+    test_cmd_rule: str  # TEST_FILES_RULE or CASES_RULE
     log_parser: str
     timeout: int
 
@@ -80,17 +108,19 @@ def profile_for(instance: SWEInstance) -> SmithProfile:
             f"({len(_table()['repos'])} Python profiles of {profiles_source()})"
         )
     parser = str(entry["log_parser"])
-    own_command = entry["own_test_cmd"] or (entry["own_test_files"] and entry["min_testing"])
-    if own_command or parser.startswith("own:"):
+    rule = str(entry["test_cmd_rule"])
+    own_files = rule == TEST_FILES_RULE and entry["own_test_files"] and entry["min_testing"]
+    if rule not in (TEST_FILES_RULE, CASES_RULE) or own_files or parser not in SWESMITH_PARSERS:
         raise UnknownProfileError(
             f"{instance.instance_id}: SWE-smith's profile of {key} builds its test command or "
-            "parses its log in code of its own, which swerl does not reproduce; grade it with "
-            "evaluation.eval_script: swerl and a test_cmd"
+            f"parses its log in code of its own (command {rule}, parser {parser}), which swerl "
+            "does not reproduce; grade it with evaluation.eval_script: swerl and a test_cmd"
         )
     return SmithProfile(
         key=key,
         test_cmd=str(entry["test_cmd"]),
         min_testing=bool(entry["min_testing"]),
+        test_cmd_rule=rule,
         log_parser=parser,
         timeout=int(entry["timeout"]),
     )
@@ -98,8 +128,11 @@ def profile_for(instance: SWEInstance) -> SmithProfile:
 
 def profile_test_command(instance: SWEInstance) -> str:
     """The command SWE-smith runs for the row (``get_test_cmd``): the profile's, with the
-    graded test files appended under ``min_testing``."""
+    graded test files appended under ``min_testing``, or mypy's ``-k`` over the test patch's
+    cases (:class:`UngradableRowError` where SWE-smith's own would be broken)."""
     profile = profile_for(instance)
+    if profile.test_cmd_rule == CASES_RULE:
+        return _cases_command(instance, profile)
     if not profile.min_testing:
         return profile.test_cmd
     files = _test_files(instance.FAIL_TO_PASS) + _test_files(instance.PASS_TO_PASS)
@@ -109,3 +142,45 @@ def profile_test_command(instance: SWEInstance) -> str:
 def _test_files(test_ids: list[str]) -> list[str]:
     """SWE-smith's ``get_test_files``: each id up to its first ``::``, sorted, once."""
     return sorted({test_id.split("::", 1)[0] for test_id in test_ids})
+
+
+def _cases_command(instance: SWEInstance, profile: SmithProfile) -> str:
+    """mypy's rule: ``<test_cmd> "<case> or <case> ..."`` (``test_cmd`` ends in ``-k``)."""
+    cases = reference_test_cases(instance)
+    where = f"{instance.instance_id}: SWE-smith's profile of {profile.key}"
+    if len(cases) < _MIN_CASES:
+        raise UngradableRowError(
+            f"{where} selects tests with pytest -k from the [case ...] names of the row's "
+            f"{INSTANCE_REF} test patch; this row has {len(cases)}, so SWE-smith would run "
+            f"{profile.test_cmd.rsplit(';', 1)[-1].strip()!r} with no -k expression (a pytest "
+            "usage error, no test runs): refused rather than graded 0; grade it with "
+            "evaluation.eval_script: swerl and a test_cmd"
+        )
+    bad = [case for case in cases if _UNQUOTABLE.search(case)]
+    if bad:
+        raise UngradableRowError(
+            f"{where}: the case name {bad[0]!r} of the row's {INSTANCE_REF} test patch would "
+            "not reach pytest as written inside SWE-smith's double quotes: refused"
+        )
+    return f'{profile.test_cmd} "{" or ".join(cases)}"'
+
+
+def reference_test_cases(instance: SWEInstance) -> list[str]:
+    """The ``[case <name>]`` names of the row's ``instance_ref`` test patch, in order, repeats
+    kept (mypy's data-driven tests); none without an ``instance_ref`` or a ``test_patch`` in
+    it, :class:`UngradableRowError` if either is of the wrong type."""
+    ref = _checked(instance, (instance.model_extra or {}).get(INSTANCE_REF), dict, INSTANCE_REF)
+    test_patch = _checked(
+        instance, (ref or {}).get("test_patch"), str, f"{INSTANCE_REF}.test_patch"
+    )
+    return _CASE_NAME.findall(test_patch) if test_patch is not None else []
+
+
+def _checked(instance: SWEInstance, value: Any, kind: type, field: str) -> Any:
+    """``value`` if it is None or a ``kind``; else :class:`UngradableRowError` naming ``field``."""
+    if value is not None and not isinstance(value, kind):
+        raise UngradableRowError(
+            f"{instance.instance_id}: {field} must be a {'mapping' if kind is dict else 'string'} "
+            f"(SWE-smith's reference instance), got {type(value).__name__}"
+        )
+    return value

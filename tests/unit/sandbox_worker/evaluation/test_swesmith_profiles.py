@@ -35,7 +35,48 @@ def row(**fields: object) -> SWEInstance:
 )
 def test_the_test_command_is_swesmiths(recorded: dict) -> None:
     instance = row(**{**recorded["row"], "patch": PATCH})
-    assert profiles.profile_test_command(instance) == recorded["test_command"]
+    if recorded["test_command"].endswith(" -k"):  # SWE-smith's own: -k with no expression
+        with pytest.raises(profiles.UngradableRowError, match="no -k expression") as refused:
+            profiles.profile_test_command(instance)
+        assert instance.instance_id in str(refused.value)
+        assert isinstance(refused.value, profiles.UnknownProfileError)  # callers' one error
+    else:
+        assert profiles.profile_test_command(instance) == recorded["test_command"]
+
+
+def test_the_recorded_rows_cover_each_command_rule() -> None:
+    """The parity above checks mypy's rule both ways and the unittest profiles' commands."""
+    recorded = json.loads((FIXTURES / "commands.json").read_text())
+    table = json.loads(profiles.PROFILES_PATH.read_text())["repos"]
+    mypy = [
+        r
+        for r in recorded
+        if table[r["row"]["repo"].removeprefix("swesmith/")]["test_cmd_rule"]
+        == "k_test_patch_cases"
+    ]
+    assert {r["test_command"].endswith(" -k") for r in mypy} == {True, False}
+    assert any(r["row"].get("instance_ref") for r in mypy if r["test_command"].endswith(" -k"))
+    repos = {r["row"]["repo"] for r in recorded}
+    assert {
+        "swesmith/tornadoweb__tornado.d5ac65c1",
+        "swesmith/un33k__python-slugify.872b3750",
+    } <= repos
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("not a mapping", "instance_ref must be a mapping"),
+        ({"test_patch": 3}, "instance_ref.test_patch must be a string"),
+        ({"test_patch": "[case testA]\n[case test$B]\n"}, "'test\\$B' .* double quotes"),
+        ({"test_patch": '[case testA]\n[case test"B]\n'}, "double quotes"),
+    ],
+)
+def test_a_mypy_reference_swesmith_would_mishandle_is_refused(ref: object, message: str) -> None:
+    key = "python__mypy.e93f06ce"
+    instance = row(instance_id=f"{key}.pr_1", repo=f"swesmith/{key}", instance_ref=ref)
+    with pytest.raises(profiles.UngradableRowError, match=message):
+        profiles.profile_test_command(instance)
 
 
 @pytest.mark.parametrize("log", sorted(json.loads((FIXTURES / "parsed.json").read_text())))
@@ -49,24 +90,23 @@ def test_the_log_parsers_are_swesmiths(log: str) -> None:
     assert got == recorded["status_map"] and got  # the same map, quirks included
 
 
-def test_every_profile_is_reproduced_or_refused_by_name() -> None:
+def test_every_profile_is_reproduced_or_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     table = json.loads(profiles.PROFILES_PATH.read_text())["repos"]
-    refused = []
     for key in table:
         instance = row(instance_id=f"{key}.func_pm__x", repo=f"swesmith/{key}")
-        try:
-            profile = profiles.profile_for(instance)
-        except profiles.UnknownProfileError as exc:
-            assert "in code of its own" in str(exc) and key in str(exc)
-            refused.append(key.split(".")[0])
-            continue
+        profile = profiles.profile_for(instance)  # swesmith 0.0.9: every profile reproduced
         assert profile.log_parser in HARNESS_PARSERS
         conda = profile.test_cmd.startswith("source /opt/miniconda3/bin/activate; conda activate")
         assert conda or key.startswith("pydantic__")  # pydantic's profile runs uv
-    assert sorted(refused) == [
-        "python__mypy", "tornadoweb__tornado", "un33k__python-slugify"
-    ]  # fmt: skip
-    assert len(table) - len(refused) == 130
+    assert len(table) == 133
+    key = "pallets__click.fde47b4b"
+    for field, value in (("test_cmd_rule", "own:Acme"), ("log_parser", "own:Acme")):
+        own = {"source": "t", "repos": {key: {**table[key], field: value}}}
+        monkeypatch.setattr(profiles, "_table", lambda own=own: own)
+        instance = row(instance_id=f"{key}.func_pm__x", repo=f"swesmith/{key}")
+        with pytest.raises(profiles.UnknownProfileError, match=f"{key} .*in code of its own"):
+            profiles.profile_for(instance)
+    monkeypatch.undo()
     unknown = row(instance_id="acme__tool.0123abcd.func_pm__x", repo="swesmith/acme__tool.0123abcd")
     with pytest.raises(profiles.UnknownProfileError, match="no SWE-smith profile for 'acme__tool"):
         profiles.profile_for(unknown)
@@ -87,8 +127,8 @@ def test_a_row_is_graded_with_its_profile_in_harness_mode(
     key = profiles.profile_key(row_)
     command = "python3 -m pytest --disable-warnings --color=no --tb=no --verbose"
     table = {"source": "test", "repos": {key: {
-        "test_cmd": command, "min_testing": True, "timeout": 90,
-        "log_parser": "swesmith_pytest", "own_test_cmd": False, "own_test_files": False,
+        "test_cmd": command, "min_testing": True, "timeout": 90, "log_parser": "swesmith_pytest",
+        "test_cmd_rule": "test_files", "own_test_files": False,
     }}}  # fmt: skip
     monkeypatch.setattr(profiles, "_table", lambda: table)
     backend = LocalDirBackend(images, tmp_path / "scratch")
