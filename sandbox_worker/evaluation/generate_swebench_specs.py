@@ -13,8 +13,10 @@ copied: this program imports it and writes the facts it holds as JSON.
         > sandbox_worker/evaluation/data/swebench_specs.json
 
 With ``--eval-scripts ROWS.jsonl OUT_DIR`` it also writes the older harness's eval script of
-every row of ROWS (``OUT_DIR/<instance_id>.sh``): the parity fixtures of
-``tests/unit/sandbox_worker/evaluation/test_specs.py``.
+every row of ROWS (``OUT_DIR/<instance_id>.sh``), or, when OUT ends in ``.jsonl.gz``, all of
+them in that one file (a line ``{"instance_id", "eval_script"}`` per row): the parity fixtures
+of ``tests/unit/sandbox_worker/evaluation/test_specs.py`` (the second form for every published
+SWE-bench Verified row).
 
 Runs only in that scratch environment (it imports the older ``swebench``); the project never
 imports this module.
@@ -22,6 +24,7 @@ imports this module.
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import json
 import sys
@@ -81,7 +84,10 @@ def _eval_scripts(rows_path: Path, out_dir: Path) -> None:
     without its environment-script step, which would fetch requirements over the network."""
     constants = importlib.import_module("swebench.harness.constants")
     scripts = importlib.import_module("swebench.harness.test_spec.create_scripts")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    archive = out_dir.name.endswith(".jsonl.gz")  # every script in one file, else one each
+    if not archive:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    out: list[str] = []
     for line in rows_path.read_text().splitlines():
         row = json.loads(line)
         specs = constants.MAP_REPO_VERSION_TO_SPECS[row["repo"]][row["version"]]
@@ -89,7 +95,13 @@ def _eval_scripts(rows_path: Path, out_dir: Path) -> None:
             row, specs, "testbed", "/testbed", row["base_commit"], row["test_patch"]
         )
         script = "\n".join(["#!/bin/bash", "set -uxo pipefail", *commands]) + "\n"
-        (out_dir / f"{row['instance_id']}.sh").write_text(script)
+        if archive:
+            out.append(json.dumps({"instance_id": row["instance_id"], "eval_script": script}))
+        else:
+            (out_dir / f"{row['instance_id']}.sh").write_text(script)
+    if archive:  # no name, mtime 0: the same rows give the same bytes
+        with out_dir.open("wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+            f.write(("\n".join(out) + "\n").encode())
 
 
 def main(argv: list[str]) -> int:

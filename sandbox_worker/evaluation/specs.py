@@ -226,7 +226,9 @@ def row_field(instance: SWEInstance, name: str) -> str | None:
 def harness_eval_script(instance: SWEInstance) -> str:
     """The eval script the official harness runs for this row."""
     own = row_field(instance, "eval_script")
-    commands = commands_of_script(own) if own is not None else published_eval_commands(instance)
+    if own is None:  # the earlier harness's script, read back as 5.0.2 reads a row's script
+        own = "\n".join(published_eval_commands(instance))  # (stripped: the final reset of
+    commands = commands_of_script(own)  # a test patch that only adds files ends in a space)
     return "\n".join([*SCRIPT_HEADER, *record_test_exit_code(commands)]) + "\n"
 
 

@@ -9,11 +9,13 @@ tests/data/swebench_verified/README.md.
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
 
 from sandbox_worker.evaluation.log_parser import PARSERS, REPO_PARSERS
+from sandbox_worker.evaluation.row_grading import row_grading
 from sandbox_worker.evaluation.specs import (
     UnknownSpecError,
     harness_eval_script,
@@ -87,6 +89,33 @@ def test_row_with_eval_script_without_end_marker_is_left_unchanged() -> None:
     ours = harness_eval_script(SWEInstance.model_validate({**row, "eval_script": own}))
     assert ours == _swebench_502_script(row, own)
     assert "SWEBENCH_TEST_EXIT_CODE" not in ours
+
+
+def test_every_published_verified_row_is_graded_as_the_harness_grades_it() -> None:
+    """The published SWE-bench Verified file itself (500 rows, as a user would point swerl at
+    it): every row loads, and by default (``auto``) gets exactly the harness's eval script --
+    5.0.2's ``make_test_spec`` over the older harness's script recorded for that row -- and
+    the parser 5.0.2 maps its repository to."""
+    import pyarrow.parquet as pq
+
+    published = FIXTURES / "test-00000-of-00001.parquet"
+    loaded = load_instances(published)  # strict: the first bad row would raise
+    assert {inst.instance_id for inst in loaded} == {entry["instance_id"] for entry in INDEX}
+    rows = {row["instance_id"]: row for row in pq.read_table(published).to_pylist()}
+    with gzip.open(FIXTURES / "eval_scripts_all.jsonl.gz", "rt") as f:
+        recorded = {e["instance_id"]: e["eval_script"] for e in map(json.loads, f)}
+    assert set(recorded) == set(rows)
+    repo_parsers = SWE["parsers_py"].MAP_REPO_TO_PARSER_PY
+    wrong_script, wrong_parser = [], []
+    for inst in loaded:
+        chosen = row_grading(inst, "auto", "auto", "auto")
+        assert (chosen.eval_script, chosen.grading) == ("harness", "swebench"), inst.instance_id
+        expected = _swebench_502_script(rows[inst.instance_id], recorded[inst.instance_id])
+        if harness_eval_script(inst) != expected:
+            wrong_script.append(inst.instance_id)
+        if PARSERS[chosen.log_parser] is not PARSERS[repo_parsers[inst.repo].__name__]:
+            wrong_parser.append(inst.instance_id)
+    assert not wrong_script and not wrong_parser
 
 
 def test_every_verified_repository_and_version_has_a_spec() -> None:
