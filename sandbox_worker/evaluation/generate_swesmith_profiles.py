@@ -63,6 +63,7 @@ _TORNADO_P2P = [
     "test_redirect (tornado.test.web_test.RedirectHandlerTest)",
 ]
 
+_NO_TESTS: dict[str, Any] = {"FAIL_TO_PASS": [], "PASS_TO_PASS": []}
 # A row of each kind the fixtures hold: (profile key, F2P, P2P, the row's other fields).
 SAMPLE_ROWS: list[tuple[str, list[str], list[str], dict[str, Any]]] = [
     (
@@ -104,6 +105,12 @@ SAMPLE_ROWS: list[tuple[str, list[str], list[str], dict[str, Any]]] = [
     ),
     ("tornadoweb__tornado.d5ac65c1", _TORNADO_F2P, _TORNADO_P2P, {}),
     ("un33k__python-slugify.872b3750", ["test_manager (test.TestSlugify)"], [], {}),
+    (
+        "mido__mido.a0158ff9",
+        ["../dev/tests/test_ports.py::test_close", "tests/test_frozen.py::test_hashability"],
+        ["../dev/tests/test_ports.py::test_open", "../dev/tests/test_midifiles.py::test_meta"],
+        {},
+    ),
 ]
 # The sample logs and the profiles whose parsers read them.
 SAMPLE_LOGS = {
@@ -116,15 +123,12 @@ SAMPLE_LOGS = {
 }
 
 
-def _defines(profile: Any, name: str, base: type) -> bool:
-    return getattr(type(profile), name) is not getattr(base, name)
-
-
 def profiles_table() -> dict[str, Any]:
     from swesmith.profiles import registry
     from swesmith.profiles.base import RepoProfile
     from swesmith.profiles.python import (
         AutogradAc044f0d,
+        MidoA0158ff9,
         MypyE93f06ce,
         Paramiko23f92003,
         PythonProfile,
@@ -144,6 +148,12 @@ def profiles_table() -> dict[str, Any]:
         RepoProfile.get_test_cmd: "test_files",
         MypyE93f06ce.get_test_cmd: "k_test_patch_cases",
     }
+    test_files_rules = {
+        PythonProfile.get_test_files: "pytest_ids",
+        MidoA0158ff9.get_test_files: "pytest_ids_dev_prefix",
+        TornadoD5ac65c1.get_test_files: "unittest_modules",
+        PythonSlugify872b3750.get_test_files: "fixed",
+    }
     repos: dict[str, Any] = {}
     for key in sorted(registry.keys()):
         profile = registry.get(key)
@@ -162,8 +172,14 @@ def profiles_table() -> dict[str, Any]:
             "test_cmd_rule": test_cmd_rules.get(
                 type(profile).get_test_cmd, f"own:{type(profile).__name__}"
             ),
-            "own_test_files": _defines(profile, "get_test_files", PythonProfile),
+            "test_files_rule": test_files_rules.get(
+                type(profile).get_test_files, f"own:{type(profile).__name__}"
+            ),
         }
+        if repos[profile.repo_name]["test_files_rule"] == "fixed":  # the same for every row
+            f2p, p2p = profile.get_test_files({**_NO_TESTS, "instance_id": f"{key}.x"})
+            assert f2p == p2p, f"{key}: F2P and P2P files differ"
+            repos[profile.repo_name]["test_files_fixed"] = f2p
     return {
         "source": f"swesmith=={importlib.metadata.version('swesmith')} (swesmith.profiles.python)",
         "repos": repos,
@@ -183,8 +199,11 @@ def fixtures(out: Path) -> None:
             "PASS_TO_PASS": p2p,
             **extra,
         }
-        command, _ = registry.get_from_inst(row).get_test_cmd(row)
-        commands.append({"row": row, "test_command": command})
+        profile = registry.get_from_inst(row)
+        command, _ = profile.get_test_cmd(row)
+        # sorted: tornado's get_test_files gives sets (the others' are sorted already)
+        files = [sorted(found) for found in profile.get_test_files(row)]
+        commands.append({"row": row, "test_command": command, "test_files": files})
     (out / "commands.json").write_text(json.dumps(commands, indent=2) + "\n")
     parsed = {}
     for name, key in SAMPLE_LOGS.items():

@@ -22,11 +22,20 @@ by name (:class:`UngradableRowError`) instead of reproducing that run, as it doe
 a double-quoted shell word would not keep as written (``"``, ``$``, a backquote, a backslash,
 a newline).
 
+The test files (``get_test_files``: what SWE-smith's harness deletes from the task, reverts
+after the model's patch and, under ``min_testing``, runs; :func:`profile_test_files`) are the
+pytest ids' files by default (mido's without ``../dev/``), the modules of tornado's unittest
+descriptions, and ``test.py`` for python-slugify. :mod:`sandbox_worker.task_state` still takes
+the F2P files from pytest ids alone: for tornado and python-slugify rows it hides no test file
+when it rebuilds the task, reverts none after the model's patch and, from a branch in the
+image (whose "Remove F2P Tests" commit deleted them), restores none.
+
 The facts are data (``data/swesmith_profiles.json``, generated from the swesmith package by
 ``generate_swesmith_profiles.py``; nothing of its code is copied): the command, ``min_testing``,
-the parser's name and the command rule's name. A profile whose command rule or parser swerl
-has no counterpart for would be refused by name, as is a row of a repository SWE-smith has no
-profile for; in swesmith 0.0.9 every one of the 133 Python profiles is reproduced.
+the parser's name, the command and test-file rules' names, slugify's fixed files. A profile
+whose command rule, test-file rule or parser swerl has no counterpart for would be refused by
+name, as is a row of a repository SWE-smith has no profile for; in swesmith 0.0.9 every one of
+the 133 Python profiles is reproduced.
 
 In ``evaluation.eval_script: harness`` a SWE-smith row's eval script is swerl's (the task state
 of :mod:`sandbox_worker.task_state`, the hidden tests restored, graded files reverted) with the
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -55,6 +65,17 @@ INSTANCE_REF = "instance_ref"  # SWE-smith's field: the SWE-bench row a PR mirro
 # patch's data-driven cases).
 TEST_FILES_RULE = "test_files"
 CASES_RULE = "k_test_patch_cases"
+# The test-file rules (the JSON's ``test_files_rule``, SWE-smith's ``get_test_files``): the
+# files its harness deletes from the task ("Remove F2P Tests") and reverts after the model's
+# patch, and, under ``min_testing``, runs. pytest ids up to ``::`` (the default; mido's with
+# ``../dev/`` dropped), unittest descriptions' modules (tornado), or one fixed list (slugify).
+PYTEST_IDS_RULE = "pytest_ids"
+DEV_PREFIX_RULE = "pytest_ids_dev_prefix"
+UNITTEST_MODULES_RULE = "unittest_modules"
+FIXED_RULE = "fixed"
+FILE_RULES = (PYTEST_IDS_RULE, DEV_PREFIX_RULE, UNITTEST_MODULES_RULE, FIXED_RULE)
+_DEV_PREFIX = "../dev/"
+_UNITTEST_CLASS = re.compile(r"\s\((.*)\)")  # "test_x (pkg.module.Class)"
 _CASE_NAME = re.compile(r"\[case ([^\]]+)\]")
 _MIN_CASES = 2  # mypy's get_test_cmd adds the -k expression only for more than one case
 _UNQUOTABLE = re.compile(r'["$`\\\n]')  # not kept as written inside a double-quoted word
@@ -74,6 +95,8 @@ class SmithProfile:
     test_cmd: str
     min_testing: bool
     test_cmd_rule: str  # TEST_FILES_RULE or CASES_RULE
+    test_files_rule: str  # one of FILE_RULES
+    fixed_test_files: tuple[str, ...]  # FIXED_RULE's files
     log_parser: str
     timeout: int
 
@@ -109,18 +132,22 @@ def profile_for(instance: SWEInstance) -> SmithProfile:
         )
     parser = str(entry["log_parser"])
     rule = str(entry["test_cmd_rule"])
-    own_files = rule == TEST_FILES_RULE and entry["own_test_files"] and entry["min_testing"]
-    if rule not in (TEST_FILES_RULE, CASES_RULE) or own_files or parser not in SWESMITH_PARSERS:
+    files_rule = str(entry["test_files_rule"])
+    known = rule in (TEST_FILES_RULE, CASES_RULE) and files_rule in FILE_RULES
+    if not known or parser not in SWESMITH_PARSERS:
         raise UnknownProfileError(
-            f"{instance.instance_id}: SWE-smith's profile of {key} builds its test command or "
-            f"parses its log in code of its own (command {rule}, parser {parser}), which swerl "
-            "does not reproduce; grade it with evaluation.eval_script: swerl and a test_cmd"
+            f"{instance.instance_id}: SWE-smith's profile of {key} builds its test command, "
+            f"its test files or parses its log in code of its own (command {rule}, files "
+            f"{files_rule}, parser {parser}), which swerl does not reproduce; grade it with "
+            "evaluation.eval_script: swerl and a test_cmd"
         )
     return SmithProfile(
         key=key,
         test_cmd=str(entry["test_cmd"]),
         min_testing=bool(entry["min_testing"]),
         test_cmd_rule=rule,
+        test_files_rule=files_rule,
+        fixed_test_files=tuple(entry.get("test_files_fixed", ())),
         log_parser=parser,
         timeout=int(entry["timeout"]),
     )
@@ -135,13 +162,50 @@ def profile_test_command(instance: SWEInstance) -> str:
         return _cases_command(instance, profile)
     if not profile.min_testing:
         return profile.test_cmd
-    files = _test_files(instance.FAIL_TO_PASS) + _test_files(instance.PASS_TO_PASS)
+    f2p_files, p2p_files = _files_of(profile, instance)
+    files = f2p_files + p2p_files
     return " ".join([profile.test_cmd, *files]) if files else profile.test_cmd
 
 
-def _test_files(test_ids: list[str]) -> list[str]:
-    """SWE-smith's ``get_test_files``: each id up to its first ``::``, sorted, once."""
-    return sorted({test_id.split("::", 1)[0] for test_id in test_ids})
+def profile_test_files(instance: SWEInstance) -> tuple[list[str], list[str]]:
+    """SWE-smith's ``get_test_files`` of the row: the F2P and the P2P test files, each sorted
+    and once (tornado's come as sets in SWE-smith: their order is not one it keeps)."""
+    return _files_of(profile_for(instance), instance)
+
+
+def _files_of(profile: SmithProfile, instance: SWEInstance) -> tuple[list[str], list[str]]:
+    if profile.test_files_rule == FIXED_RULE:
+        return list(profile.fixed_test_files), list(profile.fixed_test_files)
+    rule = {
+        PYTEST_IDS_RULE: _pytest_file,
+        DEV_PREFIX_RULE: _pytest_file_in_dev,
+        UNITTEST_MODULES_RULE: _unittest_module_file,
+    }[profile.test_files_rule]
+    return _files(instance.FAIL_TO_PASS, rule), _files(instance.PASS_TO_PASS, rule)
+
+
+def _files(test_ids: list[str], file_of: Callable[[str], str | None]) -> list[str]:
+    """The files of ``test_ids`` (None: the id names none), sorted, once."""
+    return sorted({file for file in map(file_of, test_ids) if file is not None})
+
+
+def _pytest_file(test_id: str) -> str:
+    """``tests/a.py::T::t`` -> ``tests/a.py``: the id up to its first ``::``."""
+    return test_id.split("::", 1)[0]
+
+
+def _pytest_file_in_dev(test_id: str) -> str:
+    """mido's: ``../dev/tests/a.py::t`` -> ``tests/a.py`` (its tests run from a sibling dir)."""
+    return _pytest_file(test_id).removeprefix(_DEV_PREFIX)
+
+
+def _unittest_module_file(test_id: str) -> str | None:
+    """tornado's: ``test_x (tornado.test.web_test.WebTest)`` -> ``tornado/test/web_test.py``,
+    the parenthesised name without its last part; an id without one names no file."""
+    match = _UNITTEST_CLASS.search(test_id)
+    if match is None:
+        return None
+    return "/".join(match.group(1).split(".")[:-1]) + ".py"
 
 
 def _cases_command(instance: SWEInstance, profile: SmithProfile) -> str:

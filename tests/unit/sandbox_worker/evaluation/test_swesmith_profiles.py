@@ -44,6 +44,15 @@ def test_the_test_command_is_swesmiths(recorded: dict) -> None:
         assert profiles.profile_test_command(instance) == recorded["test_command"]
 
 
+@pytest.mark.parametrize(
+    "recorded", json.loads((FIXTURES / "commands.json").read_text()), ids=lambda r: r["row"]["repo"]
+)
+def test_the_test_files_are_swesmiths(recorded: dict) -> None:
+    """The files SWE-smith's harness hides and reverts (``get_test_files``)."""
+    instance = row(**{**recorded["row"], "patch": PATCH})
+    assert [*profiles.profile_test_files(instance)] == recorded["test_files"]
+
+
 def test_the_recorded_rows_cover_each_command_rule() -> None:
     """The parity above checks mypy's rule both ways and the unittest profiles' commands."""
     recorded = json.loads((FIXTURES / "commands.json").read_text())
@@ -56,11 +65,8 @@ def test_the_recorded_rows_cover_each_command_rule() -> None:
     ]
     assert {r["test_command"].endswith(" -k") for r in mypy} == {True, False}
     assert any(r["row"].get("instance_ref") for r in mypy if r["test_command"].endswith(" -k"))
-    repos = {r["row"]["repo"] for r in recorded}
-    assert {
-        "swesmith/tornadoweb__tornado.d5ac65c1",
-        "swesmith/un33k__python-slugify.872b3750",
-    } <= repos
+    rules = {table[r["row"]["repo"].removeprefix("swesmith/")]["test_files_rule"] for r in recorded}
+    assert rules == set(profiles.FILE_RULES)  # every test-file rule checked against swesmith
 
 
 @pytest.mark.parametrize(
@@ -100,7 +106,8 @@ def test_every_profile_is_reproduced_or_refused_by_name(monkeypatch: pytest.Monk
         assert conda or key.startswith("pydantic__")  # pydantic's profile runs uv
     assert len(table) == 133
     key = "pallets__click.fde47b4b"
-    for field, value in (("test_cmd_rule", "own:Acme"), ("log_parser", "own:Acme")):
+    for field in ("test_cmd_rule", "test_files_rule", "log_parser"):
+        value = "own:Acme"
         own = {"source": "t", "repos": {key: {**table[key], field: value}}}
         monkeypatch.setattr(profiles, "_table", lambda own=own: own)
         instance = row(instance_id=f"{key}.func_pm__x", repo=f"swesmith/{key}")
@@ -128,7 +135,7 @@ def test_a_row_is_graded_with_its_profile_in_harness_mode(
     command = "python3 -m pytest --disable-warnings --color=no --tb=no --verbose"
     table = {"source": "test", "repos": {key: {
         "test_cmd": command, "min_testing": True, "timeout": 90, "log_parser": "swesmith_pytest",
-        "test_cmd_rule": "test_files", "own_test_files": False,
+        "test_cmd_rule": "test_files", "test_files_rule": "pytest_ids",
     }}}  # fmt: skip
     monkeypatch.setattr(profiles, "_table", lambda: table)
     backend = LocalDirBackend(images, tmp_path / "scratch")
