@@ -4,7 +4,8 @@ SWE-smith grades a row with its repository's *profile* (``swesmith.profiles.pyth
 command (the default activates the image's conda env and runs pytest verbosely over the whole
 suite; a few repositories override it), whether only the graded test files run
 (``min_testing``), the rule ``get_test_cmd`` builds the row's command by (the graded files, or
-mypy's ``-k`` over the reference test patch's cases), the time limit and the log parser (each
+mypy's ``-k`` over the reference test patch's cases), the rule ``get_test_files`` finds a
+row's test files by, the time limit and the log parser (each
 rule and parser under the name of swerl's counterpart). swerl reads those facts from this data
 file; nothing of SWE-smith's code is copied. Run it in a scratch environment that can import
 swesmith (its dependencies are heavy; none is needed at run time)::
@@ -16,9 +17,9 @@ swesmith (its dependencies are heavy; none is needed at run time)::
     /tmp/swesmith-env/bin/python sandbox_worker/evaluation/generate_swesmith_profiles.py \\
         sandbox_worker/evaluation/data/swesmith_profiles.json tests/data/swesmith_profiles
 
-The second argument is the fixture folder: ``commands.json`` (``get_test_cmd`` of sample rows,
-mypy's with and without an ``instance_ref``) and ``parsed.json`` (each sample log of ``logs/``
-through the profile parser that owns it).
+The second argument is the fixture folder: ``commands.json`` (``get_test_cmd`` and
+``get_test_files`` of sample rows, mypy's with and without an ``instance_ref``) and
+``parsed.json`` (each sample log of ``logs/`` through the profile parser that owns it).
 """
 
 from __future__ import annotations
