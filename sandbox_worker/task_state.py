@@ -39,7 +39,7 @@ import secrets
 import shlex
 
 from sandbox_worker.backends.base import Sandbox
-from sandbox_worker.evaluation.patches import files_of_test_ids
+from sandbox_worker.evaluation.swesmith_profiles import graded_test_files
 from services.protocol.instance import SWEInstance
 
 # The commits made here: the same bytes in every sandbox of an instance, so the same ids.
@@ -71,7 +71,7 @@ def prepare_script(
     sandbox; an evaluation needs only the commit)."""
     q = shlex.quote
     branch = q(instance.instance_id)
-    hidden = [q(f) for f in files_of_test_ids(instance.FAIL_TO_PASS)]
+    hidden = [q(f) for f in graded_test_files(instance)[0]]  # SWE-smith's rule per repository
     files = " ".join(hidden)
     lines = [
         "set -euo pipefail",

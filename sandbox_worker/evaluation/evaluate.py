@@ -81,7 +81,6 @@ from sandbox_worker.evaluation.log_parser import HARNESS_PARSERS, LOG_PARSERS, L
 from sandbox_worker.evaluation.patches import (
     PatchParseError,
     directives_of_test_patch,
-    files_of_test_ids,
     is_empty_patch,
     modified_files,
     new_files,
@@ -112,7 +111,11 @@ from sandbox_worker.evaluation.structured_report import (
     StructuredReport,
     parse_structured_report,
 )
-from sandbox_worker.evaluation.swesmith_profiles import UnknownProfileError, profile_test_command
+from sandbox_worker.evaluation.swesmith_profiles import (
+    UnknownProfileError,
+    graded_test_files,
+    profile_test_command,
+)
 from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import REPO_PATTERN, SWEInstance
 
@@ -661,7 +664,8 @@ def _run_tests(
     if instance.test_patch and not instance.is_swesmith:
         files = directives_of_test_patch(instance.test_patch)
     else:  # SWE-smith's test patch holds the hidden F2P files only: run every graded file
-        files = files_of_test_ids(instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+        f2p_files, p2p_files = graded_test_files(instance)
+        files = list(dict.fromkeys(f2p_files + p2p_files))
     runner = instance.test_cmd or config.test_cmd
     plugin = None
     if report_dir is not None:

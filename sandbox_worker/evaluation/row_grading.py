@@ -41,7 +41,11 @@ from sandbox_worker.evaluation.specs import (
     is_swegym_repo,
     known_repos,
 )
-from sandbox_worker.evaluation.swesmith_profiles import UnknownProfileError, profile_test_command
+from sandbox_worker.evaluation.swesmith_profiles import (
+    UnknownProfileError,
+    profile_for,
+    profile_test_command,
+)
 from services.protocol.instance import SWEInstance
 
 ScriptChoice = Literal["auto", "swerl", "harness"]
@@ -53,6 +57,8 @@ Grading = Literal["structured", "swebench"]
 NON_PYTEST_RUNNERS: dict[str, str] = {
     "parse_log_django": "django",  # Django's runtests.py
     "parse_log_sympy": "sympy",  # sympy's bin/test
+    "swesmith_unittest_verbose": "unittest",  # SWE-smith's python-slugify: test.py --verbose
+    "swesmith_unittest_headers": "unittest",  # SWE-smith's tornado: python -m tornado.test
 }
 KEYS = "evaluation.eval_script / evaluation.grading / evaluation.log_parser"
 
@@ -71,7 +77,8 @@ class RowGrading:
 
 
 def runner_of(parser: str) -> str:
-    """The test runner whose output ``parser`` reads: ``django``, ``sympy`` or ``pytest``."""
+    """The test runner whose output ``parser`` reads: ``django``, ``sympy``, ``unittest`` or
+    ``pytest``."""
     return NON_PYTEST_RUNNERS.get(parser, "pytest")
 
 
@@ -124,6 +131,17 @@ def _row_parser(instance: SWEInstance) -> str:
         ) from None
 
 
+def _native_runner(instance: SWEInstance) -> str:
+    """The runner the row's own tests need: its harness parser's (SWE-smith: its profile's),
+    ``pytest`` for a repository no harness specifies."""
+    try:
+        if instance.is_swesmith:
+            return runner_of(profile_for(instance).log_parser)
+        return runner_of(_row_parser(instance)) if _has_harness_spec(instance) else "pytest"
+    except (GradingConfigError, UnknownProfileError):
+        return "pytest"
+
+
 def row_grading(
     instance: SWEInstance, eval_script: ScriptChoice, grading: GradingChoice, log_parser: str
 ) -> RowGrading:
@@ -150,12 +168,9 @@ def row_grading(
                 "evaluation.log_parser to auto"
             )
         return RowGrading("harness", grading, parser)
-    if instance.test_cmd is None and not instance.is_swesmith:
+    if instance.test_cmd is None:
         # swerl's script runs pytest: a repository of another runner cannot be graded by it
-        try:
-            runner = runner_of(_row_parser(instance)) if _has_harness_spec(instance) else "pytest"
-        except GradingConfigError:
-            runner = "pytest"
+        runner = _native_runner(instance)
         if runner != "pytest":
             raise GradingConfigError(
                 f"{where}: its tests run under {runner}, not pytest, so swerl's eval script "

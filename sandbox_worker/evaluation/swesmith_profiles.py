@@ -25,10 +25,9 @@ a newline).
 The test files (``get_test_files``: what SWE-smith's harness deletes from the task, reverts
 after the model's patch and, under ``min_testing``, runs; :func:`profile_test_files`) are the
 pytest ids' files by default (mido's without ``../dev/``), the modules of tornado's unittest
-descriptions, and ``test.py`` for python-slugify. :mod:`sandbox_worker.task_state` still takes
-the F2P files from pytest ids alone: for tornado and python-slugify rows it hides no test file
-when it rebuilds the task, reverts none after the model's patch and, from a branch in the
-image (whose "Remove F2P Tests" commit deleted them), restores none.
+descriptions, and ``test.py`` for python-slugify. :func:`graded_test_files` gives them to the
+task state (:mod:`sandbox_worker.task_state`: hidden from the agent, brought back over its
+edits), to swerl's script and to the validation's tamper check.
 
 The facts are data (``data/swesmith_profiles.json``, generated from the swesmith package by
 ``generate_swesmith_profiles.py``; nothing of its code is copied): the command, ``min_testing``,
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_worker.evaluation.log_parser import SWESMITH_PARSERS
+from sandbox_worker.evaluation.patches import files_of_test_ids
 from services.protocol.instance import SWEInstance
 
 PROFILES_PATH = Path(__file__).parent / "data" / "swesmith_profiles.json"
@@ -165,6 +165,19 @@ def profile_test_command(instance: SWEInstance) -> str:
     f2p_files, p2p_files = _files_of(profile, instance)
     files = f2p_files + p2p_files
     return " ".join([profile.test_cmd, *files]) if files else profile.test_cmd
+
+
+def graded_test_files(instance: SWEInstance) -> tuple[list[str], list[str]]:
+    """The F2P and P2P test files of a SWE-smith row: its profile's rule
+    (:func:`profile_test_files`), or, for a row without a profile swerl reproduces, the files
+    of its pytest ids. The F2P files are those SWE-smith's "Remove F2P Tests" commit deletes:
+    the task state hides them and the evaluation brings them back over the model's edits, so a
+    rule that misses one (a unittest id has no ``::``) would show the agent its tests and let
+    its edits to them stand."""
+    try:
+        return profile_test_files(instance)
+    except UnknownProfileError:
+        return files_of_test_ids(instance.FAIL_TO_PASS), files_of_test_ids(instance.PASS_TO_PASS)
 
 
 def profile_test_files(instance: SWEInstance) -> tuple[list[str], list[str]]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from sandbox_worker.evaluation.patches import (
     DEV_NULL,
     PatchedFile,
-    files_of_test_ids,
     patched_files,
 )
+from sandbox_worker.evaluation.swesmith_profiles import graded_test_files
 from services.protocol.instance import SWEInstance
 
 TAMPER_LINE = 'raise RuntimeError("swerl validation: this protected test file was tampered with")'
@@ -34,7 +34,7 @@ def tampered_patch(instance: SWEInstance) -> str:
     """Gold patch + a hunk inserting ``raise RuntimeError(...)`` into a protected test file
     (SWE-smith: creating the first hidden F2P test file, which the task state removed)."""
     if instance.is_swesmith:
-        hidden = files_of_test_ids(instance.FAIL_TO_PASS)
+        hidden = graded_test_files(instance)[0]
         if not hidden:
             raise CheckPatchError("no FAIL_TO_PASS test file to tamper with")
         return _ensure_newline(instance.gold_patch) + _new_file_hunk(hidden[0])

@@ -189,3 +189,41 @@ def test_the_evaluation_grades_a_swesmith_row_like_its_harness(
     assert wrong.reward is None and "wrong image" in (wrong.infra_error or "")
     # ... a deterministic one (the same image on every attempt) naming the key to fix
     assert wrong.config_error and "worker.rollout.image_dataset" in (wrong.infra_error or "")
+
+
+def test_unittest_ids_hide_the_files_of_the_repositorys_profile(tmp_path: Path) -> None:
+    """python-slugify's SWE-smith ids are unittest descriptions (no ``::``): its profile's
+    rule names its tests' file (``test.py``), which the task hides and the test patch brings
+    back; by pytest ids alone nothing would be hidden, and the agent could read -- and edit
+    for reward -- the tests it is graded by."""
+    snapshot = tmp_path / "slugify"
+    snapshot.mkdir()
+    git(snapshot, "init", "-q")
+    (snapshot / "slugify.py").write_text("def slugify(text):\n    return text.lower()\n")
+    (snapshot / "test.py").write_text(
+        "import unittest\nfrom slugify import slugify\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_lower(self):\n        self.assertEqual(slugify('A'), 'a')\n"
+    )
+    git(snapshot, "add", "-A")
+    git(snapshot, "commit", "-q", "-m", "snapshot")
+    bug = (
+        "diff --git a/slugify.py b/slugify.py\n--- a/slugify.py\n+++ b/slugify.py\n"
+        "@@ -1,2 +1,2 @@\n def slugify(text):\n-    return text.lower()\n+    return text\n"
+    )
+    row = SWEInstance(
+        instance_id="un33k__python-slugify.872b3750.func_pm_op_change__x1",
+        repo="swesmith/un33k__python-slugify.872b3750",
+        patch=bug,
+        problem_statement="slugify keeps capitals",
+        FAIL_TO_PASS=["test_lower (__main__.T.test_lower)"],
+        PASS_TO_PASS=[],
+    )
+    assert files_of_test_ids(row.FAIL_TO_PASS) == []  # what pytest ids would hide
+    backend = LocalDirBackend({"snapshot": snapshot}, tmp_path / "scratch")
+    with sandbox(backend, "snapshot", tmp_path, "agent") as box:
+        task = prepare_task(box, row, str(tmp_path / "agent"), scratch_dir=str(tmp_path))
+        work = tmp_path / "agent"
+        assert not (work / "test.py").exists() and (work / "slugify.py").exists()
+        assert "return text\n" in (work / "slugify.py").read_text()
+        assert [p.target for p in patched_files(task.test_patch)] == ["test.py"]
+        assert git(work, "log", "--all", "--format=%s") == TASK_MESSAGE

@@ -134,3 +134,33 @@ def test_evaluate_patch_fails_a_misconfiguration_before_any_sandbox() -> None:
     assert report.config_error is True and report.reward is None
     assert report.infra_error is not None and "evaluation.eval_script" in report.infra_error
     assert not report.tests_run
+
+
+def test_swerls_pytest_script_on_a_swesmith_unittest_repository_is_a_configuration_error() -> None:
+    """SWE-smith's tornado and python-slugify run unittest, and their F2P ids are unittest
+    descriptions: pytest's ids would never match them (every patch 0). By default the profile
+    grades them; an explicit swerl script without a test_cmd is refused naming the keys."""
+    smith = {"patch": DJANGO.patch, "problem_statement": "p", "PASS_TO_PASS": []}
+    slugify = SWEInstance(
+        instance_id="un33k__python-slugify.872b3750.func_pm_op_change__x1",
+        repo="swesmith/un33k__python-slugify.872b3750",
+        FAIL_TO_PASS=["test_lower (__main__.T.test_lower)"],
+        **smith,
+    )
+    tornado = SWEInstance(
+        instance_id="tornadoweb__tornado.d5ac65c1.func_pm_op_change__x1",
+        repo="swesmith/tornadoweb__tornado.d5ac65c1",
+        FAIL_TO_PASS=["test_a (tornado.test.util_test.UtilTest)"],
+        **smith,
+    )
+    for row, parser in (
+        (slugify, "swesmith_unittest_verbose"),
+        (tornado, "swesmith_unittest_headers"),
+    ):
+        assert choices(worker_eval().for_row(row)) == ("harness", "swebench", parser)
+        with pytest.raises(
+            GradingConfigError, match=r"run under unittest.*evaluation\.eval_script"
+        ):
+            worker_eval(eval_script="swerl", grading="structured").for_row(row)
+        own = with_fields(row, test_cmd="python -m pytest -rA")  # the user's command: theirs
+        assert worker_eval(eval_script="swerl").for_row(own).eval_script == "swerl"
