@@ -33,6 +33,10 @@ from services.datasets.predictions import Prediction
 from services.protocol.instance import SWEInstance
 
 Status = Literal["resolved", "unresolved", "error"]
+CONFIG_FLAGS = (
+    "(swerl eval: evaluation.eval_script is --eval-script, the parser and grading follow it; "
+    "an image's key is --image-namespace / --image-tag)"
+)
 LOG_TAIL_CHARS = 2_000_000  # run_instance.log keeps the whole transcript of a normal run
 
 
@@ -118,6 +122,9 @@ class Grader:
 
 def verdict(report: EvalReport) -> tuple[Status, str, bool]:
     """``(status, why, infrastructure failure)`` by the harness's rules (run_report.py)."""
+    if report.infra_error is not None and report.config_error:
+        # the evaluation's messages name the worker's keys; here they are swerl eval's flags
+        return "error", f"configuration error: {report.infra_error} {CONFIG_FLAGS}", True
     if report.infra_error is not None:
         return "error", f"infrastructure failure: {report.infra_error}", True
     if report.patch_rejected is not None:

@@ -69,3 +69,13 @@ def test_a_repository_timeout_overrides_the_global_one() -> None:
     assert timeouts["django/django"] == 3000 and timeouts["sympy/sympy"] == 60
     assert timeouts["astropy/astropy"] == 900  # no entry: the global --timeout
     assert eval_config(VERIFIED[0], "auto", 900).test_timeout_s == 900
+
+
+def test_a_configuration_error_names_swerl_evals_flags() -> None:
+    """The evaluation names the worker's config keys; ``swerl eval`` says which flag sets them."""
+    report = _report(infra_error="x: set evaluation.eval_script to auto", config_error=True)
+    status, detail, infra = verdict(report)
+    assert (status, infra) == ("error", True)
+    assert detail.startswith("configuration error:") and "--eval-script" in detail
+    _, plain, _ = verdict(_report(infra_error="sandbox failed: boom"))
+    assert "--eval-script" not in plain
