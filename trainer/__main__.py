@@ -1,12 +1,13 @@
 """``python -m trainer COMMAND``: the trainer's command-line tools (``score``, ``train``,
 ``report``: a run's dashboard PNG and summary, ``serve``: the trainer service that runs the job
-API's train jobs)."""
+API's train jobs, ``reshard``: a megatron checkpoint rewritten for another model-parallel
+layout)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("score", "train", "report", "serve")
+COMMANDS = ("score", "train", "report", "serve", "reshard")
 HELP = """\
 usage: python -m trainer COMMAND [OPTIONS]   (python -m trainer COMMAND --help: its options)
 
@@ -17,6 +18,8 @@ commands:
            on the trainer backend, each new version published to the adapter
   report   a training run's PNG dashboard and summary from its metrics.jsonl
   serve    the trainer service: claims the job API's train jobs and runs each
+  reshard  rewrite a megatron-backend checkpoint for another tensor / pipeline / expert
+           parallel layout (offline, one process)
 """
 
 
@@ -40,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.service.cli import main as serve
 
         return serve(args[1:])
+    if args[0] == "reshard":
+        from trainer.backends.megatron.reshard import main as reshard
+
+        return reshard(args[1:])
     from trainer.score import main as score
 
     return score(args[1:])

@@ -31,7 +31,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,9 +219,15 @@ def _layers(module: nn.Module) -> nn.ModuleList:
 
 def _fingerprint(*modules: nn.Module) -> str:
     """Hash of every parameter's name, shape and dtype: checkpoints of another model differ."""
+    return state_fingerprint(module.state_dict() for module in modules)
+
+
+def state_fingerprint(states: Iterable[Mapping[str, Any]]) -> str:
+    """:func:`_fingerprint` of modules given by their state dicts, in order (what the
+    checkpoint resharding computes for a layout it writes)."""
     digest = hashlib.sha256()
-    for module in modules:
-        for name, tensor in module.state_dict().items():
+    for state in states:
+        for name, tensor in state.items():
             if not isinstance(tensor, Tensor):
                 continue  # Megatron modules' ``_extra_state`` entries (None)
             digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
