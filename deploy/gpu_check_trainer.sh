@@ -14,8 +14,9 @@
 #    megatron bf16, megatron with activation recompute. Each must exit 0 with 3 metrics rows and a checkpoint
 #    of step 3.
 # 3. With 2 or more GPUs: the same run under torchrun with 2 ranks (NCCL; rank 0 drives,
-#    rank 1 follows): the torch backend (FSDP2) and the megatron backend as two pipeline
-#    stages, checkpoint shards of both ranks.
+#    rank 1 follows): the torch backend (FSDP2), and the megatron backend as two pipeline
+#    stages and as two context-parallel ranks (the toy model's one KV head allows no tensor
+#    parallel); checkpoint shards of both ranks.
 # 4. bench/bench_trainer.py --device cuda --quick, fp32 and bf16 (figures in
 #    WORK/bench_trainer-{fp32,bf16}.{log,json}).
 #
@@ -112,8 +113,9 @@ toy_run megatron-recompute 1 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__ACTI
 if [[ "$GPUS" -ge 2 ]]; then
   toy_run torch-2ranks-nccl 2
   toy_run megatron-2stages-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__PIPELINE_PARALLEL=2
+  toy_run megatron-cp2-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL=2
 else
-  echo "SKIP toy-torch-2ranks-nccl, toy-megatron-2stages-nccl (one GPU: NCCL needs a GPU per rank)"
+  echo "SKIP toy-{torch-2ranks,megatron-2stages,megatron-cp2}-nccl (one GPU: NCCL needs a GPU per rank)"
 fi
 
 # 4. the trainer benchmark on the GPU
