@@ -24,7 +24,9 @@ tensors are its own shard under Megatron's local names, so the backend gives eve
 recorded in the manifest. Ranks with the same coordinates (data-parallel replicas) hold
 identical tensors under identical keys: DCP writes them once and every replica reads them. A
 checkpoint therefore loads into the same model-parallel layout under any data-parallel world
-size; another layout is refused by name (resharding across layouts is not built).
+size; another layout is refused by name, the message naming the offline tool that rewrites
+the checkpoint for it (``python -m trainer reshard``,
+:mod:`trainer.backends.megatron.reshard`).
 """
 
 from __future__ import annotations
@@ -212,6 +214,26 @@ def _layout(parallel: Mapping[str, Any], keys: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={parallel.get(k, 1)}" for k in keys) or "no model parallel"
 
 
+def _remedy(root: Path, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
+    """What to do about a checkpoint of another layout: the reshard command for this one, or
+    (distributed optimiser states, which are not resharded) resuming with the saved layout."""
+    if "optimizer_shards" in saved or "optimizer_shards" in mine:
+        return (
+            "resume with the saved layout and data-parallel size (the distributed optimizer's "
+            "sharded AdamW states are not resharded)"
+        )
+    sizes = " ".join(
+        f"--{flag} {mine.get(key, 1)}"
+        for flag, key in (("tp", "tensor_parallel"), ("pp", "pipeline_parallel"))
+    )
+    if mine.get("expert_parallel", 1) != 1 or saved.get("expert_parallel", 1) != 1:
+        sizes += f" --ep {mine.get('expert_parallel', 1)}"
+    return (
+        f"reshard it for this layout first: python -m trainer reshard --checkpoint {root} "
+        f"--out NEW_DIR {sizes}, then resume from NEW_DIR (or resume with the saved layout)"
+    )
+
+
 def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> None:
     if manifest.get("backend") != b.backend_name:
         raise CheckpointError(
@@ -229,8 +251,7 @@ def _check_fits(b: TorchBackend, root: Path, manifest: Mapping[str, Any]) -> Non
     if any(saved.get(k, 1) != mine.get(k, 1) for k in keys):
         raise CheckpointError(
             f"{root}: saved under {_layout(saved, keys)}, this trainer runs {_layout(mine, keys)};"
-            " resume with the saved layout (resharding across model-parallel layouts is not "
-            "built; the data-parallel world size may differ)"
+            f" {_remedy(root, saved, mine)} (the data-parallel world size may differ)"
         )
     if manifest.get("fingerprint") != b.fingerprint:
         raise CheckpointError(

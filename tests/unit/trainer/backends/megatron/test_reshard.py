@@ -376,3 +376,29 @@ def continues(run: dict, metrics: dict, weights: dict) -> None:
     for name, tensor in weights.items():
         diff = float((tensor - run["weights"][name]).abs().max())
         assert diff <= 1e-6, (name, diff)
+
+
+@pytest.mark.slow
+def test_another_layout_s_checkpoint_is_refused_naming_the_reshard_command(
+    saved: dict, tmp_path: Path
+) -> None:
+    import shutil
+
+    from trainer.backends.megatron.reshard import reshard
+    from trainer.checkpoint import CheckpointError
+
+    other = reshard(saved["root"] / "tp1", tmp_path / "tp2", Layout(tp=2))
+    backend = one_process(saved["model"])
+    with pytest.raises(CheckpointError) as refused:
+        backend.load(other)
+    message = str(refused.value)
+    assert "saved under tensor_parallel=2 pipeline_parallel=1 expert_parallel=1" in message
+    assert f"python -m trainer reshard --checkpoint {other} --out NEW_DIR --tp 1 --pp 1," in message
+    zero = tmp_path / "zero"
+    shutil.copytree(saved["root"] / "tp1", zero)
+    manifest = json.loads((zero / "manifest.json").read_text())
+    manifest["parallel"]["optimizer_shards"] = 2
+    (zero / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="sharded AdamW states are not resharded"):
+        backend.load(zero)
+    assert backend.steps == 0  # refused before anything changed
