@@ -117,7 +117,7 @@ class MegatronConfig(StrictModel):
     pipeline_parallel: int = Field(
         default=1,
         ge=1,
-        description="pipeline stages (TP = 1, dense models; the world is PP x data parallel)",
+        description="pipeline stages (dense models; the world is TP x PP x data parallel)",
     )
     context_parallel: int = Field(
         default=1,

@@ -1,17 +1,19 @@
 """One rank of the tensor x data parallel test: ``python -m tests.support.megatron_2d_worker``.
 
-Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR TINY_DIR TINY_BATCH_FILE.
-Joins a gloo group of WORLD (4) ranks on loopback and builds the megatron backend with TP=2
-on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel ranks, each replica training
-its share of the batch's groups; then, re-initialised, with PP=2 on TINY_DIR (key ``pp``):
-two replicas of two pipeline stages; then both again with the distributed optimizer; then
-with CP=2 on MODEL_DIR (key ``cp``): two replicas of two context-parallel ranks, and with
-TP=2 x CP=2 (key ``tp_cp``): one replica. On each
+Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR TINY_DIR TINY_BATCH_FILE
+TIED_DIR TIED_BATCH_FILE. Joins a gloo group of WORLD (4) ranks on loopback and builds the
+megatron backend with TP=2 on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel
+ranks, each replica training its share of the batch's groups; then, re-initialised, with PP=2
+on TINY_DIR (key ``pp``): two replicas of two pipeline stages; then both again with the
+distributed optimizer; then with CP=2 on MODEL_DIR (key ``cp``): two replicas of two
+context-parallel ranks, and with TP=2 x CP=2 (key ``tp_cp``): one replica; then TP=2 x PP=2
+(one replica) on MODEL_DIR with a KL reference (key ``tp_pp``) and on TIED_DIR, the same
+shape with tied embeddings (key ``tp_pp_tied``). On each
 it scores the batch, gathers the HF weights, takes one Li2SAO step, records each rank's share
 of the AdamW states and checks the resume from a checkpoint
 (:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves the outputs, the weights,
-the step's metrics, each rank's (model-parallel or CP rank, DP rank, DP size) and (TP rank,
-CP rank) to OUT_FILE.
+the step's metrics, each rank's (model-parallel or CP rank, DP rank, DP size), (TP rank, CP
+rank), (TP rank, PP rank) and actor parameter shapes to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from trainer.backends.megatron.backend import MegatronBackend
 from trainer.config import TrainerConfig
 
 TP = 2
+KL = 0.1  # the KL coefficient of the TP x PP phase (its reference pipelined like the actor)
 
 
 def make(model_dir: str, seed: int = 0, **layout: object) -> MegatronBackend:
@@ -56,9 +59,15 @@ def run_layout(world: int, model_dir: str, batch_file: str, ckpt: str, **layout:
     tp_cp: list = [None] * world
     cp_rank = parallel_state.get_context_parallel_rank()
     dist.all_gather_object(tp_cp, (backend.tp_rank, cp_rank))
+    tp_pp: list = [None] * world
+    dist.all_gather_object(tp_pp, (backend.tp_rank, backend._pp_rank()))
+    shapes: list = [None] * world
+    dist.all_gather_object(shapes, {n: tuple(p.shape) for n, p in backend.actor.named_parameters()})
     result = {
         "coords": coords,
         "tp_cp": tp_cp,
+        "tp_pp": tp_pp,
+        "shapes": shapes,
         "rows_by_rank": rows,
         "forward": backend.logprobs_and_values(batch),
         "weights": snapshot(backend),
@@ -86,12 +95,14 @@ def run(world: int, args: list[str]) -> dict:
     """TP=2 x DP=2 on the 2-KV-head model, then the same ranks as PP=2 x DP=2 on the tiny
     model (its two layers one stage each); each again with the distributed optimizer (keys
     ``tp_zero``, ``pp_zero``: the AdamW states sharded over the data-parallel group); then
-    CP=2 x DP=2 and TP=2 x CP=2 on the 2-KV-head model (keys ``cp``, ``tp_cp``)."""
+    CP=2 x DP=2 and TP=2 x CP=2 on the 2-KV-head model (keys ``cp``, ``tp_cp``); then TP=2 x
+    PP=2 on it with a KL reference (key ``tp_pp``) and on its tied variant (``tp_pp_tied``)."""
     from megatron.core import parallel_state
 
-    model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file = args
+    model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file, tied_dir, tied_batch_file = args
     tensor = {"megatron": {"tensor_parallel": TP}}
     pipeline = {"megatron": {"pipeline_parallel": 2}, "batch": PP_BATCH}
+    both = {"megatron": {"tensor_parallel": TP, "pipeline_parallel": 2}, "batch": PP_BATCH}
     runs = {
         "tp": (model_dir, batch_file, tensor),
         "pp": (tiny_dir, tiny_batch_file, pipeline),
@@ -103,6 +114,8 @@ def run(world: int, args: list[str]) -> dict:
             batch_file,
             {"megatron": {"tensor_parallel": TP, "context_parallel": 2}},
         ),
+        "tp_pp": (model_dir, batch_file, {**both, "kl_coef": KL}),
+        "tp_pp_tied": (tied_dir, tied_batch_file, both),
     }
     result = {}
     for key, (model, batch, layout) in runs.items():

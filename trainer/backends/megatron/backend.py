@@ -19,10 +19,13 @@ shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is
 the torch backend's row split by group, gradients summed over the ranks before clipping.
 Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with the experts
 replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With
-``pipeline_parallel`` > 1 (TP=1, dense; PP x DP ranks) every rank holds one stage; the no-grad
-forwards and the backward of a step run through megatron's 1F1B schedule
-(:mod:`trainer.backends.megatron.pipeline`), tied embedding gradients are summed between the
-first and last stage, and the weights are gathered from every stage. With ``expert_parallel`` >
+``pipeline_parallel`` > 1 (dense; PP x DP or TP x PP x DP ranks) every rank holds one stage
+(under TP its TP shard of it); the no-grad forwards (the KL reference's too) and the backward
+of a step run through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`,
+activations sent between the same TP rank of adjacent stages), tied embedding gradients are
+summed between the first and last stage, the grad norm spans the model-parallel group
+(:func:`pipeline_grad_norm`), and the weights are gathered over TP within every stage, then
+from every stage. With ``expert_parallel`` >
 1 (a MoE, EP = world, TP=PP=1) every rank holds its share of the experts and scores the whole
 batch (megatron's allgather dispatcher moves the tokens); the experts are gathered for the
 weights out, and a step divides the experts' gradients by EP
@@ -32,9 +35,9 @@ gathers the keys and values (:mod:`trainer.backends.megatron.cp_attention`), eac
 scored on the rank that holds it and the per-token outputs are summed over the CP group (the
 objective is the whole batch's on every rank), and the gradients are summed over the
 data-parallel-with-CP group. Tensor, pipeline or context parallel combine with data parallel
-(TP x DP, PP x DP, CP x DP, TP x CP x DP: replicas over megatron's data-parallel group). TP
-with PP, expert parallel with another kind, context parallel with PP or EP, MoE under tensor,
-pipeline or context parallel, Megatron's own DistributedOptimizer
+(TP x DP, PP x DP, TP x PP x DP, CP x DP, TP x CP x DP: replicas over megatron's
+data-parallel group). Expert parallel with another kind, context parallel with PP or EP,
+MoE under tensor, pipeline or context parallel, Megatron's own DistributedOptimizer
 (``megatron.distributed_optimizer`` is ZeRO-1 with torch's ZeroRedundancyOptimizer over the
 data-parallel group, also under TP x DP and PP x DP; not under EP), resharding a checkpoint
 to another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
@@ -139,15 +142,22 @@ def _position(items: list[Any], item: Any) -> int:
 
 
 def pipeline_grad_norm(params: list[nn.Parameter], skip: set[int]) -> Tensor:
-    """L2 norm of the gradients of ``params`` over the pipeline stages (a collective): each
-    stage's own parameters summed in squares, ``skip`` (the last stage's copy of tied word
-    embeddings, whose gradient equals the first stage's) left out."""
+    """L2 norm of the gradients of ``params`` over the pipeline stages and, under TP x PP, the
+    tensor-parallel ranks of each (a collective over megatron's model-parallel group): each
+    stage's own parameters summed in squares, a TP-replicated one counted on TP rank 0 only
+    (:func:`tp_grad_norm`'s rule), ``skip`` (the last stage's copy of tied word embeddings,
+    whose gradient equals the first stage's) left out."""
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+    grads = [
+        p.grad
+        for p in params
+        if p.grad is not None and id(p) not in skip and param_is_not_tensor_parallel_duplicate(p)
+    ]
     square = (torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())).float()
     square = square.cpu().pow(2)
-    dist.all_reduce(square, group=parallel_state.get_pipeline_model_parallel_group())
+    dist.all_reduce(square, group=parallel_state.get_model_parallel_group())
     return square.sqrt()
 
 
@@ -189,16 +199,8 @@ class MegatronBackend(TorchBackend):
         self._check_context_parallel(hf_config, cp)
         convert.check_tensor_parallel(hf_config, tp)
         pp = config.megatron.pipeline_parallel
-        if pp > 1:
-            if tp > 1:
-                raise BackendError(
-                    "tensor and pipeline parallel together are not built in the megatron "
-                    "backend yet"
-                )
-            if config.kl_coef > 0:
-                raise BackendError("a KL reference under pipeline parallel is not built yet")
-            if is_moe(hf_config):
-                raise BackendError("a MoE model under pipeline parallel is not built yet")
+        if pp > 1 and is_moe(hf_config):
+            raise BackendError("a MoE model under pipeline parallel is not built yet")
         ep = config.megatron.expert_parallel
         convert.check_expert_parallel(hf_config, ep)
         if config.megatron.distributed_optimizer and ep > 1:
@@ -365,31 +367,74 @@ class MegatronBackend(TorchBackend):
             for tensor in (result.logprobs, result.values, result.entropy):
                 self._context_sum(tensor)
             return result
-        from trainer.backends.megatron.pipeline import pipeline_forward
-
         views = [m.view(batch) for m in plan]
-        inputs = [v[1] for v in views]
-        logits = pipeline_forward(self.actor, inputs, self.scorer.head) if actor else []
-        head = self._critic_head(raw)
-        values = pipeline_forward(self.critic.body, inputs, head) if critic else []
         shape = tuple(batch.tokens.shape)
-        out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(3)]
-        for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
-            rows, width = m.rows.to(self.device), mb.tokens.shape[1]
-            if not m.real:
-                continue
-            if logits:  # the last stage; the others add zeros to the sum
-                logp, ent = self._token_logprobs(mb, logits[i], entropy=True)
-                out[0][rows, :width], out[1][rows, :width] = logp, ent
-            if values:
-                value = torch.where(mb.action_mask, values[i], torch.zeros_like(values[i]))
-                out[2][rows, :width] = value
+        logp = ent = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        if actor:
+            logp, ent = self._pipeline_logprobs(batch, plan, views, self.scorer, entropy=True)
+        values = None
+        if critic:
+            head = self._critic_head(raw)
+
+            def masked(mb: TrainBatch, out: Tensor) -> list[Tensor]:
+                return [torch.where(mb.action_mask, out, torch.zeros_like(out))]
+
+            body = self.critic.body
+            values = self._pipeline_outputs(batch, plan, views, body, head, masked, 1)[0]
+        return ForwardResult(logprobs=logp, values=values, entropy=ent)
+
+    def _pipeline_logprobs(
+        self,
+        batch: TrainBatch,
+        plan: list[Any],
+        views: list[tuple[TrainBatch, PackedInputs]],
+        scorer: Any,
+        entropy: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """``[N, T]`` logprobs and entropies (0 unless ``entropy``) of ``scorer`` (the actor
+        or the KL reference, a :class:`~trainer.backends.megatron.model.MegatronScorer` of
+        this stage) through the pipeline, whole on every stage and replica."""
+
+        def logprobs(mb: TrainBatch, logits: Tensor) -> list[Tensor]:
+            return list(self._token_logprobs(mb, logits, entropy=entropy))
+
+        model, head = scorer.model, scorer.head
+        logp, ent = self._pipeline_outputs(batch, plan, views, model, head, logprobs, 2)
+        return logp, ent
+
+    def _pipeline_outputs(
+        self,
+        batch: TrainBatch,
+        plan: list[Any],
+        views: list[tuple[TrainBatch, PackedInputs]],
+        model: nn.Module,
+        head: Any,
+        fill: Any,
+        count: int,
+    ) -> list[Tensor]:
+        """Run ``plan``'s micro-batches (``views``) through megatron's 1F1B schedule
+        (:mod:`trainer.backends.megatron.pipeline`, forward only) over this stage of
+        ``model``; on the last stage ``fill(mb, head_output)`` gives a micro-batch's ``count``
+        ``[n, t]`` outputs, written at its rows of ``[N, T]`` tensors (the other stages write
+        none); the tensors are summed over the pipeline group (the last stage's outputs onto
+        every stage), then over the data-parallel replicas."""
         from megatron.core import parallel_state
 
-        for tensor in out:  # the last stage's outputs onto every stage, then every replica's
+        from trainer.backends.megatron.pipeline import pipeline_forward
+
+        outputs = pipeline_forward(model, [v[1] for v in views], head)
+        shape = tuple(batch.tokens.shape)
+        out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(count)]
+        for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
+            if not outputs or not m.real:  # not the last stage: zeros to the sum
+                continue
+            rows, width = m.rows.to(self.device), mb.tokens.shape[1]
+            for tensor, part in zip(out, fill(mb, outputs[i]), strict=True):
+                tensor[rows, :width] = part
+        for tensor in out:
             dist.all_reduce(tensor, group=parallel_state.get_pipeline_model_parallel_group())
             self.dp.sum(tensor)
-        return ForwardResult(logprobs=out[0], values=out[2] if critic else None, entropy=out[1])
+        return out
 
     # ------------------------------------------------------------------ context parallel
 
@@ -452,6 +497,12 @@ class MegatronBackend(TorchBackend):
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: TrainBatch, plan: list[Any]) -> Tensor:
+        """The torch backend's; under pipeline parallel through the reference's stages like
+        the actor's logprobs; under context parallel summed over the CP group."""
+        if self.pp > 1:
+            assert self.reference is not None
+            views = [m.view(batch) for m in plan]
+            return self._pipeline_logprobs(batch, plan, views, self.reference)[0]
         out = super()._reference_logprobs(batch, plan)
         self._context_sum(out)
         return out
@@ -583,29 +634,29 @@ class MegatronBackend(TorchBackend):
 
     def _gathered_state(self) -> Iterator[tuple[str, Tensor]]:
         """The actor's tensors under HF checkpoint names, whole (gathered over TP ranks)."""
+        from megatron.core import parallel_state
+
         from trainer.backends.megatron import convert
 
         local = {k: v.to("cpu") for k, v in self._megatron_state().items()}
         tp = self.config.megatron.tensor_parallel
         shards: list[dict[str, Tensor]] = [local]
-        if self.pp > 1:  # every stage's part (this replica's), then whole
-            from megatron.core import parallel_state
-
+        if tp > 1:  # this stage's TP shards (this replica's TP ranks), rank r's at r
+            shards = [None] * tp  # type: ignore[list-item]
+            group = parallel_state.get_tensor_model_parallel_group()
+            dist.all_gather_object(shards, local, group=group)
+        if self.pp > 1:  # every stage's TP shards (this replica's), then each TP rank's whole
             stages: list[Any] = [None] * self.pp
             group = parallel_state.get_pipeline_model_parallel_group()
-            dist.all_gather_object(stages, local, group=group)
-            shards = [convert.merge_pipeline_stages(stages, self.hf_config)]
+            dist.all_gather_object(stages, shards, group=group)
+            shards = [
+                convert.merge_pipeline_stages([stage[r] for stage in stages], self.hf_config)
+                for r in range(tp)
+            ]
         elif self.ep > 1:  # the expert-parallel group is the world: every rank's experts
             ranks: list[Any] = [None] * self.ep
             dist.all_gather_object(ranks, local)
             shards = [convert.merge_expert_parallel(ranks, self.hf_config)]
-        elif tp > 1:
-            from megatron.core import parallel_state
-
-            gathered: list[Any] = [None] * tp
-            group = parallel_state.get_tensor_model_parallel_group()
-            dist.all_gather_object(gathered, local, group=group)  # this replica's TP ranks
-            shards = gathered
         yield from convert.megatron_to_hf(shards, self.hf_config).items()
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
