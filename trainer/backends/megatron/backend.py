@@ -39,10 +39,11 @@ data-parallel-with-CP group. Tensor, pipeline or context parallel combine with d
 data-parallel group). Expert parallel with another kind, context parallel with PP or EP,
 MoE under tensor, pipeline or context parallel, Megatron's own DistributedOptimizer
 (``megatron.distributed_optimizer`` is ZeRO-1 with torch's ZeroRedundancyOptimizer over the
-data-parallel group, also under TP x DP and PP x DP; not under EP), resharding a checkpoint
-to another model-parallel layout and bf16 under pipeline parallel are not built yet and raise
-:class:`BackendError`. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend
-does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
+data-parallel group, also under TP x DP and PP x DP; not under EP) and bf16 under pipeline
+parallel are not built yet and raise :class:`BackendError`. A checkpoint loads into the
+model-parallel layout that saved it; ``python -m trainer reshard``
+(:mod:`trainer.backends.megatron.reshard`) rewrites it for another. ``precision: bf16``
+(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
 ``custom_bwd`` for CUDA, so their backward runs under the forward's autocast state.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
