@@ -43,8 +43,9 @@ data-parallel group, also under TP x DP and PP x DP; not under EP) and bf16 unde
 parallel are not built yet and raise :class:`BackendError`. A checkpoint loads into the
 model-parallel layout that saved it; ``python -m trainer reshard``
 (:mod:`trainer.backends.megatron.reshard`) rewrites it for another. ``precision: bf16``
-(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` /
-``custom_bwd`` for CUDA, so their backward runs under the forward's autocast state.
+(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32:
+megatron's linear layers are ``custom_fwd`` / ``custom_bwd`` for CUDA, so their backward runs
+under the forward's autocast state.
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
