@@ -402,3 +402,26 @@ def test_another_layout_s_checkpoint_is_refused_naming_the_reshard_command(
     with pytest.raises(CheckpointError, match="sharded AdamW states are not resharded"):
         backend.load(zero)
     assert backend.steps == 0  # refused before anything changed
+
+
+@pytest.mark.slow
+def test_a_moe_checkpoint_round_trips_through_expert_parallel(
+    tiny_moe_dir: Path, tmp_path: Path
+) -> None:
+    """EP=1 -> EP=2 (each rank half the experts, renumbered) -> EP=1: the same checkpoint."""
+    from tests.unit.trainer.backends.megatron.test_backend import parity_batch
+    from trainer.backends.megatron.reshard import read, reshard
+
+    backend = one_process(tiny_moe_dir)
+    backend.train_step(parity_batch(backend), objective())
+    backend.save(tmp_path / "ep1")
+    reshard(tmp_path / "ep1", tmp_path / "ep2", Layout(ep=2))
+    halves = read(tmp_path / "ep2").models["actor"]
+    experts = {
+        n.split("local_experts.")[1].split(".")[0]
+        for n in halves[(0, 0, 1)]
+        if "local_experts" in n
+    }
+    assert experts == {"0", "1"}  # of the tiny MoE's four
+    reshard(tmp_path / "ep2", tmp_path / "back", Layout())
+    assert_same_checkpoint(tmp_path / "ep1", tmp_path / "back")
