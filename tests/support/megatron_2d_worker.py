@@ -1,19 +1,19 @@
 """One rank of the tensor x data parallel test: ``python -m tests.support.megatron_2d_worker``.
 
 Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE OUT_FILE CKPT_DIR TINY_DIR TINY_BATCH_FILE
-TIED_DIR TIED_BATCH_FILE. Joins a gloo group of WORLD (4) ranks on loopback and builds the
-megatron backend with TP=2 on MODEL_DIR (key ``tp``): two replicas of two tensor-parallel
-ranks, each replica training its share of the batch's groups; then, re-initialised, with PP=2
-on TINY_DIR (key ``pp``): two replicas of two pipeline stages; then both again with the
-distributed optimizer; then with CP=2 on MODEL_DIR (key ``cp``): two replicas of two
-context-parallel ranks, and with TP=2 x CP=2 (key ``tp_cp``): one replica; then TP=2 x PP=2
-(one replica) on MODEL_DIR with a KL reference (key ``tp_pp``) and on TIED_DIR, the same
-shape with tied embeddings (key ``tp_pp_tied``). On each
-it scores the batch, gathers the HF weights, takes one Li2SAO step, records each rank's share
-of the AdamW states and checks the resume from a checkpoint
-(:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves the outputs, the weights,
-the step's metrics, each rank's (model-parallel or CP rank, DP rank, DP size), (TP rank, CP
-rank), (TP rank, PP rank) and actor parameter shapes to OUT_FILE.
+TIED_DIR TIED_BATCH_FILE MOE_DIR MOE_BATCH_FILE. Joins a gloo group of WORLD (4) ranks on
+loopback and builds the megatron backend with TP=2 on MODEL_DIR (key ``tp``): two replicas of
+two tensor-parallel ranks, each replica training its share of the batch's groups; then,
+re-initialised, with PP=2 on TINY_DIR (key ``pp``): two replicas of two pipeline stages; then
+both again with the distributed optimizer; then with CP=2 on MODEL_DIR (key ``cp``): two
+replicas of two context-parallel ranks, and with TP=2 x CP=2 (key ``tp_cp``): one replica;
+then TP=2 x PP=2 (one replica) on MODEL_DIR with a KL reference (key ``tp_pp``) and on
+TIED_DIR, the same shape with tied embeddings (key ``tp_pp_tied``); then TP=2 x DP=2 on the
+MoE MOE_DIR (key ``tp_moe``: sequence parallel). On each it scores the batch, gathers the HF
+weights, takes one Li2SAO step, records each rank's share of the AdamW states and checks the
+resume from a checkpoint (:func:`tests.support.megatron_resume.resume_check`). Rank 0 saves
+the outputs, the weights, the step's metrics, each rank's (model-parallel or CP rank, DP rank,
+DP size), (TP rank, CP rank), (TP rank, PP rank) and actor parameter shapes to OUT_FILE.
 """
 
 from __future__ import annotations
@@ -96,10 +96,12 @@ def run(world: int, args: list[str]) -> dict:
     model (its two layers one stage each); each again with the distributed optimizer (keys
     ``tp_zero``, ``pp_zero``: the AdamW states sharded over the data-parallel group); then
     CP=2 x DP=2 and TP=2 x CP=2 on the 2-KV-head model (keys ``cp``, ``tp_cp``); then TP=2 x
-    PP=2 on it with a KL reference (key ``tp_pp``) and on its tied variant (``tp_pp_tied``)."""
+    PP=2 on it with a KL reference (key ``tp_pp``) and on its tied variant (``tp_pp_tied``);
+    then TP=2 x DP=2 on a MoE with 2 key/value heads (``tp_moe``)."""
     from megatron.core import parallel_state
 
-    model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file, tied_dir, tied_batch_file = args
+    model_dir, batch_file, _, ckpt, tiny_dir, tiny_batch_file, *rest = args
+    tied_dir, tied_batch_file, moe_dir, moe_batch_file = rest
     tensor = {"megatron": {"tensor_parallel": TP}}
     pipeline = {"megatron": {"pipeline_parallel": 2}, "batch": PP_BATCH}
     both = {"megatron": {"tensor_parallel": TP, "pipeline_parallel": 2}, "batch": PP_BATCH}
@@ -116,6 +118,7 @@ def run(world: int, args: list[str]) -> dict:
         ),
         "tp_pp": (model_dir, batch_file, {**both, "kl_coef": KL}),
         "tp_pp_tied": (tied_dir, tied_batch_file, both),
+        "tp_moe": (moe_dir, moe_batch_file, tensor),
     }
     result = {}
     for key, (model, batch, layout) in runs.items():

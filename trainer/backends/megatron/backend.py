@@ -17,8 +17,11 @@ per-token outputs (logits gathered over the vocabulary) and the same objective; 
 layernorm gradients are summed over the TP ranks and the clipped grad norm spans every rank's
 shards (:func:`sum_partial_grads`, :func:`tp_grad_norm`). With TP=1 the world is data parallel:
 the torch backend's row split by group, gradients summed over the ranks before clipping.
-Qwen3-MoE models run at TP=1 (one process, expert parallel, or data parallel with the experts
-replicated; the Megatron MoE layer, :mod:`trainer.backends.megatron.model`). With
+Qwen3-MoE models run in one process, under expert parallel, data parallel (the experts
+replicated) or tensor parallel (x DP): every expert split over the TP ranks like a dense MLP,
+with megatron's sequence parallel, whose norm and router gradients are partial per rank and
+summed over the TP ranks with the q/k norms' (the Megatron MoE layer,
+:mod:`trainer.backends.megatron.model`). With
 ``pipeline_parallel`` > 1 (dense; PP x DP or TP x PP x DP ranks) every rank holds one stage
 (under TP its TP shard of it); the no-grad forwards (the KL reference's too) and the backward
 of a step run through megatron's 1F1B schedule (:mod:`trainer.backends.megatron.pipeline`,
@@ -37,7 +40,7 @@ objective is the whole batch's on every rank), and the gradients are summed over
 data-parallel-with-CP group. Tensor, pipeline or context parallel combine with data parallel
 (TP x DP, PP x DP, TP x PP x DP, CP x DP, TP x CP x DP: replicas over megatron's
 data-parallel group). Expert parallel with another kind, context parallel with PP or EP,
-MoE under tensor, pipeline or context parallel, Megatron's own DistributedOptimizer
+MoE under pipeline or context parallel, Megatron's own DistributedOptimizer
 (``megatron.distributed_optimizer`` is ZeRO-1 with torch's ZeroRedundancyOptimizer over the
 data-parallel group, also under TP x DP and PP x DP; not under EP) and bf16 under pipeline
 parallel are not built yet and raise :class:`BackendError`. A checkpoint loads into the
@@ -165,7 +168,8 @@ def pipeline_grad_norm(params: list[nn.Parameter], skip: set[int]) -> Tensor:
 
 def sum_partial_grads(params: list[nn.Parameter], partial: set[int]) -> None:
     """Sum over the tensor-parallel ranks the gradients of replicated parameters that each rank
-    sees only part of: the q/k layernorms, applied per head to the rank's own heads (what
+    sees only part of: the q/k layernorms, applied per head to the rank's own heads, and under
+    sequence parallel the norms and the MoE router, applied to the rank's own tokens (what
     Megatron's ``finalize_model_grads`` does for them)."""
     from megatron.core import parallel_state
 
@@ -215,11 +219,6 @@ class MegatronBackend(TorchBackend):
             raise BackendError(
                 "expert parallel with tensor or pipeline parallel is not built in the megatron "
                 "backend yet"
-            )
-        if is_moe(hf_config) and tp > 1:
-            raise BackendError(
-                "a MoE model under tensor parallel is not built in the megatron backend yet "
-                "(TP=1, one process or data parallel)"
             )
         init_parallel(tp, config.seed, pp, ep, self.device, cp)
         self.hf_config = hf_config
@@ -289,7 +288,9 @@ class MegatronBackend(TorchBackend):
             id(p)
             for model in (self.actor, self.critic)
             for name, p in model.named_parameters()
-            if "q_layernorm" in name or "k_layernorm" in name
+            if "q_layernorm" in name
+            or "k_layernorm" in name
+            or getattr(p, "sequence_parallel", False)  # norms and router: own tokens only
         }
 
     @staticmethod

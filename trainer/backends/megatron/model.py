@@ -18,6 +18,15 @@ Under context parallel each rank runs the model on its slice of the lanes
 (:class:`~trainer.backends.megatron.cp_layout.ShardedInputs`: its columns, its queries' mask
 rows) with :class:`~trainer.backends.megatron.cp_attention.AllGatherContextAttention` as the
 core attention of the local spec.
+
+A MoE under tensor parallel runs with megatron's sequence parallel (its ``MoELayer`` refuses TP
+without it in training): the lanes are padded to a multiple of TP columns, each TP rank holds
+``w / TP`` of them between the layers (megatron's column- and row-parallel layers gather and
+reduce-scatter the sequence, its allgather token dispatcher gathers the tokens over the TP
+ranks, every rank computing its TP shard of every expert), the norms are
+:class:`SequenceParallelRMSNorm` (torch's, marked ``sequence_parallel`` like megatron's fused
+norms: their gradients are partial and summed over the TP ranks) and the decoder output is
+gathered back to the whole lane before the heads (:func:`decoder_states`).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from torch import Tensor, nn
 
 from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
-from trainer.backends.megatron.cp_layout import ShardedInputs, packed_attention_mask
+from trainer.backends.megatron.cp_layout import ShardedInputs, packed_attention_mask, pad_lanes
 from trainer.data import PackedInputs
 
 Inputs = PackedInputs | ShardedInputs  # a micro-batch's lanes, or one CP rank's part of them
@@ -170,6 +179,7 @@ def transformer_config(
         pipeline_dtype=dtype,
         # micro-batches differ in width: pipeline stages exchange activation shapes first
         variable_seq_lengths=parallel_state.get_pipeline_model_parallel_world_size() > 1,
+        sequence_parallel=sequence_parallel(hf_config),
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is loaded from the HF checkpoint
         bias_activation_fusion=False,
@@ -189,6 +199,45 @@ def transformer_config(
             if recompute
             else {}
         ),
+    )
+
+
+def sequence_parallel(hf_config: Any) -> bool:
+    """Whether the model runs with megatron's sequence parallel: a MoE under tensor parallel
+    (megatron's ``MoELayer`` refuses TP without it in training; dense models run without)."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    return is_moe(hf_config) and tp > 1
+
+
+class SequenceParallelRMSNorm(nn.RMSNorm):
+    """torch's ``RMSNorm`` as a megatron norm builder under sequence parallel (megatron's own
+    torch wrapper refuses it, its fused ones need Apex or TransformerEngine): the weight is
+    marked ``sequence_parallel`` as megatron's fused norms mark it, so the backend sums its
+    gradient over the TP ranks (each rank normalises its own tokens, or its own heads' for
+    the q/k norms)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def _sequence_parallel_spec(spec: Any, config: Any) -> Any:
+    """The block spec of ``spec``'s layers with :class:`SequenceParallelRMSNorm` for every
+    norm (the layers' and the final one)."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layer = spec.submodules
+    layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attention = layer.self_attention.submodules
+    attention.q_layernorm = attention.k_layernorm = SequenceParallelRMSNorm
+    layers = get_num_layers_to_build(config)
+    return TransformerBlockSubmodules(
+        layer_specs=[spec] * layers, layer_norm=SequenceParallelRMSNorm
     )
 
 
@@ -218,6 +267,8 @@ def build_gpt(
         from trainer.backends.megatron.cp_attention import AllGatherContextAttention
 
         spec.submodules.self_attention.submodules.core_attention = AllGatherContextAttention
+    if config.sequence_parallel:
+        spec = _sequence_parallel_spec(spec, config)
     with cpu_compat.building():
         model = GPTModel(
             config,
@@ -334,15 +385,30 @@ def decoder_states(model: nn.Module, inputs: Inputs) -> Tensor:
     rank's part (:class:`~trainer.backends.megatron.cp_layout.ShardedInputs`): the output is
     its ``w / cp`` columns, the rotary angles those of its explicit positions."""
     ids, positions = inputs.input_ids, inputs.position_ids
+    width = ids.shape[1]
+    split = bool(model.config.sequence_parallel) and isinstance(inputs, PackedInputs)
+    if split:  # a multiple of 2 x TP columns (so of TP), the tail out of every token's view
+        from megatron.core import parallel_state
+
+        ids, positions = pad_lanes(inputs, parallel_state.get_tensor_model_parallel_world_size())
     if isinstance(inputs, ShardedInputs):  # this CP rank's columns, its queries' mask rows
         mask = inputs.attention_mask
     else:
         mask = packed_attention_mask(positions)
     embedded = None
     if model.pre_process:
-        embedded = model.embedding(input_ids=ids, position_ids=positions)  # [w, lanes, h]
+        # [w, lanes, h]; under sequence parallel this TP rank's w / TP columns
+        embedded = model.embedding(input_ids=ids, position_ids=positions)
     rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
-    return model.decoder(hidden_states=embedded, attention_mask=mask, rotary_pos_emb=rotary)
+    out = model.decoder(hidden_states=embedded, attention_mask=mask, rotary_pos_emb=rotary)
+    if not split:
+        return out
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+    # the whole lane on every TP rank; the heads downstream are replicated (the same loss on
+    # every rank), so the backward keeps this rank's columns of the gradient (no sum)
+    whole = gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
+    return whole[:width]
 
 
 def pick(hidden: Tensor, inputs: Inputs) -> Tensor:
@@ -365,6 +431,17 @@ def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
         if model.share_embeddings_and_output_weights
         else None
     )
+    if model.config.sequence_parallel:
+        # the output layer would gather a sequence; ``hidden`` is whole on every TP rank: the
+        # column-parallel product without sequence parallel (no bias), gathered over the vocab
+        from megatron.core.tensor_parallel import (
+            copy_to_tensor_model_parallel_region,
+            gather_from_tensor_model_parallel_region,
+        )
+
+        shard = weight if weight is not None else model.output_layer.weight
+        local = F.linear(copy_to_tensor_model_parallel_region(hidden), shard)
+        return gather_from_tensor_model_parallel_region(local)
     logits, _ = model.output_layer(hidden[:, None], weight=weight, runtime_gather_output=True)
     return logits[:, 0]
 

@@ -277,16 +277,16 @@ def test_save_load_continues_with_the_identical_next_step(
 
 
 def gqa_model_dir(tiny_model_dir: Path, directory: Path, tied: bool = False) -> Path:
-    """A tiny Qwen3 with 2 key/value heads (TP=2 needs whole groups per rank) and untied
-    embeddings (the output layer splits too; ``tied``: tied, as the tiny model's), random
-    weights, the tiny model's tokenizer."""
-    from transformers import AutoConfig, Qwen3ForCausalLM
+    """A tiny Qwen3 (or, from the tiny MoE, Qwen3-MoE) with 2 key/value heads (TP=2 needs
+    whole groups per rank) and untied embeddings (the output layer splits too; ``tied``: tied,
+    as the tiny models'), random weights, the tiny model's tokenizer."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16
     config.tie_word_embeddings = tied
     torch.manual_seed(3)
-    Qwen3ForCausalLM(config).save_pretrained(directory)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
     for item in tiny_model_dir.iterdir():
         if item.name.startswith(("tokenizer", "special_tokens_map", "chat_template")):
             (directory / item.name).write_bytes(item.read_bytes())
@@ -342,13 +342,14 @@ def check_like_one_process(
 
 @pytest.mark.slow  # four processes import megatron-core
 def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tiny_moe_dir: Path, tmp_path: Path
 ) -> None:
     """TP=2 x DP=2 (the 2-KV-head variant), PP=2 x DP=2 (the tiny model, one layer per
     stage) and CP=2 x DP=2 (the 2-KV-head variant) over the same four processes: two
     replicas of two model-parallel (or CP) ranks, each replica its share of the groups; then
-    TP=2 x CP=2 and TP=2 x PP=2 (with a KL reference; and tied), one replica; the same
-    outputs, step and weights as one process."""
+    TP=2 x CP=2 and TP=2 x PP=2 (with a KL reference; and tied), one replica; then a MoE
+    under TP=2 x DP=2 (sequence parallel); the same outputs, step and weights as one
+    process."""
     from tests.support.megatron_2d_worker import KL
     from tests.support.megatron_pp_worker import BATCH as PP_BATCH
 
@@ -364,6 +365,10 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     args = [str(model), str(tmp_path / "batch.pt"), str(out), str(tmp_path / "ckpt")]
     args += [str(tiny_model_dir), str(tmp_path / "tiny_batch.pt")]
     args += [str(tied), str(tmp_path / "tied_batch.pt")]
+    moe = gqa_model_dir(tiny_moe_dir, tmp_path / "moe-gqa", tied=True)
+    moe_batch = parity_batch(make(moe, "megatron"))
+    torch.save(moe_batch, tmp_path / "moe_batch.pt")
+    args += [str(moe), str(tmp_path / "moe_batch.pt")]
     run_ranks("tests.support.megatron_2d_worker", args, world=4)
     four = torch.load(out, weights_only=False)
     check_two_replicas(four["tp"], model, batch)
@@ -380,6 +385,15 @@ def test_tensor_or_pipeline_times_data_parallel_four_ranks_equal_one(
     # the actor's grad norm to 1e-4 (torch's float32 norm of this model's embedding gradient
     # is itself 3e-5 off its float64 value; every weight agrees as elsewhere)
     check_tensor_and_pipeline(four["tp_pp_tied"], tied, tied_batch, rough=("actor/grad_norm",))
+    # a MoE under TP=2 x DP=2: attention and every expert split over the TP ranks, router and
+    # norms whole (sequence parallel: their gradients summed over the TP ranks); tied, so the
+    # actor's grad norm to 1e-4 as above
+    shard = four["tp_moe"]["shapes"][1]
+    expert = "decoder.layers.1.mlp.experts.local_experts.3."
+    assert shard[f"{expert}linear_fc1.weight"] == (64, 64)  # its half of gate and of up
+    assert shard[f"{expert}linear_fc2.weight"] == (64, 32)
+    assert shard["decoder.layers.1.mlp.router.weight"] == (4, 64)
+    check_two_replicas(four["tp_moe"], moe, moe_batch, rough=("actor/grad_norm",))
 
 
 def check_tensor_and_pipeline(

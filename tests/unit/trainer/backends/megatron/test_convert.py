@@ -1,5 +1,6 @@
 """HF <-> Megatron weight conversion: bit-exact round trips (the tiny model, a grouped-query
-shape over two tensor-parallel ranks), the fused layouts, and clear errors."""
+shape over two tensor-parallel ranks, the tiny MoE whole and over two expert ranks, a
+2-KV-head MoE over two tensor-parallel ranks), the fused layouts, and clear errors."""
 
 from __future__ import annotations
 
@@ -120,3 +121,24 @@ def test_the_tiny_moe_round_trips_bit_exactly_whole_and_over_two_expert_ranks(
     assert merged.keys() == whole.keys() and all(torch.equal(merged[n], whole[n]) for n in whole)
     with pytest.raises(BackendError, match="num_experts=4 does not split over expert parallel"):
         hf_to_megatron(hf, config, ep=3)
+
+
+def test_a_moe_over_two_tensor_parallel_shards_round_trips_bit_exactly(
+    tiny_moe_dir: Path, tmp_path: Path
+) -> None:
+    from tests.unit.trainer.backends.megatron.test_backend import gqa_model_dir
+
+    model = gqa_model_dir(tiny_moe_dir, tmp_path / "moe-gqa", tied=True)  # 2 key/value heads
+    config = AutoConfig.from_pretrained(model)
+    hf = load_file(model / "model.safetensors")
+    shards = [hf_to_megatron(hf, config, rank, tp=2) for rank in range(2)]
+    # TP rank 1: the second half of every expert's gate and up rows, of its down columns
+    expert, local = "model.layers.1.mlp.experts.3.", "decoder.layers.1.mlp.experts.local_experts.3."
+    gate, up = (hf[f"{expert}{x}_proj.weight"][32:] for x in ("gate", "up"))
+    assert torch.equal(shards[1][f"{local}linear_fc1.weight"], torch.cat([gate, up]))
+    down = hf[f"{expert}down_proj.weight"][:, 32:]
+    assert torch.equal(shards[1][f"{local}linear_fc2.weight"], down)
+    router = "decoder.layers.1.mlp.router.weight"  # whole on every rank
+    assert all(torch.equal(s[router], hf["model.layers.1.mlp.gate.weight"]) for s in shards)
+    back = megatron_to_hf(shards, config)
+    assert back.keys() == hf.keys() and all(torch.equal(back[n], hf[n]) for n in hf)
