@@ -319,7 +319,8 @@ def init_parallel(
     device: torch.device | str = "cpu",
     context_parallel: int = 1,
 ) -> None:
-    """``torch.distributed`` over gloo (world size 1 unless a launcher set ``WORLD_SIZE``),
+    """``torch.distributed`` (world size 1 unless a launcher set ``WORLD_SIZE``; gloo, NCCL for
+    several processes on CUDA),
     megatron's ``parallel_state`` with ``tensor_parallel`` x ``pipeline_parallel`` ranks per
     model replica (the rest is data parallel; ``expert_parallel`` ranks of it split a MoE's
     experts; ``context_parallel`` ranks of it split every sequence) and its model-parallel RNG
@@ -342,10 +343,14 @@ def init_parallel(
         if world_size == 1 and "MASTER_PORT" not in os.environ:
             # One process: an in-memory store, no TCP port to race another process for.
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        else:
+        else:  # several processes (the trainer loop's ranks join theirs first: ranks.py)
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            backend = "gloo"
+            if torch.device(device).type == "cuda":  # NCCL: gloo has no CUDA all-gather
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+                backend = "nccl"
             dist.init_process_group(
-                "gloo", rank=int(os.environ.get("RANK", "0")), world_size=world_size
+                backend, rank=int(os.environ.get("RANK", "0")), world_size=world_size
             )
     world = dist.get_world_size()
     if world % (tensor_parallel * pipeline_parallel * context_parallel):
