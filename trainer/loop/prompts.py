@@ -187,6 +187,7 @@ def load_mixture_entries(config: DatasetConfig) -> dict[str, list[MixtureEntry]]
             denied = load_denylist(config.deny_file)
         except DatasetError as exc:
             raise DatasetError(f"deny_file: {exc}") from exc
+
         def deny_line(entry: MixtureEntry) -> str | None:  # by its key, or by its plain id
             return next((k for k in (entry.key, entry.instance.instance_id) if k in denied), None)
 
