@@ -15,8 +15,8 @@
 #    of step 3.
 # 3. With 2 or more GPUs: the same run under torchrun with 2 ranks (NCCL; rank 0 drives,
 #    rank 1 follows): the torch backend (FSDP2), and the megatron backend as two pipeline
-#    stages and as two context-parallel ranks (the toy model's one KV head allows no tensor
-#    parallel); checkpoint shards of both ranks.
+#    stages (fp32, and bf16) and as two context-parallel ranks (the toy model's one KV head
+#    allows no tensor parallel); checkpoint shards of both ranks.
 # 4. bench/bench_trainer.py --device cuda --quick, fp32 and bf16 (figures in
 #    WORK/bench_trainer-{fp32,bf16}.{log,json}).
 #
@@ -28,7 +28,7 @@
 #   SWERL_CACHE_DIR  where the tiny and toy models are (default: ~/.cache/swerl)
 #   STEP_TIMEOUT     seconds one check may run before it is stopped and FAILs (default 900)
 set -uo pipefail
-[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
@@ -113,9 +113,10 @@ toy_run megatron-recompute 1 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__ACTI
 if [[ "$GPUS" -ge 2 ]]; then
   toy_run torch-2ranks-nccl 2
   toy_run megatron-2stages-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__PIPELINE_PARALLEL=2
+  toy_run megatron-2stages-bf16-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__PIPELINE_PARALLEL=2 SWERL_TRAINER__PRECISION=bf16
   toy_run megatron-cp2-nccl 2 SWERL_TRAINER__BACKEND=megatron SWERL_TRAINER__MEGATRON__CONTEXT_PARALLEL=2
 else
-  echo "SKIP toy-{torch-2ranks,megatron-2stages,megatron-cp2}-nccl (one GPU: NCCL needs a GPU per rank)"
+  echo "SKIP toy-{torch-2ranks,megatron-2stages,megatron-2stages-bf16,megatron-cp2}-nccl (one GPU: NCCL needs a GPU per rank)"
 fi
 
 # 4. the trainer benchmark on the GPU

@@ -16,8 +16,11 @@ SCRIPT = DEPLOY / "gpu_check_trainer.sh"
 def test_help_lists_the_checks() -> None:
     out = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
     checks = ("tests/gpu", "score", "toy Li2SAO run", "torchrun with 2 ranks (NCCL")
-    for check in (*checks, "bench_trainer.py --device cuda"):
+    stages = "two pipeline\n   stages (fp32, and bf16)"
+    for check in (*checks, stages, "bench_trainer.py --device cuda"):
         assert check in out.stdout
+    assert "STEP_TIMEOUT" in out.stdout  # the whole header, its last line too
+    assert "toy_run megatron-2stages-bf16-nccl 2 " in SCRIPT.read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run the script itself")
