@@ -31,6 +31,15 @@ nothing else (each entry names what it replaces and why):
    before a layer's forward and restores them for its recomputation: the CPU generator's and
    the tracker's (2), which are this machine's, and the CUDA generator's, which does not
    exist here.
+7. The backward of megatron's linear autograd functions
+   (``tensor_parallel.layers.LinearWithGradAccumulationAndAsyncCommunication`` and
+   ``LinearWithFrozenWeight``) runs under the forward's CPU autocast state
+   (:func:`cpu_autocast_backward`): they are ``custom_fwd`` / ``custom_bwd`` for CUDA only, so
+   on a GPU the backward re-enters the forward's autocast, on the CPU it would not and a
+   bfloat16 output gradient would meet the saved fp32 weight (a dtype error). With autocast
+   off in the forward nothing changes (fp32, the users' CPU path); under ``precision: bf16``
+   (the GPU path, which the tests run on the CPU's bfloat16 autocast) the CPU backward
+   computes what CUDA's does.
 
 Not needed yet (the backend drives the backward itself, with torch's AdamW): Megatron DDP's
 and the DistributedOptimizer's CUDA streams, events and ``device="cuda"`` scratch tensors and
@@ -134,6 +143,31 @@ def _set_no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
     """(6) Nothing to put back (see :func:`_no_cuda_rng_state`)."""
 
 
+def cpu_autocast_backward(function: type[torch.autograd.Function]) -> None:
+    """(7) Make ``function``'s backward run under the CPU autocast state its forward ran
+    under, what ``torch.amp.custom_fwd`` / ``custom_bwd`` do for one device type (megatron's
+    are CUDA's). The state goes on the context under names of its own (``custom_fwd`` keeps
+    CUDA's in ``_fwd_used_autocast`` / ``_dtype``). Once per function: a second call is a
+    no-op."""
+    if getattr(function, "_swerl_cpu_autocast", False):
+        return
+    forward, backward = function.forward, function.backward
+
+    def recorded_forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        ctx.swerl_cpu_autocast = torch.is_autocast_enabled("cpu")
+        ctx.swerl_cpu_autocast_dtype = torch.get_autocast_dtype("cpu")
+        return forward(ctx, *args, **kwargs)
+
+    def autocast_backward(ctx: Any, *grads: Any) -> Any:
+        enabled, dtype = ctx.swerl_cpu_autocast, ctx.swerl_cpu_autocast_dtype
+        with torch.autocast(device_type="cpu", dtype=dtype, enabled=enabled):
+            return backward(ctx, *grads)
+
+    function.forward = staticmethod(recorded_forward)  # type: ignore[assignment,method-assign]
+    function.backward = staticmethod(autocast_backward)  # type: ignore[assignment,method-assign]
+    function._swerl_cpu_autocast = True  # type: ignore[attr-defined]
+
+
 def claim_cuda() -> None:
     """Mark this process as running megatron on CUDA (nothing is patched); raises
     :class:`CompatError` when the CPU layer is already installed."""
@@ -146,7 +180,7 @@ def claim_cuda() -> None:
 
 
 def install() -> list[str]:
-    """Apply the process-wide replacements above (1-4, 6) for megatron on the CPU; return
+    """Apply the process-wide replacements above (1-4, 6, 7) for megatron on the CPU; return
     what is replaced. Raises :class:`CompatError` after :func:`claim_cuda`."""
     if _INSTALLED:
         return list(_INSTALLED)
@@ -156,6 +190,7 @@ def install() -> list[str]:
             "another process"
         )
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import layers
     from megatron.core.tensor_parallel import random as megatron_random
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
@@ -165,6 +200,11 @@ def install() -> list[str]:
     megatron_random._set_cuda_rng_state = _set_no_cuda_rng_state  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     schedules.torch = _CpuTorch(torch)  # type: ignore[assignment]
+    for linear in (
+        layers.LinearWithGradAccumulationAndAsyncCommunication,
+        layers.LinearWithFrozenWeight,
+    ):
+        cpu_autocast_backward(linear)
     _INSTALLED.extend(
         [
             "torch.cuda.current_device",
@@ -172,6 +212,8 @@ def install() -> list[str]:
             "torch.cuda.synchronize",
             "megatron.core.pipeline_parallel.schedules.torch.zeros(device='cuda')",
             "megatron.core.tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state",
+            "megatron.core.tensor_parallel.layers linear functions: backward under the "
+            "forward's CPU autocast",
         ]
     )
     return list(_INSTALLED)

@@ -1,7 +1,11 @@
 """The CPU RNG tracker that stands in for megatron's CUDA one: named streams that continue
-across forks, the outer generator untouched, duplicate names and seeds refused."""
+across forks, the outer generator untouched, duplicate names and seeds refused; the schedules'
+CUDA zeros, ``Tensor.cuda`` while building, one device per process; a megatron-style linear
+backward under its forward's CPU autocast."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -84,3 +88,56 @@ def test_one_process_runs_megatron_on_one_device(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(cpu_compat.CompatError, match="already runs a megatron backend on cuda"):
         cpu_compat.install()
     assert not cpu_compat._INSTALLED  # nothing was patched
+
+
+def _frozen_linear() -> type[torch.autograd.Function]:
+    """A linear autograd function as megatron writes them (``LinearWithFrozenWeight``): the
+    fp32 weight saved, ``custom_fwd`` / ``custom_bwd`` for CUDA only."""
+    from functools import partial
+
+    custom_fwd = partial(torch.amp.custom_fwd, device_type="cuda")
+    custom_bwd = partial(torch.amp.custom_bwd, device_type="cuda")
+
+    class FrozenLinear(torch.autograd.Function):
+        @staticmethod
+        @custom_fwd
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(weight)
+            return torch.matmul(x, weight.t())
+
+        @staticmethod
+        @custom_bwd
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            (weight,) = ctx.saved_tensors
+            return grad.matmul(weight), None
+
+    return FrozenLinear
+
+
+def test_a_linear_backward_runs_under_its_forwards_cpu_autocast() -> None:
+    from trainer.backends.megatron.cpu_compat import cpu_autocast_backward
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=generator)
+    weight = torch.randn(16, 8, generator=generator)
+    grad = torch.randn(4, 16, generator=generator)
+
+    def input_grad(function: type[torch.autograd.Function], autocast: bool) -> torch.Tensor:
+        leaf = x.clone().requires_grad_(True)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = function.apply(leaf, weight)
+        out.backward(grad.to(out.dtype))  # outside autocast, as the backend's backward runs
+        assert leaf.grad is not None
+        return leaf.grad
+
+    plain = _frozen_linear()
+    fp32 = input_grad(plain, autocast=False)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        input_grad(plain, autocast=True)  # megatron's CUDA-only custom_bwd on the CPU
+    patched = _frozen_linear()
+    cpu_autocast_backward(patched)
+    cpu_autocast_backward(patched)  # twice: wrapped once
+    assert torch.equal(input_grad(patched, autocast=False), fp32)  # fp32: nothing changes
+    bf16 = input_grad(patched, autocast=True)
+    want = (grad.bfloat16() @ weight.bfloat16()).float()  # CUDA's custom_bwd: bf16 matmul
+    assert torch.equal(bf16, want) and not torch.equal(bf16, fp32)
