@@ -42,13 +42,14 @@ data-parallel-with-CP group. Tensor, pipeline or context parallel combine with d
 data-parallel group). Expert parallel with another kind, context parallel with PP or EP,
 MoE under pipeline or context parallel, Megatron's own DistributedOptimizer
 (``megatron.distributed_optimizer`` is ZeRO-1 with torch's ZeroRedundancyOptimizer over the
-data-parallel group, also under TP x DP and PP x DP; not under EP) and bf16 under pipeline
-parallel are not built yet and raise :class:`BackendError`. A checkpoint loads into the
-model-parallel layout that saved it; ``python -m trainer reshard``
-(:mod:`trainer.backends.megatron.reshard`) rewrites it for another. ``precision: bf16``
-(GPU) autocasts the forwards as the torch backend does, parameters and AdamW states fp32:
-megatron's linear layers are ``custom_fwd`` / ``custom_bwd`` for CUDA, so their backward runs
-under the forward's autocast state.
+data-parallel group, also under TP x DP and PP x DP; not under EP) are not built yet and
+raise :class:`BackendError`. A checkpoint loads into the model-parallel layout that saved it;
+``python -m trainer reshard`` (:mod:`trainer.backends.megatron.reshard`) rewrites it for
+another. ``precision: bf16`` (GPU) autocasts the forwards as the torch backend does,
+parameters and AdamW states fp32: megatron's linear layers are ``custom_fwd`` / ``custom_bwd``
+for CUDA, so their backward runs under the forward's autocast state. Under pipeline parallel
+every stage's forward and the last stage's heads run under the same autocast, and the stages
+exchange the fp32 residual stream (what one process passes between the same two layers).
 ``activation_checkpointing`` is Megatron's full recompute, one layer per checkpoint, in actor
 and critic (the critic's embedding output made to require grad: its embeddings are frozen).
 """
@@ -60,7 +61,7 @@ import json
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -81,6 +82,9 @@ from trainer.backends.torch_backend import (
 from trainer.checkpoint import atomic_directory
 from trainer.config import TrainerConfig
 from trainer.data import PackedInputs, TrainBatch
+
+if TYPE_CHECKING:
+    from trainer.backends.megatron.pipeline import Head
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -193,7 +197,6 @@ class MegatronBackend(TorchBackend):
         source = model_dir if model_dir is not None else config.model
         if not source:
             raise BackendError("no model directory: set trainer.model or pass model_dir")
-        self._check_settings(config)
         self.model_dir = Path(source).resolve()
         self.config = config
         self.device = torch.device(config.device)
@@ -292,14 +295,6 @@ class MegatronBackend(TorchBackend):
             or "k_layernorm" in name
             or getattr(p, "sequence_parallel", False)  # norms and router: own tokens only
         }
-
-    @staticmethod
-    def _check_settings(config: TrainerConfig) -> None:
-        if config.precision == "bf16" and config.megatron.pipeline_parallel > 1:
-            raise BackendError(
-                "bf16 under pipeline parallel is not built in the megatron backend yet (the "
-                "stages exchange fp32 activations); use precision fp32 or pipeline_parallel 1"
-            )
 
     @staticmethod
     def _check_context_parallel(hf_config: Any, cp: int) -> None:
@@ -401,7 +396,7 @@ class MegatronBackend(TorchBackend):
         def logprobs(mb: TrainBatch, logits: Tensor) -> list[Tensor]:
             return list(self._token_logprobs(mb, logits, entropy=entropy))
 
-        model, head = scorer.model, scorer.head
+        model, head = scorer.model, self._autocast_head(scorer.head)
         logp, ent = self._pipeline_outputs(batch, plan, views, model, head, logprobs, 2)
         return logp, ent
 
@@ -425,7 +420,7 @@ class MegatronBackend(TorchBackend):
 
         from trainer.backends.megatron.pipeline import pipeline_forward
 
-        outputs = pipeline_forward(model, [v[1] for v in views], head)
+        outputs = pipeline_forward(model, [v[1] for v in views], head, self._autocast)
         shape = tuple(batch.tokens.shape)
         out = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(count)]
         for i, (m, (mb, _)) in enumerate(zip(plan, views, strict=True)):
@@ -527,13 +522,23 @@ class MegatronBackend(TorchBackend):
 
     # ------------------------------------------------------------------ pipeline heads
 
-    def _critic_head(self, raw: bool) -> Any:
+    def _autocast_head(self, head: Head) -> Head:
+        """``head`` run under the forwards' autocast (``precision: bf16``), as the PP=1
+        forwards run the model's last part: what follows it (logprobs, masks) runs outside."""
+
+        def autocast_head(hidden: Tensor, inputs: Any) -> Tensor:
+            with self._autocast():
+                return head(hidden, inputs)
+
+        return autocast_head
+
+    def _critic_head(self, raw: bool) -> Head:
         critic = self.critic
 
         def head(hidden: Tensor, inputs: Any) -> Tensor:
             return critic.head(hidden, inputs, raw)
 
-        return head
+        return self._autocast_head(head)
 
     def _backprop(  # type: ignore[override]
         self, batch: TrainBatch, plan: list[Any], grad: Tensor, forward: Any
@@ -553,21 +558,23 @@ class MegatronBackend(TorchBackend):
         inputs = [v[1] for v in views]
         if forward == self._actor_logp:
             masks = [mb for mb, _ in views]
+            logits = self._autocast_head(self.scorer.head)
 
             def logp_head(hidden: Tensor, packed: Any) -> Tensor:
                 mb = masks[_position(inputs, packed)]
-                return self._token_logprobs(mb, self.scorer.head(hidden, packed), False)[0]
+                return self._token_logprobs(mb, logits(hidden, packed), False)[0]
 
-            pipeline_backward(self.actor, inputs, logp_head, grads)
+            pipeline_backward(self.actor, inputs, logp_head, grads, self._autocast)
         elif forward == self._critic_raw:
             masks = [mb for mb, _ in views]
+            raw_values = self._critic_head(raw=True)
 
             def value_head(hidden: Tensor, packed: Any) -> Tensor:
                 mb = masks[_position(inputs, packed)]
-                out = self.critic.head(hidden, packed, raw=True)
+                out = raw_values(hidden, packed)
                 return torch.where(mb.action_mask, out, torch.zeros_like(out))
 
-            pipeline_backward(self.critic.body, inputs, value_head, grads)
+            pipeline_backward(self.critic.body, inputs, value_head, grads, self._autocast)
         else:
             raise BackendError(f"no pipeline-parallel backward for {forward}")
         self._sum_tied_embedding_grads()
