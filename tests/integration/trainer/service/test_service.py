@@ -143,7 +143,8 @@ def test_bad_spec_and_failed_run_fail_the_job_with_the_reason(
         got = {j: job(http, j) for j in (missing, unknown, no_ckpt)}
         logs = [x["message"] for x in http.get(f"/v1/jobs/{no_ckpt}/logs").json()["lines"]]
     assert {g["state"] for g in got.values()} == {"failed"}
-    assert f"spec.dataset {str(tmp_path / 'nope.txt')!r} is neither a dataset mixture" in got[missing]["message"]
+    nope = str(tmp_path / "nope.txt")
+    assert f"spec.dataset {nope!r} is neither a dataset mixture" in got[missing]["message"]
     assert "trainer.algorithm" in got[unknown]["message"]
     assert "nosuch" in got[unknown]["message"]
     assert got[no_ckpt]["message"].startswith("training exited with 1:")
