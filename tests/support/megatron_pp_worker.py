@@ -4,7 +4,9 @@ Arguments: RANK WORLD PORT MODEL_DIR BATCH_FILE MOE_DIR MOE_BATCH_FILE OUT_FILE.
 group on loopback, builds the megatron backend with PP = WORLD stages (the tiny model's layers
 split evenly), scores the batch through megatron's 1F1B schedule (forward only), gathers the HF
 weights from every stage and takes one Li2SAO step, then checks that a fresh PP backend resumes
-from its checkpoint with the identical next step (key ``resume``). Then the same ranks
+from its checkpoint with the identical next step (key ``resume``); a PP backend in
+``precision: bf16`` (:func:`bf16`: CPU autocast) scores and steps the same batch (key
+``bf16``). Then the same ranks
 re-initialise megatron's ``parallel_state`` with EP = WORLD and score, step and resume the
 tiny MoE (key ``ep``), and once more as plain data parallel on the MoE (key ``moe_dp``). Rank
 0 saves the outputs, the gathered weights before and after the steps, each rank's parameter
@@ -34,6 +36,27 @@ STEP = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
 def make(model_dir: str, seed: int = 0, **settings: object) -> MegatronBackend:
     config = TrainerConfig(model=model_dir, backend="megatron", seed=seed, **settings, **STEP)
     return MegatronBackend(config)
+
+
+def bf16(config: TrainerConfig) -> TrainerConfig:
+    """``config`` with ``precision: bf16`` on its CPU device: the config refuses bf16 off a
+    GPU (the users' rule); torch's CPU autocast runs bfloat16, so the tests bypass only that
+    check to compare the backend's bf16 paths on the CPU."""
+    return config.model_copy(update={"precision": "bf16"})
+
+
+def run_bf16(model_dir: str, batch_file: str, world: int) -> dict:
+    """A PP = WORLD backend in ``precision: bf16`` (:func:`bf16`): the batch's logprobs and
+    values through the stages, one Li2SAO step's metrics and the gathered weights after it."""
+    layout = {"megatron": {"pipeline_parallel": world}, "batch": BATCH}
+    config = TrainerConfig(model=model_dir, backend="megatron", **layout, **STEP)
+    backend = MegatronBackend(bf16(config))
+    batch = torch.load(batch_file, weights_only=False)
+    result = {"forward": backend.logprobs_and_values(batch)}
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    result["metrics"] = backend.train_step(batch, objective)
+    result["stepped"] = snapshot(backend)
+    return result
 
 
 def run(model_dir: str, batch_file: str, world: int) -> dict:
@@ -106,6 +129,7 @@ def run_moe_data_parallel(moe_dir: str, batch_file: str) -> dict:
 def run_all(world: int, args: list[str]) -> dict:
     model_dir, batch_file, moe_dir, moe_batch_file, _ = args
     result = run(model_dir, batch_file, world)
+    result["bf16"] = run_bf16(model_dir, batch_file, world)
     result["ep"] = run_expert_parallel(moe_dir, moe_batch_file, world)
     result["moe_dp"] = run_moe_data_parallel(moe_dir, moe_batch_file)
     return result

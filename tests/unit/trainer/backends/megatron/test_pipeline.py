@@ -1,10 +1,11 @@
 """Pipeline and expert parallel on CPU: the megatron backend with PP=2 (two gloo processes, one
 layer of the tiny model per stage) scores a batch through megatron's 1F1B schedule like one
 process, gathers the HF weights from both stages bit-exactly and takes the same Li2SAO step
-(backward through the schedule); the same processes as EP=2 on the tiny MoE (two experts per
-rank) score like one process, gather every expert bit-exactly and take the same step, and
-so does plain data parallel on the MoE; under PP=2 and EP=2 a fresh backend resumes from a
-checkpoint with the identical next step.
+(backward through the schedule), and in ``precision: bf16`` (CPU autocast) scores bit-equally
+with one bf16 process and takes its step; the same processes as EP=2 on the tiny MoE (two
+experts per rank) score like one process, gather every expert bit-exactly and take the same
+step, and so does plain data parallel on the MoE; under PP=2 and EP=2 a fresh backend resumes
+from a checkpoint with the identical next step.
 
 One process pair serves every check (each process pays seconds of megatron-core import)."""
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.megatron_pp_worker import BATCH, STEP
+from tests.support.megatron_pp_worker import BATCH, STEP, bf16
 from tests.support.megatron_resume import assert_resumed
 from tests.support.ranks import run_ranks
 from tests.unit.trainer.backends.megatron.test_backend import (
@@ -27,11 +28,16 @@ from tests.unit.trainer.backends.megatron.test_backend import (
     parity_batch,
 )
 from trainer.backends import BackendError, StepObjective
+from trainer.backends.megatron.backend import MegatronBackend
 from trainer.backends.megatron.convert import (
     hf_to_megatron,
     merge_pipeline_stages,
     pipeline_stage,
 )
+from trainer.config import TrainerConfig
+from trainer.data import TrainBatch
+
+BOOTSTRAP = StepObjective(algorithm="li2sao", phase="bootstrap")
 
 pytestmark = pytest.mark.slow  # two processes importing megatron-core
 
@@ -54,6 +60,32 @@ def test_pipeline_stages_split_and_merge_the_weights_bit_exactly(tiny_model_dir:
     assert merged.keys() == whole.keys() and all(torch.equal(merged[n], whole[n]) for n in whole)
     with pytest.raises(BackendError, match="num_hidden_layers=2 does not split over pipeline"):
         pipeline_stage(whole, config, 0, 3)
+
+
+def assert_bf16_stages_equal_one_process(
+    model_dir: Path, batch: TrainBatch, two: dict, fp32: dict
+) -> None:
+    """PP=2 in ``precision: bf16`` (``two``) against one bf16 process: every stage's forward
+    and the last stage's heads autocast as one process's do and the stages exchange the fp32
+    residual stream, so the logprobs, entropies and values are bit-equal; the step's metrics
+    and weights agree as the fp32 PP step's do (only gradient sums differ in order: the tied
+    embeddings' over the stages). ``fp32``: the fp32 PP=2 results, off by bf16 rounding (the
+    stages did run bf16)."""
+    config = TrainerConfig(model=str(model_dir), backend="megatron", batch=BATCH, **STEP)
+    one = MegatronBackend(bf16(config))
+    want, mask = one.logprobs_and_values(batch), batch.action_mask
+    for part in ("logprobs", "values", "entropy"):
+        got = getattr(two["forward"], part)
+        assert torch.equal(got, getattr(want, part)), part
+        # bf16 rounding: beyond the fp32 parity's 1e-5 (logprobs 2e-3, entropy 3e-5 seen)
+        assert float((got - getattr(fp32["forward"], part))[mask].abs().max()) > 1e-5, part
+    metrics = one.train_step(batch, BOOTSTRAP)
+    close_metrics(metrics, two["metrics"])
+    with pytest.raises(AssertionError):  # the fp32 step is told apart by the same check
+        close_metrics(fp32["metrics"], two["metrics"])
+    start = load_file(model_dir / "model.safetensors")
+    for name, tensor in one.named_weights():
+        adam_parity(tensor, two["stepped"][name], start[name])
 
 
 def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
@@ -95,6 +127,7 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
     assert moved > 10_000
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
     assert_resumed(two["resume"])  # a fresh PP=2 backend resumes with the identical step
+    assert_bf16_stages_equal_one_process(tiny_model_dir, batch, two["bf16"], two)
     # expert parallel: each rank holds two of the four experts, yet scores every token
     ep = two["ep"]
     for names in ep["rank_names"]:
