@@ -254,6 +254,7 @@ class MegatronBackend(TorchBackend):
             MegatronValueModel,
             build_gpt,
             embeddings_require_grad,
+            layers_under_autocast,
         )
 
         config, hf_config = self.config, self.hf_config
@@ -261,6 +262,8 @@ class MegatronBackend(TorchBackend):
         def gpt(recompute: bool = config.activation_checkpointing) -> nn.Module:
             model = build_gpt(hf_config, recompute=recompute)
             convert.load_into(model, weights)
+            if recompute:  # the recomputed layer must compute what its forward computed
+                layers_under_autocast(model, self._autocast)
             return model.to(self.device)
 
         self.actor = gpt()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -287,6 +288,25 @@ def build_gpt(
             model.rotary_pos_emb.cp_group = None
         rope_outside_autocast(model.rotary_pos_emb)
     return model
+
+
+def layers_under_autocast(model: nn.Module, autocast: Callable[[], Any]) -> None:
+    """Run every decoder layer's forward under ``autocast()`` (the backend's: bf16 or off).
+
+    Megatron's activation recompute runs a checkpointed layer again in the backward, where the
+    forward's autocast is not in effect (its ``CheckpointFunction`` does not record it, unlike
+    ``torch.utils.checkpoint``): under ``precision: bf16`` the recomputed layer would compute
+    in fp32 and the gradient would be of another function than the one the loss saw. Entering
+    the same autocast inside each layer makes the forward and the recompute alike (a nested
+    autocast of the same state changes nothing in the forward)."""
+    for layer in model.decoder.layers:
+        forward = layer.forward
+
+        def under_autocast(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+            with autocast():
+                return _forward(*args, **kwargs)
+
+        layer.forward = under_autocast
 
 
 def rope_outside_autocast(rope: nn.Module) -> None:

@@ -249,6 +249,30 @@ def test_activation_recompute_takes_the_same_step(
     recompute_parity(tiny_model_dir, monkeypatch)
 
 
+def test_bf16_activation_recompute_recomputes_in_bf16(tiny_model_dir: Path) -> None:
+    """Under ``precision: bf16`` (torch's CPU autocast here; the config keeps bf16 for GPUs,
+    so only that check is bypassed) a recomputed layer runs under the forward's autocast:
+    megatron's checkpoint does not carry it into the backward, where the layer would compute
+    in fp32 and the gradient be of another function. The step equals the plain bf16 step."""
+    lrs = {"actor": {"lr": LR}, "critic": {"optimizer": {"lr": LR}}}
+
+    def bf16(**overrides: object) -> TorchBackend:
+        config = TrainerConfig(model=str(tiny_model_dir), backend="megatron", **lrs, **overrides)
+        return create_backend(config.model_copy(update={"precision": "bf16"}))
+
+    plain, recomputed = bf16(), bf16(activation_checkpointing=True)
+    start = {n: p.detach().clone() for n, p in plain.critic.named_parameters()}
+    batch = parity_batch(plain)
+    objective = StepObjective(algorithm="li2sao", phase="bootstrap")
+    want, got = plain.train_step(batch, objective), recomputed.train_step(batch, objective)
+    norms = [k for k in want if "grad_norm" in k]  # an fp32 recompute: off by ~1e-4
+    assert "actor/grad_norm" in norms and any(k.startswith("critic/") for k in norms)
+    for key in norms:
+        assert abs(want[key] - got[key]) <= 1e-6 * max(1.0, abs(want[key])), key
+    close_metrics(want, got)
+    assert_stepped_alike(plain, recomputed, start)
+
+
 def test_save_load_continues_with_the_identical_next_step(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
