@@ -10,14 +10,24 @@ an engine reports the version, the adapter reads the same entries back with SGLa
 serve in bfloat16 (8 bits of mantissa), so the tolerance is a bfloat16 rounding's, far below
 what a wrong or stale tensor differs by. A mismatch fails that engine's load: it leaves rotation
 and the readmission reloads the current version (checked the same way) before it serves again.
+
+What it proves: the engine holds, under those names, the values the publisher sent (a stale or
+foreign tensor, a load from the wrong directory). What it does not: SGLang answers
+``/get_weights_by_name`` for a few model classes only (llama, granite, opt, exaone4, gemma); for
+every other model (Qwen3, Qwen3-MoE, ...) it answers 400 and the check is *unverifiable*: the
+load then stands on the ``weight_version`` the engine reports, and the engine stays in rotation
+(docs/weights.md, "What a refresh verifies").
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from adapter.engines.sglang import EngineRequestError
 
 PROBE_RTOL = 1e-2  # a bfloat16 rounding is < 2**-8 relative
 PROBE_ATOL = 1e-3
@@ -49,12 +59,32 @@ def probe_mismatch(probe: WeightProbe, served: list[Any]) -> str | None:
     return None
 
 
-async def check_probes(client: Any, probes: tuple[WeightProbe, ...]) -> str | None:
-    """Read every probe back from the engine (``client.get_weights_by_name``); the first
-    mismatch, or None."""
-    for probe in probes:
-        served = await client.get_weights_by_name(probe.name, len(probe.values))
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What the spot check found: ``problem`` (a mismatch: the load failed), or the probes
+    ``checked``, or ``unverifiable`` (why the engine could not be asked)."""
+
+    problem: str | None = None
+    checked: int = 0
+    unverifiable: str | None = None
+
+
+async def check_probes(client: Any, probes: tuple[WeightProbe, ...]) -> ProbeOutcome:
+    """Read every probe back from the engine (``client.get_weights_by_name``).
+
+    An engine that refuses the read itself (a 4xx: SGLang 0.5.23 implements
+    ``/get_weights_by_name`` for llama, granite, opt, exaone4 and gemma only, and answers 400
+    for Qwen3 and the rest) is *unverifiable*, never *failed*: its load stands on the version it
+    reports, and it stays in rotation. A value that differs is a failed load."""
+    for index, probe in enumerate(probes):
+        try:
+            served = await client.get_weights_by_name(probe.name, len(probe.values))
+        except EngineRequestError as exc:
+            return ProbeOutcome(
+                checked=index,
+                unverifiable=f"the engine does not read weights back by name: {exc.detail}",
+            )
         problem = probe_mismatch(probe, served)
         if problem is not None:
-            return f"weights check after loading: {problem}"
-    return None
+            return ProbeOutcome(problem=f"weights check after loading: {problem}", checked=index)
+    return ProbeOutcome(checked=len(probes))

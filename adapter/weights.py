@@ -37,6 +37,7 @@ from typing import Any
 from adapter.checkpoint import checkpoint_problem
 from adapter.config import RefreshMode
 from adapter.continuation import RefreshBarrier
+from adapter.engines.sglang import EngineRequestError
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
@@ -46,6 +47,38 @@ log = logging.getLogger("adapter.weights")
 
 # Loads the new weights into one engine: {"ok": bool, "error"?: str, "load_s": float, ...}.
 EngineLoader = Callable[[Engine], Awaitable[dict[str, Any]]]
+# Loads the new weights into all the engines in rotation together (a distributed version: every
+# engine receives the same broadcasts in lock step); each engine's result by URL.
+AllLoader = Callable[[list[Engine]], Awaitable[dict[str, dict[str, Any]]]]
+
+# A load that SGLang answers as failed although the weights are in ("Weights were updated, but
+# the cache was not flushed because requests are still running or queued"): the cache is
+# flushed again, a few times, as the running requests drain.
+FLUSH_ATTEMPTS = 5
+FLUSH_RETRY_S = 0.2
+
+
+def each_engine(loader: EngineLoader) -> AllLoader:
+    """An :data:`AllLoader` that runs ``loader`` on every engine concurrently."""
+
+    async def load_all(engines: list[Engine]) -> dict[str, dict[str, Any]]:
+        results = await asyncio.gather(*(loader(e) for e in engines))
+        return {e.url: r for e, r in zip(engines, results, strict=True)}
+
+    return load_all
+
+
+async def flush_until_done(engine: Engine) -> str | None:
+    """``/flush_cache`` until the engine flushes (it refuses while requests run or wait);
+    None once flushed, else why not."""
+    for attempt in range(FLUSH_ATTEMPTS):
+        try:
+            if await engine.client.flush_cache():
+                return None
+        except Exception as exc:
+            return f"flush_cache failed: {exc}"
+        await asyncio.sleep(FLUSH_RETRY_S * (attempt + 1))
+    return f"flush_cache refused {FLUSH_ATTEMPTS} times (requests running or queued)"
 
 
 class RefreshGate:
@@ -143,6 +176,12 @@ class WeightCoordinator:
         # fast (409) instead of queueing behind the first.
         self._lock = asyncio.Lock()
         self._refresh_pending = False
+        # Engines whose cache still holds KV of older weights (a flush refused after a load),
+        # and engines whose weights are a mix of two versions (a distributed version abandoned
+        # midway: SGLang applies buckets one by one): readmission flushes, resp. reloads them
+        # from disk, before they serve again, whatever version they report.
+        self.needs_flush: set[str] = set()
+        self.needs_reload: set[str] = set()
         metrics.weight_version.set(float(initial_version))
 
     @property
@@ -181,13 +220,44 @@ class WeightCoordinator:
         probes: tuple[WeightProbe, ...] = (),
     ) -> dict[str, Any]:
         started = time.perf_counter()
+        load_error: str | None = None
         try:
             await engine.client.update_weights_from_disk(model_path, weight_version=str(version))
-            reported = await engine.client.get_weight_version()
+        except EngineRequestError as exc:  # refused -- or loaded with its cache not flushed
+            load_error = str(exc)
         except Exception as exc:
             return {"ok": False, "error": str(exc), "load_s": time.perf_counter() - started}
+        out: dict[str, Any] = {"load_s": time.perf_counter() - started}
+        return await self.confirm(engine, version, probes, out, load_error)
+
+    async def confirm(
+        self,
+        engine: Engine,
+        version: int,
+        probes: tuple[WeightProbe, ...],
+        out: dict[str, Any],
+        load_error: str | None = None,
+    ) -> dict[str, Any]:
+        """An engine's load result after its last load call (``load_error``: that call's
+        refusal, if any): the version it reports decides. SGLang records the new version, then
+        flushes the cache, and answers failure when the flush is refused (requests running or
+        queued) although the weights are in: an engine that reports ``version`` after a
+        refusal is loaded, and its cache is flushed again here."""
+        try:
+            reported = await engine.client.get_weight_version()
+        except Exception as exc:
+            return {**out, "ok": False, "error": load_error or str(exc)}
         engine.weight_version = reported
-        out: dict[str, Any] = {"version": reported, "load_s": time.perf_counter() - started}
+        out = {**out, "version": reported}
+        if load_error is not None:
+            if parse_version(reported) != version:
+                return {**out, "ok": False, "error": load_error}
+            problem = await flush_until_done(engine)
+            out["flushed_again"] = True
+            if problem is not None:
+                self.needs_flush.add(engine.url)
+                error = f"loaded version {version}; its cache holds older weights' KV: {problem}"
+                return {**out, "ok": False, "error": error}
         return await self.verify(engine, version, probes, out)
 
     @staticmethod
@@ -195,40 +265,55 @@ class WeightCoordinator:
         engine: Engine, version: int, probes: tuple[WeightProbe, ...], out: dict[str, Any]
     ) -> dict[str, Any]:
         """``out`` (an engine's load result) with ``ok``: the engine reports ``version`` and its
-        values of the ``probes`` are the publisher's (:mod:`adapter.weight_check`)."""
+        values of the ``probes`` are the publisher's (:mod:`adapter.weight_check`). An engine
+        that cannot read weights back by name (SGLang does so for a few model classes only) is
+        ``unverifiable``: ok on the version it reports, it stays in rotation."""
         reported = out.get("version")
         if parse_version(reported) != version:
             error = f"engine reports weight_version {reported!r} after loading {version}"
             return {**out, "ok": False, "error": error}
         try:
-            problem = await check_probes(engine.client, probes)
+            outcome = await check_probes(engine.client, probes)
         except Exception as exc:
-            problem = f"weights check after loading: {exc}"
-        if problem is not None:
-            return {**out, "ok": False, "error": problem}
-        return {**out, "ok": True, "probes_checked": len(probes)}
+            return {**out, "ok": False, "error": f"weights check after loading: {exc}"}
+        if outcome.problem is not None:
+            return {**out, "ok": False, "error": outcome.problem}
+        result = {**out, "ok": True, "probes_checked": outcome.checked}
+        if outcome.unverifiable is not None:
+            result["unverifiable"] = outcome.unverifiable
+        return result
 
     async def refresh(
         self,
         model_path: str | None,
         version: int,
-        loader: EngineLoader | None = None,
+        loader: EngineLoader | AllLoader | None = None,
         check: Callable[[list[Engine]], None] | None = None,
         weights_sha256: str | None = None,
         probes: tuple[WeightProbe, ...] = (),
+        together: bool = False,
     ) -> dict[str, Any]:
-        """Step-mode refresh. ``loader`` loads one engine (default: from ``model_path`` on
-        disk); ``check(engines)`` validates before the gate closes (raise APIError to refuse).
-        ``model_path`` may be None for a transport without a disk copy (no reload on
-        readmission then). ``weights_sha256``: the checksum of the weights (the manifest's);
-        a disk refresh of the version and checksum already served is a no-op."""
+        """A refresh in the adapter's mode. ``loader`` loads one engine (default: from
+        ``model_path`` on disk) -- or, with ``together``, all the engines in rotation at once
+        (an :data:`AllLoader`); ``check(engines)`` validates before the gate closes (raise
+        APIError to refuse). ``model_path`` may be None for a transport without a disk copy
+        (no reload on readmission then). ``weights_sha256``: the checksum of the weights (the
+        manifest's); a disk refresh of the version and checksum already served is a no-op."""
         if self._refresh_pending:
             raise APIError(409, "a weight refresh is already in progress", code="refresh_busy")
         self._refresh_pending = True
         try:
             async with self._lock:
+                load_all = (
+                    loader if together or loader is None else each_engine(loader)  # type: ignore[arg-type]
+                )
                 return await self._refresh_locked(
-                    model_path, version, loader, check, weights_sha256, probes
+                    model_path,
+                    version,
+                    load_all,  # type: ignore[arg-type]
+                    check,
+                    weights_sha256,
+                    probes,
                 )
         finally:
             self._refresh_pending = False
@@ -245,7 +330,7 @@ class WeightCoordinator:
         self,
         model_path: str | None,
         version: int,
-        loader: EngineLoader | None,
+        loader: AllLoader | None,
         check: Callable[[list[Engine]], None] | None,
         weights_sha256: str | None = None,
         probes: tuple[WeightProbe, ...] = (),
@@ -268,8 +353,10 @@ class WeightCoordinator:
         if loader is None:
             assert model_path is not None
 
-            async def loader(engine: Engine) -> dict[str, Any]:
+            async def load_one(engine: Engine) -> dict[str, Any]:
                 return await self._load(engine, model_path, version, probes)
+
+            loader = each_engine(load_one)
 
         if self.mode is RefreshMode.TOKEN:
             return await self._refresh_paused(loader, model_path, version, weights_sha256, probes)
@@ -298,7 +385,7 @@ class WeightCoordinator:
 
     async def _refresh_paused(
         self,
-        loader: EngineLoader,
+        loader: AllLoader,
         model_path: str | None,
         version: int,
         weights_sha256: str | None = None,
@@ -426,17 +513,20 @@ class WeightCoordinator:
         return time.perf_counter()
 
     async def _load_all(
-        self, loader: EngineLoader, model_path: str | None, version: int
+        self, loader: AllLoader, model_path: str | None, version: int
     ) -> dict[str, dict[str, Any]]:
-        """Load every engine in rotation concurrently; those that fail leave the rotation. At
-        least one must succeed (502 otherwise). Returns each engine's result by URL."""
+        """Load every engine in rotation; those that fail leave the rotation. At least one
+        must succeed (502 otherwise). Returns each engine's result by URL."""
         engines = self.router.healthy()
-        results = await asyncio.gather(*(loader(e) for e in engines))
-        report = {e.url: r for e, r in zip(engines, results, strict=True)}
-        for engine, result in zip(engines, results, strict=True):
+        report = await loader(engines)
+        for engine in engines:
+            result = report[engine.url]
             if not result["ok"]:
                 self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
-        if not any(r["ok"] for r in results):
+            else:
+                self.needs_reload.discard(engine.url)
+                self.needs_flush.discard(engine.url)
+        if not any(r["ok"] for r in report.values()):
             raise APIError(
                 502,
                 f"no engine loaded {model_path} (version {version}): {report}",
@@ -489,13 +579,15 @@ class WeightCoordinator:
             reported = await engine.client.get_weight_version()
             engine.weight_version = reported
             current = self.state
-            if parse_version(reported) != current.version:
+            mixed = engine.url in self.needs_reload
+            if parse_version(reported) != current.version or mixed:
                 if current.model_path is None:
                     # A distributed-only publish leaves nothing to reload from: the engine stays
                     # out until a version with a disk copy is published.
+                    what = "holds a mix of two versions" if mixed else f"serves {reported!r}"
                     engine.last_error = (
-                        f"serves {reported!r}, current is {current.version} and it has no disk "
-                        "copy to reload from (publish with distributed.export_to_disk)"
+                        f"{what}, current is {current.version} and it has no disk copy to "
+                        "reload from (publish with distributed.export_to_disk)"
                     )
                     return
                 result = await self._load(
@@ -504,4 +596,11 @@ class WeightCoordinator:
                 if not result["ok"]:
                     engine.last_error = f"reload on readmission failed: {result.get('error')}"
                     return
+            elif engine.url in self.needs_flush:
+                problem = await flush_until_done(engine)
+                if problem is not None:
+                    engine.last_error = f"cache of older weights not flushed yet: {problem}"
+                    return
+            self.needs_reload.discard(engine.url)
+            self.needs_flush.discard(engine.url)
             self.router.mark_healthy(engine)

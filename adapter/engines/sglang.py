@@ -331,7 +331,13 @@ class SGLangClient:
         payload = await self._json("POST", "/generate", body)
         latency = time.perf_counter() - started
         result = parse_generate_output(
-            payload, self.base_url + "/generate", rid, return_logprob, latency, top_logprobs_num
+            payload,
+            self.base_url + "/generate",
+            rid,
+            return_logprob,
+            latency,
+            top_logprobs_num,
+            prompt_len=len(input_ids),
         )
         if token_texts:
             entries = payload["meta_info"]["output_token_logprobs"]  # checked by the parse
@@ -404,6 +410,29 @@ class SGLangClient:
         assert isinstance(result, WeightsUpdateGroupResult)
         return result
 
+    async def begin_weight_update(self) -> WeightsUpdateGroupResult:
+        """Open SGLang's weight-update session (``/begin_weight_update``): SGLang 0.5.23 refuses
+        ``update_weights_from_distributed`` outside one, before receiving anything."""
+        result = await self._weights_call("/begin_weight_update", {}, WeightsUpdateGroupResult)
+        assert isinstance(result, WeightsUpdateGroupResult)
+        return result
+
+    async def end_weight_update(self) -> WeightsUpdateGroupResult:
+        """Close the session (``/end_weight_update``): SGLang runs the post-load steps of the
+        loaded weights then; an engine serves a distributed version only after it."""
+        result = await self._weights_call("/end_weight_update", {}, WeightsUpdateGroupResult)
+        assert isinstance(result, WeightsUpdateGroupResult)
+        return result
+
+    async def destroy_weights_update_group(self, group_name: str) -> WeightsUpdateGroupResult:
+        """Leave the broadcast group (``/destroy_weights_update_group``), so that a group of the
+        same name can be formed again after a broadcast was abandoned."""
+        result = await self._weights_call(
+            "/destroy_weights_update_group", {"group_name": group_name}, WeightsUpdateGroupResult
+        )
+        assert isinstance(result, WeightsUpdateGroupResult)
+        return result
+
     async def _weights_call(
         self,
         path: str,
@@ -463,7 +492,10 @@ class SGLangClient:
 
     async def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
         """The parameter's first ``truncate_size`` entries, as the engine holds them now
-        (SGLang's ``/get_weights_by_name``; a list, nested for a matrix)."""
+        (SGLang's ``/get_weights_by_name``; a list, nested for a matrix). SGLang 0.5.23
+        implements it for a few model classes only (llama, granite, opt, exaone4, gemma); for
+        the others (Qwen3, Qwen3-MoE, ...) it answers 400 "Get parameter by name failed":
+        :class:`EngineRequestError`, which callers treat as *unverifiable*."""
         url = self.base_url + "/get_weights_by_name"
         payload = await self._json(
             "POST", "/get_weights_by_name", {"name": name, "truncate_size": truncate_size}
@@ -473,11 +505,19 @@ class SGLangClient:
         return payload
 
     async def tp_size(self) -> int:
-        """The engine's tensor-parallel workers (``tp_size`` of ``/get_server_info``; 1 when
-        the engine does not say): the ranks it takes in a weight-update group, each worker
-        joining as ``rank_offset + tp_rank``."""
-        url = self.base_url + "/get_server_info"
-        payload = await self._json("GET", "/get_server_info")
+        """The engine's tensor-parallel workers (``tp_size`` of ``/server_info``; 1 when the
+        engine does not say): the ranks it takes in a weight-update group, each worker joining
+        as ``rank_offset + tp_rank``. SGLang 0.5.23 deprecates ``/get_server_info`` (a warning
+        per call); an engine without ``/server_info`` (404: older SGLang) is asked there."""
+        path = "/server_info"
+        try:
+            payload = await self._json("GET", path)
+        except EngineRequestError as exc:
+            if exc.status != 404:
+                raise
+            path = "/get_server_info"
+            payload = await self._json("GET", path)
+        url = self.base_url + path
         value = payload.get("tp_size", 1) if isinstance(payload, dict) else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EngineProtocolError(url, f"tp_size must be a positive integer, got {value!r}")
@@ -546,8 +586,12 @@ def parse_generate_output(
     return_logprob: bool,
     latency_s: float,
     top_logprobs_num: int = 0,
+    prompt_len: int | None = None,
 ) -> GenerateResult:
-    """Validate a non-streamed ``/generate`` answer and turn it into a :class:`GenerateResult`."""
+    """Validate a non-streamed ``/generate`` answer and turn it into a :class:`GenerateResult`.
+
+    A request aborted while still queued comes back without ``prompt_tokens`` (SGLang never
+    looked at it): ``prompt_len``, the length of the ids sent, stands in for it then."""
     if not isinstance(payload, dict):
         raise EngineProtocolError(url, f"expected one JSON object, got {type(payload).__name__}")
     try:
@@ -559,6 +603,9 @@ def parse_generate_output(
         raise EngineProtocolError(url, "finished answer without finish_reason")
     if rid is not None and meta.id != rid:
         raise EngineProtocolError(url, f"answer is for request {meta.id!r}, not {rid!r}")
+    if meta.prompt_tokens is None and meta.finish_reason.type != "abort":
+        # only an abort of a queued request answers without it
+        raise EngineProtocolError(url, "meta_info.prompt_tokens is missing from a finished answer")
     output_ids = list(output.output_ids)
     logprobs: list[float] = []
     if return_logprob:
@@ -579,7 +626,7 @@ def parse_generate_output(
         output_logprobs=logprobs,
         finish_reason=meta.finish_reason,
         weight_version=meta.weight_version,
-        prompt_tokens=meta.prompt_tokens,
+        prompt_tokens=meta.prompt_tokens if meta.prompt_tokens is not None else prompt_len or 0,
         cached_tokens=meta.cached_tokens,
         latency_s=latency_s,
         engine_latency_s=meta.e2e_latency,

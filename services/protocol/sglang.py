@@ -149,7 +149,9 @@ class MetaInfo(BaseModel):
 
     id: str
     finish_reason: FinishReason | None
-    prompt_tokens: int = Field(ge=0)
+    # SGLang 0.5.23 leaves prompt_tokens and cached_tokens out of the answer of a request
+    # aborted while still queued (``TokenizerManager._handle_abort_req``): optional here.
+    prompt_tokens: int | None = Field(default=None, ge=0)
     completion_tokens: int = Field(ge=0)
     cached_tokens: int = Field(default=0, ge=0)
     weight_version: str | None = None
@@ -265,3 +267,30 @@ class ModelInfo(BaseModel):
     model_path: str
     is_generation: bool = True
     weight_version: str | None = None
+
+
+RunnerSelector = Literal["target", "draft", "all"]
+
+
+class BeginWeightUpdateRequest(BaseModel):
+    """Body of ``POST /begin_weight_update`` (SGLang ``BeginWeightUpdateReqInput``): opens the
+    weight-update session that ``/update_weights_from_distributed`` must run inside."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    selector: RunnerSelector = "all"
+
+
+class EndWeightUpdateRequest(BaseModel):
+    """Body of ``POST /end_weight_update`` (SGLang ``EndWeightUpdateReqInput``: no fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class DestroyWeightsUpdateGroupRequest(BaseModel):
+    """Body of ``POST /destroy_weights_update_group`` (SGLang
+    ``DestroyWeightsUpdateGroupReqInput``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    group_name: str = "weight_update_group"

@@ -39,7 +39,8 @@ from trainer.publish.versions import (
     weights_checksum,
 )
 
-# After the adapter refused, how long to wait for broadcasts that may still complete.
+# After the adapter answered while broadcasts are still running, how long to wait for them
+# (an answer that says the broadcast was abandoned, or a refusal, drops the group at once).
 ABANDON_WAIT_S = 2.0
 
 
@@ -110,8 +111,15 @@ class DistributedPublisher:
         self.group: WeightGroup | None = None
 
     def close(self) -> None:
-        self.group = None
+        self._drop_group()
         self.admin.close()
+
+    def _drop_group(self) -> None:
+        """Leave the broadcast group (destroyed, so the next publish forms it again under the
+        same name: torch refuses a name twice in one process)."""
+        if self.group is not None:
+            self.group.destroy()
+        self.group = None
 
     def newest_exported(self) -> int | None:
         """Broadcast versions leave no directory; with ``export_to_disk`` each leaves one."""
@@ -222,8 +230,11 @@ class DistributedPublisher:
         self, group: WeightGroup, buckets: list[Bucket], call: _Call, version: int
     ) -> list[float]:
         """Broadcast every bucket in order while the adapter's ``call`` drives the engines;
-        returns the seconds per bucket. A refusal or a failed broadcast drops the group (it is
-        formed again on the next publish)."""
+        returns the seconds per bucket. The adapter stops a version at the first bucket an
+        engine refuses (no engine receives a later one, so a later broadcast of this rank can
+        never complete): once it has answered with a refusal, or with ``broadcast_abandoned``
+        (it loaded the version from its disk copy instead), the group is dropped at once and
+        formed again with the next version. A failed broadcast drops it too."""
         bucket_s: list[float] = []
 
         def broadcast_all() -> dict[str, Any]:
@@ -236,16 +247,22 @@ class DistributedPublisher:
 
         sender = _Call(broadcast_all)
         while not sender.done.wait(0.05):
-            # The adapter refused while engines may never join the broadcasts: give them a
-            # moment, then abandon the group.
-            refused = call.done.is_set() and call.error is not None
-            if refused and not sender.done.wait(ABANDON_WAIT_S):
-                self.group = None
-                assert call.error is not None
-                raise call.error
+            if not call.done.is_set():
+                continue
+            abandoned = call.error is not None or bool(
+                (call.result or {}).get("broadcast_abandoned")
+            )
+            if abandoned or not sender.done.wait(ABANDON_WAIT_S):
+                # the engines stopped receiving: this rank's pending broadcast never completes
+                self._drop_group()
+                if call.error is not None:
+                    raise call.error
+                return bucket_s
         try:
             sender.wait()
         except Exception as exc:
-            self.group = None
+            self._drop_group()
+            if call.done.wait(ABANDON_WAIT_S) and call.error is not None:
+                raise call.error from exc  # the adapter's reason says more
             raise PublishError(f"broadcast of version {version} failed: {exc}") from exc
         return bucket_s

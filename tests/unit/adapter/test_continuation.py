@@ -51,17 +51,33 @@ def test_continued_sampling_keeps_everything_but_the_budget() -> None:
 
 class FakeEngine:
     """Answers /generate: the first call is aborted after 3 tokens (version "1") while the
-    barrier's pause is on; later calls finish with what is left of the budget (version "2")."""
+    barrier's pause is on; later calls finish with what is left of the budget (version "2").
+    ``queued``: the first call is aborted before its prefill, answered as SGLang 0.5.23's
+    ``TokenizerManager._handle_abort_req`` answers it (no prompt_tokens, no cached_tokens)."""
 
-    def __init__(self, barrier: RefreshBarrier, abort_first: bool = True) -> None:
+    def __init__(
+        self, barrier: RefreshBarrier, abort_first: bool = True, queued: bool = False
+    ) -> None:
         self.barrier = barrier
         self.abort_first = abort_first
+        self.queued = queued
         self.bodies: list[dict[str, Any]] = []
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.bodies.append(body)
         budget = body["sampling_params"].get("max_new_tokens", 128)
+        if len(self.bodies) == 1 and self.queued:
+            self.barrier.begin()
+            meta = {
+                "id": body["rid"],
+                "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+                "weight_version": "1",
+                "e2e_latency": 0.01,
+                "output_token_logprobs": [],
+                "completion_tokens": 0,
+            }
+            return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": meta})
         if len(self.bodies) == 1 and self.abort_first:
             self.barrier.begin()  # the refresh paused the engine while this call ran
             ids, version = [10, 11, 12], "1"
@@ -114,6 +130,30 @@ def test_an_interrupted_call_is_continued_from_its_prefix() -> None:
     assert result.weight_version == "1" and result.finish_reason.type == "length"
     assert result.prompt_tokens == 2 and result.continuations == 1
     assert barrier.continued == 1
+
+
+def test_a_call_aborted_before_its_prefill_is_continued_from_its_prompt() -> None:
+    """SGLang answers a request aborted while still queued (a pause in abort mode with a
+    backlog) without prompt_tokens and cached_tokens: not a protocol error, and the call is
+    sent again whole under the new weights."""
+    barrier = RefreshBarrier()
+    engine = FakeEngine(barrier, queued=True)
+    result = asyncio.run(run_call(engine, barrier, frozenset()))
+    first, second = engine.bodies
+    assert second["input_ids"] == first["input_ids"] == [1, 2]
+    assert second["sampling_params"] == first["sampling_params"]
+    assert result.output_ids == [20 + i for i in range(8)] and result.version_runs == ()
+    assert result.weight_version == "2" and result.continuations == 1
+    assert result.prompt_tokens == 2
+
+
+def test_a_queued_abort_outside_a_pause_is_a_result_with_the_prompts_length() -> None:
+    engine = FakeEngine(RefreshBarrier(), queued=True)
+    client = SGLangClient(
+        "http://engine", client=httpx.AsyncClient(transport=httpx.MockTransport(engine.handler))
+    )
+    result = asyncio.run(client.generate([1, 2, 3], SamplingParams(max_new_tokens=8)))
+    assert result.aborted and result.output_ids == [] and result.prompt_tokens == 3
 
 
 def test_an_abort_outside_a_pause_is_returned_as_is() -> None:

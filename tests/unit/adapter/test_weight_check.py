@@ -8,7 +8,14 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from adapter.weight_check import PROBE_RTOL, WeightProbe, check_probes, probe_mismatch
+from adapter.engines.sglang import EngineRequestError, EngineUnavailableError
+from adapter.weight_check import (
+    PROBE_RTOL,
+    ProbeOutcome,
+    WeightProbe,
+    check_probes,
+    probe_mismatch,
+)
 
 PROBE = WeightProbe(name="model.norm.weight", values=(1.0, -0.5, 0.25, 2.0))
 
@@ -47,12 +54,40 @@ def test_check_probes_reads_each_back_and_stops_at_the_first_mismatch() -> None:
         WeightProbe(name="b", values=(1.0,)),
         WeightProbe(name="c", values=(1.0,)),
     )
-    problem = asyncio.run(check_probes(Engine(), probes))
+    outcome = asyncio.run(check_probes(Engine(), probes))
     assert (
-        problem == "weights check after loading: b[0] is 0.0 on the engine, the publisher sent 1.0"
+        outcome.problem
+        == "weights check after loading: b[0] is 0.0 on the engine, the publisher sent 1.0"
     )
+    assert outcome.unverifiable is None
     assert asked == [("a", 4), ("b", 1)]
-    assert asyncio.run(check_probes(Engine(), ())) is None
+    assert asyncio.run(check_probes(Engine(), ())) == ProbeOutcome(checked=0)
+
+
+def test_an_engine_that_does_not_read_weights_back_is_unverifiable_not_failed() -> None:
+    """SGLang 0.5.23 answers /get_weights_by_name with 400 "Get parameter by name failed" for
+    every model class but llama, granite, opt, exaone4 and gemma (Qwen3 among them)."""
+
+    class Qwen3Engine:
+        async def get_weights_by_name(self, name: str, size: int) -> list[float]:
+            raise EngineRequestError(
+                "http://e/get_weights_by_name", "Get parameter by name failed", 400
+            )
+
+    outcome = asyncio.run(check_probes(Qwen3Engine(), (PROBE,)))
+    assert outcome.problem is None
+    assert (
+        outcome.unverifiable is not None and "Get parameter by name failed" in outcome.unverifiable
+    )
+
+
+def test_an_unreachable_engine_during_the_check_is_not_called_unverifiable() -> None:
+    class Down:
+        async def get_weights_by_name(self, name: str, size: int) -> list[float]:
+            raise EngineUnavailableError("http://e/get_weights_by_name", "connection refused")
+
+    with pytest.raises(EngineUnavailableError):
+        asyncio.run(check_probes(Down(), (PROBE,)))
 
 
 def test_a_probe_needs_a_name_and_1_to_64_values() -> None:

@@ -119,6 +119,8 @@ def _mutations() -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
         ("ids disagree", set_path(["output_ids"], [5, 8, 9])),
         ("wrong rid", set_path(["meta_info", "id"], "someone-else")),
         ("negative prompt_tokens", set_path(["meta_info", "prompt_tokens"], -1)),
+        # only an abort of a queued request may leave it out (SGLang's _handle_abort_req)
+        ("finished without prompt_tokens", lambda a: a["meta_info"].pop("prompt_tokens") and a),
         ("completion count off", set_path(["meta_info", "completion_tokens"], 7)),
     ]
 
