@@ -56,6 +56,9 @@ AllLoader = Callable[[list[Engine]], Awaitable[dict[str, dict[str, Any]]]]
 # flushed again, a few times, as the running requests drain.
 FLUSH_ATTEMPTS = 5
 FLUSH_RETRY_S = 0.2
+# How SGLang 0.5.23 begins that answer's message (SchedulerWeightUpdaterManager.
+# flush_cache_after_weight_update); the conformance tier checks it against SGLang's code.
+UNFLUSHED = "Weights were updated, but the cache was not flushed"
 
 
 def each_engine(loader: EngineLoader) -> AllLoader:
@@ -180,7 +183,7 @@ class WeightCoordinator:
         # and engines whose weights are a mix of two versions (a distributed version abandoned
         # midway: SGLang applies buckets one by one): readmission flushes, resp. reloads them
         # from disk, before they serve again, whatever version they report.
-        self.needs_flush: set[str] = set()
+        self.needs_flush: dict[str, int] = {}  # engine URL -> the version loaded unflushed
         self.needs_reload: set[str] = set()
         metrics.weight_version.set(float(initial_version))
 
@@ -239,25 +242,32 @@ class WeightCoordinator:
         load_error: str | None = None,
     ) -> dict[str, Any]:
         """An engine's load result after its last load call (``load_error``: that call's
-        refusal, if any): the version it reports decides. SGLang records the new version, then
-        flushes the cache, and answers failure when the flush is refused (requests running or
-        queued) although the weights are in: an engine that reports ``version`` after a
-        refusal is loaded, and its cache is flushed again here."""
+        refusal, if any). SGLang 0.5.23 records the new version in its scheduler, then flushes
+        the cache, and answers failure when the flush is refused (requests running or queued)
+        although the weights are in -- and then its ``/model_info`` still names the old
+        version (the tokenizer side records a version only on success). Such a load is a load:
+        the cache is flushed again, then the engine is told the version
+        (``/update_weight_version``); the version it then reports decides, as for any load."""
+        loaded_unflushed = load_error is not None and UNFLUSHED in load_error
+        if loaded_unflushed:
+            problem = await flush_until_done(engine)
+            out = {**out, "flushed_again": True}
+            if problem is not None:
+                self.needs_flush[engine.url] = version
+                error = f"loaded version {version}; its cache holds older weights' KV: {problem}"
+                return {**out, "ok": False, "error": error}
+            try:
+                await engine.client.update_weight_version(str(version))
+            except Exception as exc:
+                return {**out, "ok": False, "error": f"update_weight_version: {exc}"}
         try:
             reported = await engine.client.get_weight_version()
         except Exception as exc:
             return {**out, "ok": False, "error": load_error or str(exc)}
         engine.weight_version = reported
         out = {**out, "version": reported}
-        if load_error is not None:
-            if parse_version(reported) != version:
-                return {**out, "ok": False, "error": load_error}
-            problem = await flush_until_done(engine)
-            out["flushed_again"] = True
-            if problem is not None:
-                self.needs_flush.add(engine.url)
-                error = f"loaded version {version}; its cache holds older weights' KV: {problem}"
-                return {**out, "ok": False, "error": error}
+        if load_error is not None and not loaded_unflushed:
+            return {**out, "ok": False, "error": load_error}
         return await self.verify(engine, version, probes, out)
 
     @staticmethod
@@ -525,7 +535,7 @@ class WeightCoordinator:
                 self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
             else:
                 self.needs_reload.discard(engine.url)
-                self.needs_flush.discard(engine.url)
+                self.needs_flush.pop(engine.url, None)
         if not any(r["ok"] for r in report.values()):
             raise APIError(
                 502,
@@ -579,12 +589,24 @@ class WeightCoordinator:
             reported = await engine.client.get_weight_version()
             engine.weight_version = reported
             current = self.state
-            mixed = engine.url in self.needs_reload
+            owed = self.needs_flush.get(engine.url)
+            # loaded another version than the current one (a refresh that failed everywhere)
+            mixed = engine.url in self.needs_reload or owed not in (None, current.version)
+            if owed == current.version and not mixed:
+                # loaded the current version, its cache not flushed: its /model_info may still
+                # name the version before (SGLang records it only once the load succeeded)
+                problem = await flush_until_done(engine)
+                if problem is not None:
+                    engine.last_error = f"cache of older weights not flushed yet: {problem}"
+                    return
+                await engine.client.update_weight_version(str(current.version))
+                reported = await engine.client.get_weight_version()
+                engine.weight_version = reported
             if parse_version(reported) != current.version or mixed:
                 if current.model_path is None:
                     # A distributed-only publish leaves nothing to reload from: the engine stays
                     # out until a version with a disk copy is published.
-                    what = "holds a mix of two versions" if mixed else f"serves {reported!r}"
+                    what = "holds other weights" if mixed else f"serves {reported!r}"
                     engine.last_error = (
                         f"{what}, current is {current.version} and it has no disk copy to "
                         "reload from (publish with distributed.export_to_disk)"
@@ -596,11 +618,6 @@ class WeightCoordinator:
                 if not result["ok"]:
                     engine.last_error = f"reload on readmission failed: {result.get('error')}"
                     return
-            elif engine.url in self.needs_flush:
-                problem = await flush_until_done(engine)
-                if problem is not None:
-                    engine.last_error = f"cache of older weights not flushed yet: {problem}"
-                    return
             self.needs_reload.discard(engine.url)
-            self.needs_flush.discard(engine.url)
+            self.needs_flush.pop(engine.url, None)
             self.router.mark_healthy(engine)

@@ -424,6 +424,15 @@ class SGLangClient:
         assert isinstance(result, WeightsUpdateGroupResult)
         return result
 
+    async def update_weight_version(self, version: str) -> None:
+        """Set the version the engine reports (``/update_weight_version``) without aborting
+        anything (SGLang's default aborts every request). After a load whose cache flush was
+        refused SGLang's scheduler serves the new weights while its ``/model_info`` still
+        names the old version: this makes it name the new one once the cache is flushed."""
+        await self._request(
+            "POST", "/update_weight_version", {"new_version": version, "abort_all_requests": False}
+        )
+
     async def destroy_weights_update_group(self, group_name: str) -> WeightsUpdateGroupResult:
         """Leave the broadcast group (``/destroy_weights_update_group``), so that a group of the
         same name can be formed again after a broadcast was abandoned."""

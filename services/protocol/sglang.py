@@ -294,3 +294,13 @@ class DestroyWeightsUpdateGroupRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     group_name: str = "weight_update_group"
+
+
+class UpdateWeightVersionRequest(BaseModel):
+    """Body of ``POST /update_weight_version`` (SGLang ``UpdateWeightVersionReqInput``): the
+    version the engine reports from now on; ``abort_all_requests`` defaults to true there."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    new_version: str
+    abort_all_requests: bool = True

@@ -4,28 +4,34 @@
 group_name, backend}`` joins a broadcast group whose rank 0 is the trainer. SGLang joins it
 with every tensor-parallel worker, worker ``t`` as rank ``rank_offset + t``, and each worker
 receives every broadcast; the reference engine computes in one process, and with
-``--tp-size N`` (reported as ``tp_size`` by ``/get_server_info``, as SGLang does) it takes the
+``--tp-size N`` (reported as ``tp_size`` by ``/server_info``, as SGLang does) it takes the
 same N ranks (N members of the group, each receiving every tensor, the first one's copy
 applied), so the trainer's and the adapter's rank arithmetic is tested as on SGLang.
+``POST /destroy_weights_update_group {group_name}`` leaves it (SGLang's
+``WeightUpdater.destroy_weights_update_group`` and its messages).
+
 ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
-abort_all_requests, weight_version}`` receives one bucket: a broadcast per tensor, in the order
-of ``names``, then loads the bucket into the model between decode steps. Both answer
-``{success, message}`` with 200 or 400, as SGLang does.
+abort_all_requests, weight_version}`` carries one bucket and, as on SGLang 0.5.23
+(``SchedulerWeightUpdaterManager.update_weights_from_distributed``), is refused outside a
+``/begin_weight_update`` ... ``/end_weight_update`` session before anything is received
+(:mod:`services.reference_engine.weight_session`). Inside one, each call receives its bucket
+(a broadcast per tensor, in the order of ``names``) and **loads it at once**, between decode
+steps: buckets apply one by one, and the call that carries ``weight_version`` records the
+version (then flushes the prefix cache if ``flush_cache``, which fails the call when requests
+are running: :data:`services.reference_engine.engine.FLUSH_BUSY_MESSAGE`). A bucket that fails
+leaves the buckets before it applied: a half-updated model under the old version, which the
+trainer must discard by sending a whole version again (SGLang's message says so). Answers are
+``{success, message}`` with 200 or 400, as SGLang's.
 
-Differences from SGLang, on purpose (SGLang applies each bucket as it arrives, so a failure
-midway leaves it half-updated):
-
-* a bucket is *received in full before it is checked*: a name the model does not have, a wrong
-  shape or a non-finite tensor costs no hung collective on the trainer (every broadcast of the
-  bucket still completes);
-* buckets are **staged** and applied together, atomically between decode steps, by the call that
-  carries ``weight_version`` (swerl's adapter sends it with a version's last bucket only). A
-  failed bucket discards what was staged and makes every later bucket of the same version fail
-  too, up to and including the one with ``weight_version``: nothing of that version is applied
-  and the engine keeps serving its old weights under its old version.
-
-Malformed requests (lists of different lengths, an unknown group) are refused before any
-broadcast is joined.
+Kept from before, compatible with SGLang (which also receives a bucket before loading it): a
+bucket is *received in full before it is checked*, so a bucket that does not fit (a name the
+model does not have, a wrong shape, a non-finite value) still completes every broadcast and the
+trainer is never left waiting; then nothing of *that* bucket is loaded. Differences from
+SGLang, on purpose: SGLang's Qwen3 loader logs a warning for an unknown name and loads the rest,
+and loads a bucket tensor by tensor (a wrong shape midway leaves its first tensors loaded); the
+reference engine refuses the whole bucket. Malformed requests (lists of different lengths,
+which SGLang's ``zip`` would silently truncate) are refused before any broadcast is joined, as
+are an unknown group or dtype (SGLang fails those before its broadcast too).
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ logger = logging.getLogger(__name__)
 GROUP_TIMEOUT_S = 600.0
 
 
+RECEIVE_FAILED = "Failed to receive weights: {}"
+LOAD_FAILED = (
+    "Failed to update parameter online: {}. The full weights of the ModelRunner are partially "
+    "updated. Please discard the whole weights."
+)
+GROUP_DESTROYED = "Succeeded to destroy custom process group."
+GROUP_MISSING = "The group to be destroyed does not exist."
+
+
 class DistributedUpdateError(ValueError):
     """A distributed weight update that cannot be applied (HTTP 400 with this message)."""
 
@@ -60,8 +75,6 @@ class DistributedReceiver:
     timeout_s: float = GROUP_TIMEOUT_S
     tp_size: int = 1  # group ranks this engine takes (SGLang: one per tensor-parallel worker)
     groups: dict[str, list[WeightGroup]] = field(default_factory=dict)
-    staged: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # group -> why this version failed
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def init_group(self, request: InitWeightsUpdateGroupRequest) -> str:
@@ -102,81 +115,88 @@ class DistributedReceiver:
         with self._lock:
             # a re-init replaces the old membership
             self.groups[request.group_name] = [m for m in members if m is not None]
-            self.staged.pop(request.group_name, None)
-            self.failed.pop(request.group_name, None)
         last = request.rank_offset + self.tp_size - 1
         ranks = str(request.rank_offset) if last == request.rank_offset else (
             f"{request.rank_offset}-{last}"
         )  # fmt: skip
         return f"Succeeded to initialize custom process group (rank {ranks})."
 
-    def receive(
-        self, request: UpdateWeightsFromDistributedRequest
-    ) -> dict[str, torch.Tensor] | None:
-        """Receive one bucket (blocking); the whole version to apply once it is complete.
+    def destroy_group(self, group_name: str) -> str:
+        """Leave ``group_name`` (SGLang's ``destroy_weights_update_group``); raises
+        DistributedUpdateError with SGLang's message when this engine is not in it."""
+        with self._lock:
+            members = self.groups.pop(group_name, None)
+        if members is None:
+            raise DistributedUpdateError(GROUP_MISSING)
+        for member in members:
+            destroy = getattr(member, "destroy", None)
+            if callable(destroy):
+                destroy()
+        return GROUP_DESTROYED
 
-        Returns None while the version's buckets are being staged; raises
-        DistributedUpdateError for a bucket that does not fit (the version is then dropped).
+    def receive(self, request: UpdateWeightsFromDistributedRequest) -> dict[str, torch.Tensor]:
+        """Receive one bucket in full (blocking), then check that the model can load it.
+
+        Raises DistributedUpdateError with SGLang's "Failed to receive weights: ..." for a
+        request or broadcast that fails, and its "Failed to update parameter online: ..." for a
+        bucket that does not fit (every broadcast of it completed all the same).
         """
         received = self._receive_bucket(request)
-        group = request.group_name
-        commit = request.weight_version is not None
-        with self._lock:
-            earlier = self.failed.get(group)
-            if commit:
-                self.failed.pop(group, None)
-            if earlier is not None:
-                raise DistributedUpdateError(f"an earlier bucket of this version failed: {earlier}")
-            try:
-                self._check(received)
-            except DistributedUpdateError as exc:
-                self.staged.pop(group, None)
-                if not commit:
-                    self.failed[group] = str(exc)
-                raise
-            staged = self.staged.setdefault(group, {})
-            staged.update(received)
-            if not commit:
-                return None
-            return self.staged.pop(group)
+        problems = self._problems(received)
+        if problems:
+            raise DistributedUpdateError(LOAD_FAILED.format("; ".join(problems[:5])))
+        return received
 
-    def _receive_bucket(
-        self, request: UpdateWeightsFromDistributedRequest
-    ) -> dict[str, torch.Tensor]:
+    def _group_for(self, request: UpdateWeightsFromDistributedRequest) -> list[WeightGroup]:
+        """The members of the request's group, once the request is well formed."""
         names, dtypes, shapes = request.names, request.dtypes, request.shapes
-        if not names:
-            raise DistributedUpdateError("names is empty: a bucket needs at least one tensor")
         if not len(names) == len(dtypes) == len(shapes):
             raise DistributedUpdateError(
-                f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, "
-                f"{len(shapes)})"
+                RECEIVE_FAILED.format(
+                    f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, "
+                    f"{len(shapes)})"
+                )
             )
         with self._lock:
             group = self.groups.get(request.group_name)
         if not group:
             raise DistributedUpdateError(
-                f"no weight update group {request.group_name!r}: call /init_weights_update_group"
+                RECEIVE_FAILED.format(
+                    f"no weight update group {request.group_name!r} (groups: {sorted(self.groups)})"
+                    ": call /init_weights_update_group first"
+                )
             )
-        try:
-            parsed = [parse_dtype(d) for d in dtypes]
-        except ValueError as exc:
-            raise DistributedUpdateError(str(exc)) from exc
         if any(d < 0 for shape in shapes for d in shape):
-            raise DistributedUpdateError(f"negative dimension in shapes {shapes}")
+            raise DistributedUpdateError(RECEIVE_FAILED.format(f"negative dimension in {shapes}"))
+        return group
+
+    def _receive_bucket(
+        self, request: UpdateWeightsFromDistributedRequest
+    ) -> dict[str, torch.Tensor]:
+        group = self._group_for(request)
+        try:
+            parsed = [parse_dtype(d) for d in request.dtypes]
+        except ValueError as exc:
+            raise DistributedUpdateError(RECEIVE_FAILED.format(exc)) from exc
         # Receive everything the trainer sends for this bucket before judging it, so that a
         # mismatch never leaves the trainer's broadcasts waiting for this rank.
         received: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in zip(names, parsed, shapes, strict=True):
-            # every worker's rank receives the tensor (as SGLang's TP workers do); the first
-            # worker's copy is applied
-            copies = [torch.empty(shape, dtype=dtype) for _ in group]
-            pending = [member.broadcast_async(t) for member, t in zip(group, copies, strict=True)]
-            for work in pending:
-                work.wait()
-            received[name] = copies[0]
+        try:
+            for name, dtype, shape in zip(request.names, parsed, request.shapes, strict=True):
+                # every worker's rank receives the tensor (as SGLang's TP workers do); the
+                # first worker's copy is applied
+                copies = [torch.empty(shape, dtype=dtype) for _ in group]
+                pending = [m.broadcast_async(t) for m, t in zip(group, copies, strict=True)]
+                for work in pending:
+                    work.wait()
+                received[name] = copies[0]
+        except Exception as exc:  # a broken broadcast (peer gone, timeout)
+            raise DistributedUpdateError(
+                RECEIVE_FAILED.format(f"{type(exc).__name__}: {exc}")
+            ) from exc
         return received
 
-    def _check(self, tensors: dict[str, torch.Tensor]) -> None:
+    def _problems(self, tensors: dict[str, torch.Tensor]) -> list[str]:
         expected = self.runner.weight_shapes()
         problems: list[str] = []
         for name, tensor in tensors.items():
@@ -188,7 +208,4 @@ class DistributedReceiver:
                 )
             elif not torch.isfinite(tensor).all():
                 problems.append(f"{name} has non-finite values")
-        if problems:
-            raise DistributedUpdateError(
-                "weights not applied (the old ones keep serving): " + "; ".join(problems[:5])
-            )
+        return problems

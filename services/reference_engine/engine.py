@@ -6,16 +6,31 @@ engine thread loops: apply control commands (abort, pause, continue, weight upda
 flush), admit waiting requests (prefill, reusing cached prefixes), then advance every running
 request by one token with a batched decode step.
 
-Control semantics follow SGLang:
+Control semantics follow SGLang 0.5.23 (its tokenizer manager and scheduler):
 
+* A request sent while generation is paused, or while a weight update waits for or holds
+  SGLang's writer lock (``TokenizerManager.model_update_lock``), is *held*: on SGLang it waits in
+  the tokenizer manager (``is_pause_cond`` / the reader lock) and has not reached the scheduler,
+  so ``/abort_request`` and ``abort_all`` do not see it (only its client leaving drops it) and it
+  does not count as queued. It joins the scheduler's queue once the pause or the update is over.
 * ``pause(in_place | retract)`` holds running requests where they are and queues new ones;
   ``continue`` resumes them. (``retract`` behaves like ``in_place`` here: there is no KV memory
-  pressure to relieve.)
-* ``pause(abort)`` aborts everything running or waiting (``finish_reason.type == "abort"``) and
+  pressure to relieve; on SGLang retracted requests leave the running batch.)
+* ``pause(abort)`` aborts everything running or queued (``finish_reason.type == "abort"``) and
   then holds new requests until ``continue``.
-* ``update_weights`` while not paused waits for the running requests to finish (new ones wait),
-  like SGLang's writer lock; while paused it applies at once; ``abort_all_requests`` aborts
-  first. Every output carries the weight version that was current when it was produced.
+* A request aborted while queued (never prefilled) answers as SGLang's
+  ``TokenizerManager._handle_abort_req`` does, without ``prompt_tokens`` or ``cached_tokens``;
+  a running one finishes through the normal output (:mod:`services.reference_engine.outputs`).
+* Weight updates and the weight-update session calls are *exclusive* operations
+  (:meth:`ReferenceEngine.exclusive`): while not paused each waits, like SGLang's writer lock,
+  for every request sent before it (running or queued) to finish, new ones being held; while
+  paused it runs at once. A load records the weight version, then flushes the prefix cache if
+  asked (``SchedulerWeightUpdaterManager.flush_cache_after_weight_update``): a flush refused
+  because requests are running (or queued, when not paused in place) fails the call although
+  the weights are loaded and the version recorded.
+* Every finished output carries the weight version the scheduler holds when it finishes;
+  streamed chunks and ``/model_info`` report the tokenizer manager's version
+  (:attr:`ReferenceEngine.tokenizer_weight_version`), which only a *successful* update moves.
 """
 
 from __future__ import annotations
@@ -34,6 +49,11 @@ import torch
 
 from services.protocol.sglang import PauseMode, SamplingParams
 from services.reference_engine.model_runner import KVState, ModelRunner, PrefixCache, SamplingState
+from services.reference_engine.outputs import (
+    QUEUED_ABORT_MESSAGE,
+    queued_abort_output,
+    request_output,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +88,31 @@ class EngineRequest:
     finish: dict[str, Any] | None = None
 
 
+FLUSH_BUSY_MESSAGE = (
+    "Weights were updated, but the cache was not flushed because requests are still running or "
+    "queued. Retract or finish them, then call /flush_cache."
+)
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine shut down before an exclusive operation ran."""
+
+
+@dataclass(frozen=True)
+class WeightUpdateResult:
+    """What the scheduler answers for a load (``UpdateWeightFromDiskReqOutput`` and kin)."""
+
+    success: bool
+    message: str
+
+
 @dataclass
-class _WeightUpdate:
-    tensors: dict[str, torch.Tensor]
-    version: str | None
-    future: Future[tuple[bool, str, int]]
-    flush_cache: bool = True
+class _Exclusive:
+    """An operation SGLang runs under ``model_update_lock.writer_lock`` (or at once, paused)."""
+
+    run: Callable[[], Any]
+    future: Future[Any]
+    writer: bool  # took the writer lock (sent while not paused): new requests are held
 
 
 class ReferenceEngine:
@@ -92,7 +131,10 @@ class ReferenceEngine:
         seed: int | None = None,
     ) -> None:
         self.runner = runner
-        self.weight_version = weight_version
+        self.weight_version = weight_version  # the scheduler's: what finished outputs carry
+        # The tokenizer manager's (``/model_info``, streamed chunks): moved by successful
+        # updates only (``_update_weight_version_if_provided``).
+        self.tokenizer_weight_version = weight_version
         self.scripted = scripted
         self.original_logprobs = original_logprobs
         self.max_running = max_running
@@ -102,10 +144,12 @@ class ReferenceEngine:
         self._rng = random.Random(seed)
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
-        self._waiting: deque[EngineRequest] = deque()
+        self._held: deque[EngineRequest] = deque()  # not yet in the scheduler (see module doc)
+        self._waiting: deque[EngineRequest] = deque()  # the scheduler's waiting queue
         self._running: list[EngineRequest] = []
         self._rids: set[str] = set()
-        self._updates: deque[_WeightUpdate] = deque()
+        self._exclusive: deque[_Exclusive] = deque()
+        self._writers = 0  # exclusive operations holding or waiting for the writer lock
         self._paused: PauseMode | None = None
         self._stopping = False
         self.steps = 0
@@ -132,20 +176,44 @@ class ReferenceEngine:
         return self._paused
 
     def load(self) -> dict[str, int]:
+        """The scheduler's running and waiting requests (held ones are not in it yet)."""
         with self._cond:
             return {"num_running_reqs": len(self._running), "num_waiting_reqs": len(self._waiting)}
 
+    def num_held(self) -> int:
+        with self._cond:
+            return len(self._held)
+
     def submit(self, request: EngineRequest) -> None:
-        """Queue a request; raises ValueError for a duplicate request id."""
+        """Queue a request (held while paused or behind a weight update); raises ValueError for
+        a duplicate request id."""
         with self._cond:
             if request.rid in self._rids:
                 raise ValueError(f"Duplicate request ID: {request.rid}")
             self._rids.add(request.rid)
-            self._waiting.append(request)
+            if self._paused is not None or self._writers:
+                self._held.append(request)
+            else:
+                self._waiting.append(request)
             self._cond.notify_all()
 
+    def set_weight_version(self, version: str) -> Future[None]:
+        """The scheduler's side of SGLang's ``/update_weight_version``: finished outputs carry
+        ``version`` from now on."""
+
+        def record() -> None:
+            self.weight_version = version
+
+        return self._command(record)
+
     def abort(self, rid: str = "", abort_all: bool = False) -> Future[int]:
+        """SGLang's ``AbortReq`` to the scheduler: queued and running requests (held ones have
+        not reached it)."""
         return self._command(lambda: self._abort(rid, abort_all, "Aborted by /abort_request."))
+
+    def cancel(self, rid: str) -> Future[int]:
+        """The client of ``rid`` left: drop it wherever it is (held ones included)."""
+        return self._command(lambda: self._cancel(rid))
 
     def pause(self, mode: PauseMode) -> Future[int]:
         return self._command(lambda: self._pause(mode))
@@ -156,26 +224,33 @@ class ReferenceEngine:
     def flush_cache(self) -> Future[bool]:
         return self._command(self._flush_cache)
 
+    def exclusive[T](self, operation: Callable[[], T]) -> Future[T]:
+        """Run ``operation`` on the engine thread where SGLang would hold its tokenizer
+        manager's ``model_update_lock.writer_lock``: once every request sent before it has
+        finished (requests sent meanwhile are held), or at once while generation is paused
+        (SGLang then takes no lock)."""
+        future: Future[T] = Future()
+        with self._cond:
+            writer = self._paused is None
+            if writer:
+                self._writers += 1
+            item = _Exclusive(operation, future, writer)
+            self._commands.append(lambda: self._exclusive.append(item))
+            self._cond.notify_all()
+        return future
+
     def update_weights(
         self,
         tensors: dict[str, torch.Tensor],
         version: str | None,
-        abort_all: bool,
         flush_cache: bool = True,
-    ) -> Future[tuple[bool, str, int]]:
-        """Apply new weights once no request is running (at once if paused)."""
-        result: Future[tuple[bool, str, int]] = Future()
-        update = _WeightUpdate(tensors, version, result, flush_cache)
-
-        def enqueue() -> None:
-            if abort_all:
-                self._abort("", True, "Aborted for a weight update (abort_all_requests).")
-            self._updates.append(update)
-
-        with self._cond:
-            self._commands.append(enqueue)
-            self._cond.notify_all()
-        return result
+        loaded_message: str = "Succeeded to update model weights.",
+        on_loaded: Callable[[], None] | None = None,
+    ) -> Future[WeightUpdateResult]:
+        """Load ``tensors`` as an exclusive operation (see :meth:`_load`)."""
+        return self.exclusive(
+            lambda: self._load(tensors, version, flush_cache, loaded_message, on_loaded)
+        )
 
     # ------------------------------------------------------------------ engine thread
 
@@ -198,7 +273,7 @@ class ReferenceEngine:
             return True
         if self._paused is not None:
             return False
-        return bool(self._running or self._updates or self._waiting)
+        return bool(self._running or self._exclusive or self._waiting)
 
     def _loop(self) -> None:
         while True:
@@ -212,7 +287,7 @@ class ReferenceEngine:
             for command in commands:
                 command()
             if self._paused is not None:
-                self._apply_updates()
+                self._run_exclusive()
                 continue
             try:
                 self._step()
@@ -222,15 +297,12 @@ class ReferenceEngine:
                     self._finish(request, {"type": "abort", "message": "internal engine error"})
 
     def _step(self) -> None:
-        if self._updates and not self._running:
-            self._apply_updates()
+        if self._exclusive and not self._running and not self._waiting:
+            self._run_exclusive()  # the writer lock: every request sent before has finished
         admitted = 0
-        while (
-            not self._updates
-            and self._waiting
-            and len(self._running) < self.max_running
-            and admitted < self.admit_per_step
-        ):
+        while self._waiting and len(self._running) < self.max_running:
+            if admitted >= self.admit_per_step:
+                break
             with self._cond:
                 request = self._waiting.popleft()
             try:
@@ -355,6 +427,7 @@ class ReferenceEngine:
         return None
 
     def _finish(self, request: EngineRequest, finish: dict[str, Any]) -> None:
+        """End a request that was prefilled (SGLang's batch output path)."""
         request.finish = finish
         if request in self._running:
             self._running.remove(request)
@@ -366,109 +439,129 @@ class ReferenceEngine:
             self._rids.discard(request.rid)
         request.sink(self._output(request), True)
 
-    def _output(self, request: EngineRequest) -> dict[str, Any]:
-        params = request.sampling
-        finish = request.finish
-        text_ids = request.output_ids
-        # SGLang leaves a matched stop token out of the text (not out of output_ids).
-        trim_token = finish is not None and finish["type"] == "stop" and not params.no_stop_trim
-        if trim_token and isinstance(finish.get("matched"), int) and text_ids:  # type: ignore[union-attr]
-            text_ids = text_ids[:-1]
-        text = self.runner.tokenizer.decode(
-            text_ids, skip_special_tokens=params.skip_special_tokens
-        )
-        if (
-            finish is not None
-            and isinstance(finish.get("matched"), str)
-            and not params.no_stop_trim
-        ):
-            position = text.find(finish["matched"])
-            if position != -1:
-                text = text[:position]
-        meta: dict[str, Any] = {
-            "id": request.rid,
-            "finish_reason": finish,
-            "prompt_tokens": len(request.prompt),
-            "weight_version": self.weight_version,
-            "total_retractions": 0,
-            "completion_tokens": len(request.output_ids),
-            "cached_tokens": request.cached_tokens,
-        }
-        if self.scripted:
-            meta["scripted"] = True
-        if request.return_logprob:
-            texts = self._token_texts(request) if request.return_text_in_logprobs else None
-            meta["input_token_logprobs"] = request.input_logprobs
-            meta["output_token_logprobs"] = [
-                [lp, tok, texts[i] if texts else None]
-                for i, (lp, tok) in enumerate(
-                    zip(request.output_logprobs, request.output_ids, strict=True)
-                )
-            ]
-            if request.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = [None] * len(request.input_logprobs)
-                meta["output_top_logprobs"] = (
-                    [
-                        [[lp, tok, self.runner.tokenizer.decode([tok])] for lp, tok, _ in row]
-                        for row in request.output_top
-                    ]
-                    if request.return_text_in_logprobs
-                    else request.output_top
-                )
-        if finish is not None:
-            meta["e2e_latency"] = time.time() - request.created
-        return {"text": text, "output_ids": list(request.output_ids), "meta_info": meta}
+    def _finish_queued(self, request: EngineRequest, message: str) -> None:
+        """End a request aborted before its prefill (SGLang's ``AbortReq`` back to the
+        tokenizer manager, answered by ``_handle_abort_req``)."""
+        request.finish = {"type": "abort", "message": message}
+        with self._cond:
+            self._rids.discard(request.rid)
+        request.sink(queued_abort_output(request, self.weight_version, self.scripted), True)
 
-    def _token_texts(self, request: EngineRequest) -> list[str]:
-        return [self.runner.tokenizer.decode([t]) for t in request.output_ids]
+    def _output(self, request: EngineRequest) -> dict[str, Any]:
+        finished = request.finish is not None
+        version = self.weight_version if finished else self.tokenizer_weight_version
+        return request_output(request, self.runner.tokenizer, version, self.scripted)
+
+    def _take_waiting(self, match: Callable[[EngineRequest], bool]) -> list[EngineRequest]:
+        with self._cond:
+            taken = [r for r in self._waiting if match(r)]
+            for request in taken:
+                self._waiting.remove(request)
+        return taken
 
     def _abort(self, rid: str, abort_all: bool, message: str) -> int:
-        with self._cond:
-            waiting = [r for r in self._waiting if abort_all or r.rid == rid]
-            for request in waiting:
-                self._waiting.remove(request)
-        victims = waiting + [r for r in self._running if abort_all or r.rid == rid]
-        for request in victims:
+        """``Scheduler.abort_request``: queued requests leave the queue and answer as queued
+        aborts; running ones finish with an abort."""
+
+        def match(request: EngineRequest) -> bool:
+            return abort_all or request.rid == rid
+
+        queued = self._take_waiting(match)
+        for request in queued:
+            self._finish_queued(request, QUEUED_ABORT_MESSAGE)
+        running = [r for r in self._running if match(r)]
+        for request in running:
             self._finish(request, {"type": "abort", "message": message})
-        return len(victims)
+        return len(queued) + len(running)
+
+    def _cancel(self, rid: str) -> int:
+        with self._cond:
+            held = [r for r in self._held if r.rid == rid]
+            for request in held:
+                self._held.remove(request)
+        for request in held:
+            self._finish_queued(request, QUEUED_ABORT_MESSAGE)
+        return len(held) + self._abort(rid, False, "Aborted by /abort_request.")
 
     def _pause(self, mode: PauseMode) -> int:
         if mode == "abort":
             self._abort("", True, "Aborted by /pause_generation (mode=abort).")
-        self._paused = mode
+        with self._cond:
+            self._paused = mode
         return len(self._running)
 
     def _resume(self) -> None:
-        self._paused = None
+        with self._cond:
+            self._paused = None
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """Held requests reach the scheduler once neither a pause nor a writer holds them."""
+        with self._cond:
+            if self._paused is None and not self._writers:
+                self._waiting.extend(self._held)
+                self._held.clear()
+                self._cond.notify_all()
+
+    def _busy(self) -> bool:
+        """Not ``Scheduler.is_fully_idle(ignore_waiting=_engine_paused)``: requests running, or
+        queued unless the scheduler is paused (in place or retract; an abort-mode pause stays
+        in the tokenizer manager)."""
+        scheduler_paused = self._paused in ("in_place", "retract")
+        return bool(self._running) or (bool(self._waiting) and not scheduler_paused)
 
     def _flush_cache(self) -> bool:
-        if self._running or self._waiting:
+        """``Scheduler.flush_cache``: refused (False) while busy."""
+        if self._busy():
             return False
         self.prefix_cache.clear()
         return True
 
-    def _apply_updates(self) -> None:
-        while self._updates:
-            update = self._updates.popleft()
+    def _run_exclusive(self) -> None:
+        while self._exclusive:
+            item = self._exclusive.popleft()
             try:
-                self.runner.apply_weights(update.tensors)
-            except Exception as exc:
-                update.future.set_result((False, f"Failed to apply weights: {exc}", 0))
-                continue
-            if update.flush_cache:
-                self.prefix_cache.clear()
-            if update.version is not None:
-                self.weight_version = update.version
-            held = len(self._running) if self._paused is not None else 0
-            logger.info("weights updated; weight_version=%s", self.weight_version)
-            update.future.set_result((True, "Succeeded to update model weights.", held))
+                item.future.set_result(item.run())
+            except Exception as exc:  # surfaced to the caller through the future
+                item.future.set_exception(exc)
+            if item.writer:
+                with self._cond:
+                    self._writers -= 1
+        self._release_held()
+
+    def _load(
+        self,
+        tensors: dict[str, torch.Tensor],
+        version: str | None,
+        flush_cache: bool,
+        loaded_message: str,
+        on_loaded: Callable[[], None] | None,
+    ) -> WeightUpdateResult:
+        """``SchedulerWeightUpdaterManager.update_weights_from_*``: load, then record the
+        version, then flush; a refused flush fails the call with the weights loaded and the
+        version recorded (``flush_cache_after_weight_update``)."""
+        try:
+            self.runner.apply_weights(tensors)
+        except Exception as exc:
+            return WeightUpdateResult(False, f"Failed to update weights: {exc}.")
+        if on_loaded is not None:
+            on_loaded()
+        if version is not None:
+            self.weight_version = version
+        logger.info("weights updated; weight_version=%s", self.weight_version)
+        if flush_cache and not self._flush_cache():
+            return WeightUpdateResult(False, FLUSH_BUSY_MESSAGE)
+        return WeightUpdateResult(True, loaded_message)
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
-            waiting = list(self._waiting)
+            queued = list(self._held) + list(self._waiting)
+            self._held.clear()
             self._waiting.clear()
-        for request in waiting + list(self._running):
+        for request in queued:
+            self._finish_queued(request, message)
+        for request in list(self._running):
             self._finish(request, {"type": "abort", "message": message})
-        for update in self._updates:
-            update.future.set_result((False, message, 0))
-        self._updates.clear()
+        for item in self._exclusive:
+            item.future.set_exception(EngineStoppedError(message))
+        self._exclusive.clear()

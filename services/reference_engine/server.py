@@ -6,33 +6,51 @@ It exists so that the SGLang client and everything above it (adapter, recorder, 
 recomputation) run against the real wire format on a machine without a GPU. Endpoints and
 fields follow SGLang's ``http_server.py`` / ``io_struct.py``:
 
-========================================  ===================================================
-``POST|PUT /generate``                    ``input_ids`` (list or batch) or ``text``,
-                                          ``sampling_params``, ``return_logprob``,
-                                          ``logprob_start_len``, ``top_logprobs_num``
-                                          (``meta_info.output_top_logprobs``),
-                                          ``return_text_in_logprobs``, ``rid``,
-                                          ``stream`` (SSE ``data: {...}`` chunks with
-                                          cumulative output, then ``data: [DONE]``)
-``POST /update_weights_from_disk``        ``{model_path, weight_version, abort_all_requests,
-                                          flush_cache}`` -> ``{success, message,
-                                          num_paused_requests}``, 200 or 400
-``POST /init_weights_update_group``       ``{master_address, master_port, rank_offset,
-                                          world_size, group_name, backend}`` -> ``{success,
-                                          message}`` (joins a gloo/nccl broadcast group)
-``POST /update_weights_from_distributed``  ``{names, dtypes, shapes, group_name, flush_cache,
-                                          weight_version}`` -> ``{success, message}``; see
-                                          :mod:`services.reference_engine.distributed_weights`
-``POST /pause_generation``                ``{mode: abort | in_place | retract}``
-``POST /continue_generation``             ``{}``
-``POST /abort_request``                   ``{rid, abort_all}`` -> empty 200
-``GET|POST /flush_cache``                 text; 400 while requests are running or waiting
-``GET /model_info``, ``/get_model_info``  includes ``weight_version``
-``GET /health``, ``/health_generate``     200 or 503
-``GET /get_weight_version``               ``{weight_version}`` (older SGLang; current SGLang
-                                          reports it in ``/model_info`` only)
-``GET /get_load``                         running / waiting request counts
-========================================  ===================================================
+==========================================  =================================================
+``POST|PUT /generate``                      ``input_ids`` (list or batch) or ``text``,
+                                            ``sampling_params``, ``return_logprob``,
+                                            ``logprob_start_len``, ``top_logprobs_num``
+                                            (``meta_info.output_top_logprobs``),
+                                            ``return_text_in_logprobs``, ``rid``,
+                                            ``stream`` (SSE ``data: {...}`` chunks with
+                                            cumulative output, then ``data: [DONE]``)
+``POST /update_weights_from_disk``          ``{model_path, weight_version,
+                                            abort_all_requests, flush_cache}`` ->
+                                            ``{success, message, num_paused_requests}``,
+                                            200 or 400 (no session needed)
+``POST /init_weights_update_group``         ``{master_address, master_port, rank_offset,
+                                            world_size, group_name, backend}`` ->
+                                            ``{success, message}`` (joins a gloo broadcast
+                                            group)
+``POST /destroy_weights_update_group``      ``{group_name}`` -> ``{success, message}``
+``POST /begin_weight_update``               ``{selector}`` -> ``{success, message}``; opens
+                                            the session distributed updates need
+``POST /end_weight_update``                 ``{}`` -> ``{success, message}``
+``POST /update_weights_from_distributed``   ``{names, dtypes, shapes, group_name,
+                                            flush_cache, weight_version}`` -> ``{success,
+                                            message}``; one bucket, loaded at once; see
+                                            :mod:`services.reference_engine.distributed_weights`
+``GET|POST /get_weights_by_name``           ``{name, truncate_size}`` -> a JSON list, or 400
+                                            for architectures SGLang does not implement it
+                                            for (``--get-weights-by-name``)
+``POST /pause_generation``                  ``{mode: abort | in_place | retract}``
+``POST /continue_generation``               ``{}``
+``POST /abort_request``                     ``{rid, abort_all}`` -> empty 200
+``GET|POST /flush_cache``                   ``?timeout=S``; text; 400 "Flush cache failed."
+                                            while requests are running (or queued, unless
+                                            paused in place)
+``GET /model_info``, ``/get_model_info``    includes ``weight_version``
+``GET /health``, ``/health_generate``       200 or 503
+``GET /get_weight_version``                 ``{weight_version}`` (older SGLang; current
+                                            SGLang reports it in ``/model_info`` only)
+``GET /get_load``                           running / waiting request counts
+``GET /server_info``, ``/get_server_info``  includes ``tp_size`` (the latter deprecated in
+                                            SGLang 0.5.23, served by both)
+==========================================  =================================================
+
+A weight load with ``flush_cache`` (the default) while requests are running or queued answers
+400 "Weights were updated, but the cache was not flushed ..." with the weights loaded and the
+version recorded, as SGLang 0.5.23 does (:mod:`services.reference_engine.engine`).
 
 Errors: body shape errors -> 422 (FastAPI validation, as in SGLang); semantic errors (empty or
 out-of-vocabulary ids, prompt too long, bad sampling values) -> 400 ``{"error": {"message"}}``.
@@ -46,7 +64,12 @@ Deliberate deviations (documented, none affects fields swerl reads):
   ``n > 1``, ``min_new_tokens`` and constrained decoding (``json_schema``, ``regex``, ``ebnf``:
   there is no grammar backend) are refused with a 400 naming the field unless neutral.
 * ``stream`` with a batch is refused (400); ``abort_request`` matches the rid exactly (SGLang
-  also aborts rids that start with it); ``retract`` pauses like ``in_place``.
+  also aborts rids that start with it); ``retract`` pauses like ``in_place`` (so a weight load
+  with ``flush_cache`` during a ``retract`` pause fails as busy, where SGLang, whose retracted
+  requests leave the running batch, flushes).
+* A running request that is aborted says which call aborted it in ``finish_reason.message``
+  (SGLang: ``"Aborted"`` with ``status_code`` and ``err_type``); a queued one says SGLang's
+  ``"Abort in waiting queue"``.
 
 Layout: this module holds the command line and :func:`create_app`, which assembles the routers of
 :mod:`services.reference_engine.routes` (generate, weights, control, info) around a
@@ -142,6 +165,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         model_path=str(model_dir.resolve()),
         script=script,
         tp_size=args.tp_size,
+        get_weights_by_name=args.get_weights_by_name,
     )
 
 
@@ -177,6 +201,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ranks this engine takes in a weight-update group, reported as tp_size by "
         "/get_server_info: SGLang joins it with every tensor-parallel worker; the reference "
         "engine computes in one process and only takes the same ranks (1)",
+    )
+    parser.add_argument(
+        "--get-weights-by-name",
+        choices=("sglang", "always"),
+        default="sglang",
+        help="sglang (default): /get_weights_by_name answers only for the architectures whose "
+        "SGLang 0.5.23 model class implements it (llama, granite, opt, exaone4, gemma2 "
+        "embedding and their subclasses) and fails for the rest (Qwen3, ...), as SGLang does; "
+        "always: answer for any model (tests that read weights back)",
     )
     parser.add_argument(
         "--seed", type=int, default=None, help="seed for requests without sampling_seed"

@@ -261,8 +261,13 @@ class DistributedPublisher:
         try:
             sender.wait()
         except Exception as exc:
+            # The engines left the group (an abandoned version) or a peer is gone: the
+            # adapter's answer says which (its call is bounded by the admin timeout).
             self._drop_group()
-            if call.done.wait(ABANDON_WAIT_S) and call.error is not None:
+            call.done.wait()
+            if call.error is not None:
                 raise call.error from exc  # the adapter's reason says more
+            if (call.result or {}).get("broadcast_abandoned"):
+                return bucket_s
             raise PublishError(f"broadcast of version {version} failed: {exc}") from exc
         return bucket_s

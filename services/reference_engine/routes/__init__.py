@@ -4,7 +4,8 @@
 
 =================  ==================================================================
 :mod:`.generate`   ``/generate`` (single, batch, SSE stream)
-:mod:`.weights`    ``/update_weights_from_disk``, broadcast group and distributed update
+:mod:`.weights`    ``/update_weights_from_disk``, broadcast group, weight-update session,
+                   distributed update, ``/get_weights_by_name``
 :mod:`.control`    pause / continue / abort, ``/flush_cache``
 :mod:`.info`       health, model info, weight version, load, server info
 =================  ==================================================================

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from http import HTTPStatus
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from services.protocol.sglang import AbortRequest, PauseGenerationRequest
@@ -15,6 +17,9 @@ FLUSH_CACHE_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
+FLUSH_FAILED_TEXT = "Flush cache failed.\n"
+FLUSH_TIMED_OUT = "Timed out waiting for idle state."
+FLUSH_POLL_S = 0.05
 
 router = APIRouter()
 
@@ -48,6 +53,17 @@ async def abort_request(body: AbortRequest, state: State) -> Response:
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache(state: State) -> Response:
-    ok = await asyncio.wrap_future(state.engine.flush_cache())
-    return Response(content=FLUSH_CACHE_TEXT, status_code=200 if ok else 400)
+async def flush_cache(state: State, timeout: float = Query(0.0, ge=0.0)) -> Response:
+    """SGLang's ``/flush_cache``: refused (400 "Flush cache failed.") while requests are
+    running, or queued unless generation is paused in place; with ``timeout`` > 0 a refused
+    flush is retried until the engine is idle or the timeout passes (SGLang's deferred flush,
+    ``SchedulerFlushWrapper``: "Timed out waiting for idle state.")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await asyncio.wrap_future(state.engine.flush_cache()):
+            return Response(content=FLUSH_CACHE_TEXT, status_code=200)
+        if timeout <= 0:
+            return Response(content=FLUSH_FAILED_TEXT, status_code=HTTPStatus.BAD_REQUEST)
+        if time.monotonic() >= deadline:
+            return Response(content=FLUSH_TIMED_OUT, status_code=HTTPStatus.BAD_REQUEST)
+        await asyncio.sleep(FLUSH_POLL_S)

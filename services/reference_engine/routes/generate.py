@@ -79,7 +79,7 @@ async def run_to_end(state: ServerState, request: EngineRequest, http: Request) 
         except TimeoutError:
             if not aborted and await http.is_disconnected():
                 logger.info("client disconnected; aborting %s", request.rid)
-                state.engine.abort(request.rid)
+                state.engine.cancel(request.rid)
                 aborted = True
             continue
         if finished:
@@ -97,4 +97,4 @@ async def _stream(state: ServerState, request: EngineRequest) -> AsyncIterator[b
         yield b"data: [DONE]\n\n"
     finally:
         if not finished:
-            state.engine.abort(request.rid)
+            state.engine.cancel(request.rid)

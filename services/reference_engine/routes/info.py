@@ -41,7 +41,7 @@ async def health_generate(http: Request, state: State) -> Response:
     try:
         await asyncio.wait_for(run_to_end(state, probe, http), HEALTH_CHECK_TIMEOUT_S)
     except TimeoutError:
-        state.engine.abort(probe.rid)
+        state.engine.cancel(probe.rid)
         return Response(status_code=503)
     return Response(status_code=200)
 
@@ -53,7 +53,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "tokenizer_path": state.model_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": state.engine.weight_version,
+        "weight_version": state.engine.tokenizer_weight_version,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": getattr(config, "model_type", None),
@@ -75,7 +75,7 @@ async def get_model_info(state: State) -> dict[str, Any]:
 @router.get("/get_weight_version")
 @router.get("/weight_version")
 async def weight_version(state: State) -> dict[str, Any]:
-    return {"weight_version": state.engine.weight_version}
+    return {"weight_version": state.engine.tokenizer_weight_version}
 
 
 @router.get("/get_load")
@@ -101,5 +101,7 @@ async def server_info(state: State) -> dict[str, Any]:
         "decoded_tokens": state.engine.decoded_tokens,
         "prefix_cache_entries": len(state.engine.prefix_cache),
         "tp_size": state.tp_size,
+        "num_held_reqs": state.engine.num_held(),
+        "weight_update_session": state.session.is_open,
         **state.engine.load(),
     }

@@ -98,20 +98,25 @@ class SGLangLike:
             self.weights = {
                 n: int(weight_version) if v == -1 else v for n, v in self.weights.items()
             }
-            self.version = weight_version
-            await self._flush_after_load(flush_cache)
+            await self._flush_after_load(flush_cache, weight_version)
 
     async def update_weights_from_disk(
         self, model_path: str, weight_version: str | None = None
     ) -> None:
         self._log(f"disk:{model_path}")
         self.weights = {n: int(weight_version or 0) for n in self.weights}
-        self.version = weight_version or self.version
-        await self._flush_after_load(True)
+        await self._flush_after_load(True, weight_version)
 
-    async def _flush_after_load(self, flush: bool) -> None:
+    async def _flush_after_load(self, flush: bool, version: str | None) -> None:
+        """The scheduler serves the new weights already; the version /model_info names moves
+        only when the call succeeds (SGLang's tokenizer manager)."""
         if flush and not await self.flush_cache():
             raise EngineRequestError(self.base_url, FLUSH_REFUSED, 400)
+        self.version = version or self.version
+
+    async def update_weight_version(self, version: str) -> None:
+        self._log(f"set_version:{version}")
+        self.version = version
 
     async def flush_cache(self) -> bool:
         self._log("flush")
@@ -279,7 +284,7 @@ def test_a_load_answered_as_failed_only_for_its_flush_is_a_load_and_flushed_agai
             summary = await sync.refresh(version_request())
         report = summary["engines"]["e0"]
         assert report["ok"] and report["flushed_again"] and report["version"] == "1"
-        assert of(log, "e0").count("flush") == 3
+        assert of(log, "e0").count("flush") == 3 and "set_version:1" in of(log, "e0")
         assert [e.url for e in sync.router.healthy()] == ["e0", "e1"]
 
     asyncio.run(scenario())
@@ -295,10 +300,11 @@ def test_a_cache_that_never_flushes_keeps_the_engine_out_until_readmission_flush
         e0.busy_flushes = 100
         summary = await sync.coordinator.refresh("/w/v1", 1)
         assert not summary["engines"]["e0"]["ok"] and "older weights" in str(summary)
-        assert sync.coordinator.needs_flush == {"e0"}
+        assert sync.coordinator.needs_flush == {"e0": 1}
         e0.busy_flushes = 0
         await sync.coordinator.readmit(sync.router.engine("e0"))
-        assert sync.router.engine("e0").healthy and of(log, "e0")[-1] == "flush"
+        assert sync.router.engine("e0").healthy and of(log, "e0")[-2:] == ["flush", "set_version:1"]
+        assert e0.version == "1" and not any("disk" in s for s in of(log, "e0")[-2:])
 
     asyncio.run(scenario())
 

@@ -66,6 +66,18 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+async def wait_for_info(url: str, ready: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    """``/server_info`` once ``ready(info)`` holds (polled)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            info = (await http.get(url + "/server_info")).json()
+            if ready(info):
+                return dict(info)
+            assert time.monotonic() < deadline, f"server_info never ready: {info}"
+            await asyncio.sleep(0.02)
+
+
 def chat_prompt(tokenizer: Any, text: str) -> list[int]:
     rendered = tokenizer.apply_chat_template(
         [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": text}],
@@ -393,6 +405,10 @@ def test_info_endpoints(reference_server: ThreadedReferenceServer) -> None:
     assert load[0]["num_reqs"] >= 0
     flushed = httpx.get(reference_server.url + "/flush_cache", timeout=10)
     assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    # SGLang 0.5.23 serves both (the latter deprecated), with tp_size.
+    for path in ("/server_info", "/get_server_info"):
+        server_info = httpx.get(reference_server.url + path, timeout=10)
+        assert server_info.status_code == 200 and server_info.json()["tp_size"] == 1
 
 
 # ------------------------------------------------------------------------------ weights
@@ -440,6 +456,8 @@ def test_update_weights_changes_outputs_versions_and_logprobs(
 def test_update_waits_for_running_requests_and_holds_new_ones(
     weights_server: ThreadedReferenceServer, tiny_model_dir: Path, tokenizer: Any
 ) -> None:
+    """SGLang's writer lock: the update waits for the request in flight; a request sent while
+    it waits is held outside the scheduler (not queued) and runs on the new weights."""
     prompt = chat_prompt(tokenizer, "long running")
 
     async def go() -> dict[str, Any]:
@@ -449,9 +467,10 @@ def test_update_waits_for_running_requests_and_holds_new_ones(
 
             async def timed(name: str, coro: Any) -> Any:
                 result = await coro
-                done[name] = time.monotonic()
+                done[name] = time.time()
                 return result
 
+            sent = time.time()
             running = asyncio.create_task(
                 timed(
                     "running",
@@ -466,22 +485,38 @@ def test_update_waits_for_running_requests_and_holds_new_ones(
             late = asyncio.create_task(
                 timed("late", client.generate(prompt, SamplingParams(max_new_tokens=2)))
             )
+            held = await wait_for_info(weights_server.url, lambda i: i["num_held_reqs"] == 1)
             results = await asyncio.gather(running, update, late)
-            return {"old": old, "running": results[0], "late": results[2], "done": done}
+            return {
+                "old": old,
+                "sent": sent,
+                "held": held,
+                "running": results[0],
+                "late": results[2],
+                "done": done,
+            }
 
     out = run(go())
     assert out["running"].finish_reason.type == "length", "nothing in flight is aborted"
     assert out["running"].weight_version == out["old"]
+    assert out["held"]["num_running_reqs"] == 1 and out["held"]["num_waiting_reqs"] == 0
     assert out["late"].weight_version == "w-wait"
-    assert out["done"]["running"] <= out["done"]["update"] <= out["done"]["late"]
+    # The update answered after the running request finished on the engine (the engine's
+    # clock and this one are the same machine's: sent + engine latency <= its finish time).
+    assert out["done"]["update"] >= out["sent"] + out["running"].engine_latency_s
 
 
 def test_update_while_paused_in_place_applies_at_once(
     weights_server: ThreadedReferenceServer, tiny_model_dir: Path, tokenizer: Any
 ) -> None:
+    """Paused, SGLang takes no writer lock: the load applies at once, under the request held in
+    place (which then finishes on the new version). Without ``flush_cache``: the request still
+    running would refuse the flush and fail the call (test_sglang_semantics.py).
+    ``num_paused_requests`` is 0, as SGLang's scheduler answers."""
     prompt = chat_prompt(tokenizer, "paused update")
+    load = {"model_path": str(tiny_model_dir), "weight_version": "w-paused", "flush_cache": False}
 
-    async def go() -> tuple[Any, bool, GenerateResult]:
+    async def go() -> tuple[httpx.Response, bool, GenerateResult]:
         async with SGLangClient(weights_server.url) as client:
             running = asyncio.create_task(
                 client.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True))
@@ -489,16 +524,22 @@ def test_update_while_paused_in_place_applies_at_once(
             await asyncio.sleep(0.3)
             await client.pause_generation("in_place")
             try:
-                update = await asyncio.wait_for(
-                    client.update_weights_from_disk(str(tiny_model_dir), "w-paused"), 10
-                )
+                async with httpx.AsyncClient(timeout=10) as http:
+                    update = await http.post(
+                        weights_server.url + "/update_weights_from_disk", json=load
+                    )
                 held = not running.done()
             finally:
                 await client.continue_generation()
             return update, held, await running
 
     update, held, result = run(go())
-    assert update.num_paused_requests == 1 and held
+    assert update.status_code == 200 and held
+    assert update.json() == {
+        "success": True,
+        "message": "Succeeded to update model weights. Weight version updated to w-paused.",
+        "num_paused_requests": 0,
+    }
     assert result.finish_reason.type == "length" and result.weight_version == "w-paused"
 
 

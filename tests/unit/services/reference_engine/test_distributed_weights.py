@@ -79,40 +79,63 @@ def request(bucket: list[tuple[str, torch.Tensor]], group: str, version: str | N
     )
 
 
-def test_a_bad_first_bucket_drops_the_whole_version_and_the_next_one_applies(
+def test_a_bad_bucket_is_received_in_full_then_refused_and_the_next_ones_still_load(
     runner: ModelRunner,
 ) -> None:
+    """SGLang receives a bucket before loading it and loads buckets one by one: a bucket that
+    does not fit is refused with SGLang's load message after every one of its broadcasts
+    completed (the trainer is never left waiting), and the buckets after it are received and
+    returned for loading on their own (nothing is staged)."""
     receiver = DistributedReceiver(runner, timeout_s=30)
     group = connect(receiver, "g1")
     shapes = runner.weight_shapes()
     names = list(shapes)[:2]
     good = [[(n, torch.full(shapes[n], 0.5))] for n in names]
-    bad = [("model.not_a_weight", torch.zeros(3))]
+    bad = [(names[0], torch.full(shapes[names[0]], 0.25)), ("model.not_a_weight", torch.zeros(3))]
     sender = send(group, [bad, *good])
-    with pytest.raises(DistributedUpdateError, match=r"unknown parameter 'model\.not_a_weight'"):
+    with pytest.raises(DistributedUpdateError) as refused:
         receiver.receive(request(bad, "g1"))
-    with pytest.raises(DistributedUpdateError, match="an earlier bucket of this version failed"):
-        receiver.receive(request(good[0], "g1"))
-    with pytest.raises(DistributedUpdateError, match="an earlier bucket of this version failed"):
-        receiver.receive(request(good[1], "g1", version="5"))
+    message = str(refused.value)
+    assert message.startswith("Failed to update parameter online: ")
+    assert "unknown parameter 'model.not_a_weight'" in message
+    assert message.endswith(
+        "The full weights of the ModelRunner are partially updated. "
+        "Please discard the whole weights."
+    )
+    first = receiver.receive(request(good[0], "g1"))
+    last = receiver.receive(request(good[1], "g1", version="5"))
     sender.join(30)
     assert not sender.is_alive()  # every broadcast completed: the trainer was never left waiting
-    # The next version, in two buckets: staged, then all applied by the call with the version.
-    sender = send(group, good)
-    assert receiver.receive(request(good[0], "g1")) is None
-    applied = receiver.receive(request(good[1], "g1", version="6"))
-    sender.join(30)
-    assert applied is not None and sorted(applied) == sorted(names)
-    assert all(torch.equal(applied[n], torch.full(shapes[n], 0.5)) for n in names)
+    assert list(first) == [names[0]] and list(last) == [names[1]]  # each bucket by itself
+    assert torch.equal(first[names[0]], torch.full(shapes[names[0]], 0.5))
+    assert torch.equal(last[names[1]], torch.full(shapes[names[1]], 0.5))
+
+
+def test_destroy_leaves_the_group_with_sglangs_messages(runner: ModelRunner) -> None:
+    receiver = DistributedReceiver(runner, timeout_s=30)
+    connect(receiver, "g-destroy")
+    assert receiver.destroy_group("g-destroy") == "Succeeded to destroy custom process group."
+    assert "g-destroy" not in receiver.groups
+    with pytest.raises(
+        DistributedUpdateError, match=r"^The group to be destroyed does not exist\.$"
+    ):
+        receiver.destroy_group("g-destroy")
+    bucket = [("model.norm.weight", torch.zeros(4))]
+    with pytest.raises(DistributedUpdateError, match="no weight update group 'g-destroy'"):
+        receiver.receive(request(bucket, "g-destroy"))
 
 
 def test_malformed_requests_are_refused_without_joining_a_broadcast(runner: ModelRunner) -> None:
     receiver = DistributedReceiver(runner, timeout_s=30)
     bucket = [("model.norm.weight", torch.zeros(4))]
-    with pytest.raises(DistributedUpdateError, match="no weight update group 'nope'"):
+    with pytest.raises(
+        DistributedUpdateError, match=r"^Failed to receive weights: no weight update group 'nope'"
+    ):
         receiver.receive(request(bucket, "nope"))
     odd = request(bucket, "nope").model_copy(update={"dtypes": []})
-    with pytest.raises(DistributedUpdateError, match="differ in length"):
+    with pytest.raises(
+        DistributedUpdateError, match=r"^Failed to receive weights: .*differ in length"
+    ):
         receiver.receive(odd)
     nccl = InitWeightsUpdateGroupRequest(
         master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, backend="nccl"
