@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from adapter.engines.sglang import EngineRequestError
 from adapter.errors import APIError
 from adapter.routing import Engine, Router
-from adapter.weight_check import WeightProbe
+from adapter.weight_check import LogprobProbe, WeightProbe
 from adapter.weights import WeightCoordinator
 
 log = logging.getLogger("adapter.weight_sync")
@@ -88,6 +88,11 @@ class DistributedRefreshRequest(BaseModel):
     )
     probes: tuple[WeightProbe, ...] = Field(
         default=(), max_length=16, description="spot check after the update (weight_check)"
+    )
+    logprob_probe: LogprobProbe | None = Field(
+        default=None,
+        description="the trainer's logprobs of a fixed sequence: each engine's are compared "
+        "after the update (weight_check)",
     )
     flush_cache: bool = True
 
@@ -197,6 +202,7 @@ class DistributedWeights:
                 weights_sha256=request.weights_sha256,
                 probes=request.probes,
                 together=True,
+                logprob_probe=request.logprob_probe,
             )
         except APIError as exc:
             if run.abandoned_at is not None:
@@ -323,6 +329,7 @@ class _VersionRun:
                     probes,
                     results[e.url],
                     errors.get(e.url) or last_error.get(e.url),
+                    self.request.logprob_probe,
                 )
                 for e in engines
             )
@@ -360,7 +367,11 @@ class _VersionRun:
                     coordinator.needs_reload.add(engine.url)
                 return failed
             loaded = await coordinator._load(
-                engine, request.model_path, request.version, request.probes
+                engine,
+                request.model_path,
+                request.version,
+                request.probes,
+                request.logprob_probe,
             )
             if not loaded["ok"]:
                 coordinator.needs_reload.add(engine.url)

@@ -41,7 +41,7 @@ from adapter.engines.sglang import EngineRequestError
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
-from adapter.weight_check import WeightProbe, check_probes
+from adapter.weight_check import LogprobProbe, WeightProbe, check_logprob_probe, check_probes
 
 log = logging.getLogger("adapter.weights")
 
@@ -146,6 +146,7 @@ class WeightState:
     model_path: str | None = None  # weights of `version`, once a refresh loaded them
     weights_sha256: str | None = None  # the checksum the refresh of `version` named, if any
     probes: tuple[WeightProbe, ...] = ()  # the spot check of `version`'s weights, if sent
+    logprob_probe: LogprobProbe | None = None  # the trainer's logprobs under `version`, if sent
     refreshes: int = 0
     last_refresh: dict[str, Any] = field(default_factory=dict)
 
@@ -185,6 +186,9 @@ class WeightCoordinator:
         # from disk, before they serve again, whatever version they report.
         self.needs_flush: dict[str, int] = {}  # engine URL -> the version loaded unflushed
         self.needs_reload: set[str] = set()
+        # Token mode: engines are paused (SGLang holds every new /generate) while they load, so
+        # the logprob probe of a load waits until they continue (:meth:`_check_after_pause`).
+        self._engines_paused = False
         metrics.weight_version.set(float(initial_version))
 
     @property
@@ -221,6 +225,7 @@ class WeightCoordinator:
         model_path: str,
         version: int,
         probes: tuple[WeightProbe, ...] = (),
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
         started = time.perf_counter()
         load_error: str | None = None
@@ -231,7 +236,7 @@ class WeightCoordinator:
         except Exception as exc:
             return {"ok": False, "error": str(exc), "load_s": time.perf_counter() - started}
         out: dict[str, Any] = {"load_s": time.perf_counter() - started}
-        return await self.confirm(engine, version, probes, out, load_error)
+        return await self.confirm(engine, version, probes, out, load_error, logprob_probe)
 
     async def confirm(
         self,
@@ -240,6 +245,7 @@ class WeightCoordinator:
         probes: tuple[WeightProbe, ...],
         out: dict[str, Any],
         load_error: str | None = None,
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
         """An engine's load result after its last load call (``load_error``: that call's
         refusal, if any). SGLang 0.5.23 records the new version in its scheduler, then flushes
@@ -268,16 +274,24 @@ class WeightCoordinator:
         out = {**out, "version": reported}
         if load_error is not None and not loaded_unflushed:
             return {**out, "ok": False, "error": load_error}
-        return await self.verify(engine, version, probes, out)
+        return await self.verify(engine, version, probes, out, logprob_probe)
 
-    @staticmethod
     async def verify(
-        engine: Engine, version: int, probes: tuple[WeightProbe, ...], out: dict[str, Any]
+        self,
+        engine: Engine,
+        version: int,
+        probes: tuple[WeightProbe, ...],
+        out: dict[str, Any],
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
-        """``out`` (an engine's load result) with ``ok``: the engine reports ``version`` and its
-        values of the ``probes`` are the publisher's (:mod:`adapter.weight_check`). An engine
-        that cannot read weights back by name (SGLang does so for a few model classes only) is
-        ``unverifiable``: ok on the version it reports, it stays in rotation."""
+        """``out`` (an engine's load result) with ``ok``: the engine reports ``version``, its
+        values of the ``probes`` are the publisher's, and its logprobs of the
+        ``logprob_probe``'s sequence are the trainer's within ``LOGPROB_PROBE_FAIL``
+        (:mod:`adapter.weight_check`; the gap is reported as ``logprob_probe_gap``). An engine
+        that cannot read weights back by name (SGLang does so for a few model classes only) or
+        refuses the logprob request is ``unverifiable`` for that check: ok on the others, it
+        stays in rotation. While the engines are paused (token mode) the logprob check waits
+        for them to continue (:meth:`_check_after_pause`)."""
         reported = out.get("version")
         if parse_version(reported) != version:
             error = f"engine reports weight_version {reported!r} after loading {version}"
@@ -287,11 +301,72 @@ class WeightCoordinator:
         except Exception as exc:
             return {**out, "ok": False, "error": f"weights check after loading: {exc}"}
         if outcome.problem is not None:
+            # it reports the version but holds other values: readmission reloads it
+            self.needs_reload.add(engine.url)
             return {**out, "ok": False, "error": outcome.problem}
         result = {**out, "ok": True, "probes_checked": outcome.checked}
         if outcome.unverifiable is not None:
             result["unverifiable"] = outcome.unverifiable
+        if logprob_probe is None:
+            return result
+        if self._engines_paused:
+            return {**result, "logprob_probe": "after continue_generation"}
+        checked = await self._check_logprobs(engine, logprob_probe, result)
+        if "logprob_probe_gap" in checked and not checked["ok"]:
+            self.needs_reload.add(engine.url)  # reports the version, computes something else
+        return checked
+
+    @staticmethod
+    async def _check_logprobs(
+        engine: Engine, probe: LogprobProbe, result: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``result`` (an engine's verified load) after the logprob probe: its gap, or why the
+        engine could not be asked, or failed when its logprobs are not the trainer's."""
+        result = {k: v for k, v in result.items() if k != "logprob_probe"}
+        try:
+            outcome = await check_logprob_probe(engine.client, probe)
+        except Exception as exc:
+            return {**result, "ok": False, "error": f"logprob check after loading: {exc}"}
+        if outcome.gap is not None:
+            result["logprob_probe_gap"] = outcome.gap
+        if outcome.problem is not None:
+            return {**result, "ok": False, "error": outcome.problem}
+        if outcome.unverifiable is not None:
+            result["logprob_probe_unverifiable"] = outcome.unverifiable
         return result
+
+    async def _check_after_pause(
+        self,
+        report: dict[str, dict[str, Any]],
+        probe: LogprobProbe | None,
+        model_path: str | None,
+        version: int,
+    ) -> None:
+        """Token mode, once the engines continue: the logprob check of every engine that
+        loaded; one that fails it leaves rotation (its result says why). At least one engine
+        must pass (502 otherwise, as in :meth:`_load_all`)."""
+        if probe is None:
+            return
+        pending = [
+            e
+            for e in self.router.engines
+            if e.url in report and report[e.url]["ok"] and "logprob_probe" in report[e.url]
+        ]
+        checked = await asyncio.gather(
+            *(self._check_logprobs(e, probe, report[e.url]) for e in pending)
+        )
+        for engine, result in zip(pending, checked, strict=True):
+            report[engine.url] = result
+            if not result["ok"]:
+                if "logprob_probe_gap" in result:
+                    self.needs_reload.add(engine.url)
+                self.router.mark_unhealthy(engine, f"weight load: {result.get('error')}")
+        if not any(r["ok"] for r in report.values()):
+            raise APIError(
+                502,
+                f"no engine loaded {model_path} (version {version}): {report}",
+                code="refresh_failed",
+            )
 
     async def refresh(
         self,
@@ -302,6 +377,7 @@ class WeightCoordinator:
         weights_sha256: str | None = None,
         probes: tuple[WeightProbe, ...] = (),
         together: bool = False,
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
         """A refresh in the adapter's mode. ``loader`` loads one engine (default: from
         ``model_path`` on disk) -- or, with ``together``, all the engines in rotation at once
@@ -324,6 +400,7 @@ class WeightCoordinator:
                     check,
                     weights_sha256,
                     probes,
+                    logprob_probe,
                 )
         finally:
             self._refresh_pending = False
@@ -344,6 +421,7 @@ class WeightCoordinator:
         check: Callable[[list[Engine]], None] | None,
         weights_sha256: str | None = None,
         probes: tuple[WeightProbe, ...] = (),
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
         if loader is None and self._served_already(version, weights_sha256):
             # A trainer resumed from a checkpoint older than its last publish sends the same
@@ -364,12 +442,14 @@ class WeightCoordinator:
             assert model_path is not None
 
             async def load_one(engine: Engine) -> dict[str, Any]:
-                return await self._load(engine, model_path, version, probes)
+                return await self._load(engine, model_path, version, probes, logprob_probe)
 
             loader = each_engine(load_one)
 
         if self.mode is RefreshMode.TOKEN:
-            return await self._refresh_paused(loader, model_path, version, weights_sha256, probes)
+            return await self._refresh_paused(
+                loader, model_path, version, weights_sha256, probes, logprob_probe
+            )
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
@@ -377,7 +457,7 @@ class WeightCoordinator:
             drained_at = await self._drain(closed_at)
             report = await self._load_all(loader, model_path, version)
             loaded_at = time.perf_counter()
-            self._adopt(version, model_path, weights_sha256, probes)
+            self._adopt(version, model_path, weights_sha256, probes, logprob_probe)
         finally:
             self.gate.reopen()
         summary = {
@@ -400,25 +480,37 @@ class WeightCoordinator:
         version: int,
         weights_sha256: str | None = None,
         probes: tuple[WeightProbe, ...] = (),
+        logprob_probe: LogprobProbe | None = None,
     ) -> dict[str, Any]:
         """Token-mode refresh: close the gate (new calls wait; nothing is drained), pause the
         engines in abort mode, load, continue them, reopen. The interrupted calls are continued
-        by the engine clients once the barrier lifts."""
+        by the engine clients once the barrier lifts. A paused SGLang holds every new
+        ``/generate``, so the logprob probe runs once the engines continue, before the barrier
+        lifts and the gate reopens."""
         closed_at = time.perf_counter()
         inflight_at_close = self.gate.inflight
         self.gate.close()
         self.barrier.begin()
         engines = self.router.healthy()
-        paused_at = loaded_at = closed_at
+        paused_at = loaded_at = continue_from = closed_at
+        continued = False
         try:
             await self._pause_all(engines)
             paused_at = time.perf_counter()
-            report = await self._load_all(loader, model_path, version)
-            loaded_at = time.perf_counter()
-            self._adopt(version, model_path, weights_sha256, probes)
-        finally:
-            continue_from = time.perf_counter()
+            self._engines_paused = True
+            try:
+                report = await self._load_all(loader, model_path, version)
+            finally:
+                self._engines_paused = False
+            loaded_at = continue_from = time.perf_counter()
+            continued = True
             await self._continue_all(engines)
+            await self._check_after_pause(report, logprob_probe, model_path, version)
+            self._adopt(version, model_path, weights_sha256, probes, logprob_probe)
+        finally:
+            if not continued:
+                continue_from = time.perf_counter()
+                await self._continue_all(engines)
             self.barrier.end(frozenset(e.url for e in engines if not e.healthy))
             self.gate.reopen()
         reopened_at = time.perf_counter()
@@ -443,11 +535,13 @@ class WeightCoordinator:
         model_path: str | None,
         weights_sha256: str | None,
         probes: tuple[WeightProbe, ...] = (),
+        logprob_probe: LogprobProbe | None = None,
     ) -> None:
         self.state.version = version
         self.state.model_path = model_path  # None: no disk copy of this version
         self.state.weights_sha256 = weights_sha256
         self.state.probes = probes
+        self.state.logprob_probe = logprob_probe
         self.state.refreshes += 1
 
     async def _pause_all(self, engines: list[Engine]) -> None:
@@ -613,7 +707,11 @@ class WeightCoordinator:
                     )
                     return
                 result = await self._load(
-                    engine, current.model_path, current.version, current.probes
+                    engine,
+                    current.model_path,
+                    current.version,
+                    current.probes,
+                    current.logprob_probe,
                 )
                 if not result["ok"]:
                     engine.last_error = f"reload on readmission failed: {result.get('error')}"

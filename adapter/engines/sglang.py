@@ -513,6 +513,32 @@ class SGLangClient:
             raise EngineProtocolError(url, f"expected a list, got {str(payload)[:200]!r}")
         return payload
 
+    async def input_logprobs(self, input_ids: list[int]) -> list[Any]:
+        """The engine's logprob of each of ``input_ids`` given the tokens before it: SGLang's
+        ``meta_info.input_token_logprobs`` (``[logprob | None, token_id, text | None]`` per
+        token, the first one's logprob None) of a prefill-only ``/generate``
+        (``max_new_tokens`` 0, ``logprob_start_len`` 0). These are ``log_softmax(logits)``
+        whatever the sampling temperature (SGLang scales only output logprobs)."""
+        url = self.base_url + "/generate"
+        payload = await self._json(
+            "POST",
+            "/generate",
+            {
+                "input_ids": list(input_ids),
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "rid": f"swerl-logprob-probe-{uuid.uuid4().hex}",
+            },
+        )
+        meta = payload.get("meta_info") if isinstance(payload, dict) else None
+        entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+        if not isinstance(entries, list):
+            raise EngineProtocolError(
+                url, f"no meta_info.input_token_logprobs in {str(payload)[:200]!r}"
+            )
+        return entries
+
     async def tp_size(self) -> int:
         """The engine's tensor-parallel workers (``tp_size`` of ``/server_info``; 1 when the
         engine does not say): the ranks it takes in a weight-update group, each worker joining

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapter.routes.deps import Distributed, Service, model_body, require_admin
-from adapter.weight_check import WeightProbe
+from adapter.weight_check import LogprobProbe, WeightProbe
 from adapter.weight_sync import DistributedRefreshRequest, GroupRequest
 
 
@@ -29,6 +29,11 @@ class RefreshRequest(BaseModel):
         description="first values of a few 1-D tensors: each engine's are read back after "
         "the load (adapter.weight_check)",
     )
+    logprob_probe: LogprobProbe | None = Field(
+        default=None,
+        description="a fixed token sequence and the trainer's logprobs of its tokens 1..L-1: "
+        "each engine's are compared after the load (adapter.weight_check)",
+    )
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -44,7 +49,11 @@ REQUEST_BODIES: dict[str, tuple[type[BaseModel], bool]] = {
 async def refresh_weights(request: Request, service: Service) -> dict[str, Any]:
     body = await model_body(request, RefreshRequest)
     return await service.weights.refresh(
-        body.model_path, body.version, weights_sha256=body.weights_sha256, probes=body.probes
+        body.model_path,
+        body.version,
+        weights_sha256=body.weights_sha256,
+        probes=body.probes,
+        logprob_probe=body.logprob_probe,
     )
 
 

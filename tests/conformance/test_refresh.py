@@ -178,6 +178,38 @@ def test_refresh_with_probes_keeps_an_engine_that_cannot_read_weights_back(
     run(scenario())
 
 
+@pytest.mark.parametrize("mode", [RefreshMode.STEP, RefreshMode.TOKEN])
+def test_the_logprob_probe_checks_a_qwen3_engine_and_fails_other_weights(
+    engine: EngineFactory, model_dir_seed1: Path, mode: RefreshMode
+) -> None:
+    """The check that works where ``/get_weights_by_name`` does not: SGLang's own
+    ``/generate`` (``max_new_tokens`` 0, ``logprob_start_len`` 0) answers the input-token
+    logprobs of the probe sequence -- in token mode once the engine continues, since a paused
+    SGLang holds every new request -- and they are the trainer's (float32 on both sides here).
+    A probe the loaded weights do not reproduce fails the load."""
+    from adapter.weight_check import LogprobProbe
+    from tests.support.publish import trainer
+    from trainer.publish.base import logprob_probe
+
+    probe = LogprobProbe.model_validate(logprob_probe(trainer(model_dir_seed1)))
+
+    async def scenario() -> None:
+        async with engine() as e:
+            a = await adapter_over(e, mode)
+            summary = await a.coordinator.refresh(str(model_dir_seed1), 1, logprob_probe=probe)
+            report = summary["engines"][e.url]
+            assert report["ok"], report
+            assert report["logprob_probe_gap"] < 1e-4, report
+            await assert_serves(e, a, 1, model_dir_seed1)
+            other = probe.model_copy(update={"logprobs": tuple(v - 2.0 for v in probe.logprobs)})
+            with pytest.raises(APIError) as failed:
+                await a.coordinator.refresh(str(model_dir_seed1), 2, logprob_probe=other)
+            assert failed.value.status == 502 and "2.000 nats" in failed.value.message
+            assert not a.engine.healthy and a.coordinator.state.version == 1
+
+    run(scenario())
+
+
 # ---------------------------------------------------------------------------- distributed
 
 

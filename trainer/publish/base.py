@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+import torch
 from torch import Tensor
 
 from trainer.backends.base import TrainerBackend
+from trainer.data import TrainBatch
+
+log = logging.getLogger("trainer.publish")
 
 
 class PublishError(RuntimeError):
@@ -88,6 +94,81 @@ def weight_probes(named: Iterable[tuple[str, Tensor]]) -> list[dict[str, Any]]:
     ]
 
 
+LOGPROB_PROBE_TOKENS = 24  # the logprob probe's sequence (adapter.weight_check.LogprobProbe)
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def probe_token_ids(
+    vocab_size: int, excluded: Iterable[int] = (), count: int = LOGPROB_PROBE_TOKENS
+) -> list[int]:
+    """``count`` distinct token ids spread over ``[0, vocab_size)`` (a golden-ratio sequence:
+    the same for every run of a model), none of them in ``excluded`` (special tokens)."""
+    skip = {int(i) for i in excluded}
+    free = vocab_size - len({i for i in skip if 0 <= i < vocab_size})
+    count = min(count, free)
+    ids: list[int] = []
+    taken = set(skip)
+    for index in range(count):
+        token = int(((index + 1) * _GOLDEN) % 1.0 * vocab_size)
+        while token in taken:
+            token = (token + 1) % vocab_size
+        taken.add(token)
+        ids.append(token)
+    return ids
+
+
+def _probe_batch(input_ids: list[int], version: int) -> TrainBatch:
+    """One row: token 0 the prompt, tokens 1.. the scored (post-prompt) ones."""
+    length = len(input_ids)
+    scored = length - 1
+    return TrainBatch(
+        input_ids=torch.tensor([input_ids], dtype=torch.long),
+        seq_lengths=torch.tensor([length], dtype=torch.long),
+        prompt_lengths=torch.tensor([1], dtype=torch.long),
+        tokens=torch.tensor([input_ids[1:]], dtype=torch.long),
+        action_mask=torch.ones((1, scored), dtype=torch.bool),
+        behavior_logp=torch.zeros((1, scored), dtype=torch.float32),
+        token_versions=torch.full((1, scored), version, dtype=torch.long),
+        rewards=torch.zeros(1, dtype=torch.float32),
+        group_ids=torch.zeros(1, dtype=torch.long),
+        trajectory_index=torch.zeros(1, dtype=torch.long),
+        segment_index=torch.zeros(1, dtype=torch.long),
+        truncated=torch.zeros(1, dtype=torch.bool),
+        trajectory_ids=("logprob-probe",),
+    )
+
+
+def logprob_probe(backend: TrainerBackend) -> dict[str, Any] | None:
+    """The logprob probe a refresh carries (adapter.weight_check.LogprobProbe): a fixed
+    sequence of ``LOGPROB_PROBE_TOKENS`` ids spread over the model's vocabulary (special and
+    added tokens left out) and the actor's teacher-forced logprobs of tokens 1..L-1, from the
+    backend's no-grad forward. Collective under data / tensor / pipeline parallelism (call it
+    on every rank). None where it cannot be compared with an engine's: a backend that does not
+    say its ``vocab_size``, a ``rollout_temperature`` other than 1 (the trainer's logprobs are
+    then of ``logits / T``; SGLang's input-token logprobs never are), non-finite values."""
+    vocab_size = getattr(backend, "vocab_size", None)
+    config = getattr(backend, "config", None)
+    temperature = float(getattr(config, "rollout_temperature", 1.0))
+    if not isinstance(vocab_size, int) or vocab_size < 2 or temperature != 1.0:
+        return None
+    tokenizer = getattr(backend, "tokenizer", None)
+    excluded: set[int] = set()
+    if tokenizer is not None:
+        excluded.update(int(i) for i in getattr(tokenizer, "all_special_ids", None) or ())
+        excluded.update(int(i) for i in getattr(tokenizer, "added_tokens_decoder", None) or {})
+        if hasattr(tokenizer, "__len__"):
+            vocab_size = min(vocab_size, len(tokenizer))  # ids past the tokenizer: padding
+    input_ids = probe_token_ids(vocab_size, excluded)
+    if len(input_ids) < 2:
+        return None
+    result = backend.logprobs_and_values(_probe_batch(input_ids, backend.version))
+    logprobs = result.logprobs[0, : len(input_ids) - 1].detach().float().cpu().tolist()
+    if not all(math.isfinite(v) for v in logprobs):
+        log.warning("logprob probe skipped: the actor's logprobs are not finite")
+        return None
+    return {"input_ids": input_ids, "logprobs": [min(v, 0.0) for v in logprobs]}
+
+
 def served_already(
     served: dict[str, Any], version: int, checksum: str | None, model_path: str | None
 ) -> bool:
@@ -149,12 +230,15 @@ class AdminClient:
         version: int,
         weights_sha256: str | None = None,
         probes: list[dict[str, Any]] | None = None,
+        logprob_probe: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"model_path": model_path, "version": version}
         if weights_sha256 is not None:
             body["weights_sha256"] = weights_sha256
         if probes:
             body["probes"] = probes
+        if logprob_probe is not None:
+            body["logprob_probe"] = logprob_probe
         result: dict[str, Any] = self._call("POST", "/admin/weights", body)
         return result
 

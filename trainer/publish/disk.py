@@ -10,6 +10,7 @@ from trainer.publish.base import (
     PublishResult,
     adapter_timings,
     idempotent_result,
+    logprob_probe,
     served_already,
 )
 from trainer.publish.config import PublishConfig
@@ -45,6 +46,7 @@ class DiskPublisher:
     def publish(self, backend: TrainerBackend) -> PublishResult | None:
         started = time.perf_counter()
         version = backend.version
+        probe = logprob_probe(backend)  # collective under data / tensor / pipeline parallel
         if self.rank != 0:
             backend.export_hf(version_dir(self.config.weights_dir, version))  # collective
             return None
@@ -56,7 +58,9 @@ class DiskPublisher:
             # The same version with the same weights (export_version checked the checksum) is
             # served already: a trainer resumed from an older checkpoint re-publishes. No-op.
             return idempotent_result(version, "disk", str(path), started, exported)
-        summary = self.admin.refresh_from_disk(str(path), version, checksum, directory_probes(path))
+        summary = self.admin.refresh_from_disk(
+            str(path), version, checksum, directory_probes(path), probe
+        )
         refreshed = time.perf_counter()
         pruned = prune_versions(
             self.config.weights_dir, self.config.keep_last, self.admin.served_versions()

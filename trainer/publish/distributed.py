@@ -28,6 +28,7 @@ from trainer.publish.base import (
     PublishResult,
     adapter_timings,
     idempotent_result,
+    logprob_probe,
     served_already,
     weight_probes,
 )
@@ -169,6 +170,7 @@ class DistributedPublisher:
         started = time.perf_counter()
         version = backend.version
         weights = list(backend.named_weights())  # collective under data parallel
+        probe = logprob_probe(backend)  # collective too
         if self.rank != 0:
             return None
         model_path = checksum = None
@@ -204,6 +206,8 @@ class DistributedPublisher:
         if checksum is not None:
             body["weights_sha256"] = checksum
         body["probes"] = weight_probes(weights)
+        if probe is not None:
+            body["logprob_probe"] = probe
         call = _Call(lambda: self.admin.refresh_distributed(body))
         transfer_started = time.perf_counter()
         bucket_s = self._broadcast(group, buckets, call, version)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tests.integration.adapter.conftest import ADMIN_TOKEN, AdapterFactory
 from tests.support.engines import reference_server_in_thread
@@ -19,6 +20,7 @@ from tests.support.publish import (
     trainer,
 )
 from trainer.publish import DiskPublisher, PublishConfig, PublishError, make_publisher
+from trainer.publish.base import logprob_probe
 from trainer.publish.versions import directory_probes, export_version
 
 
@@ -161,6 +163,8 @@ def test_each_engine_is_spot_checked_after_the_load(
         assert result is not None
         assert result.adapter["engines"][engine.url]["probes_checked"] == 2
         assert "unverifiable" not in result.adapter["engines"][engine.url]
+        # the reference engine computes in float32 like the trainer
+        assert result.adapter["engines"][engine.url]["logprob_probe_gap"] < 1e-4
         probes = directory_probes(weights / "v1")
         assert len(probes) == 2
         published = {k: v.clone() for k, v in backend.actor.state_dict().items()}
@@ -176,6 +180,51 @@ def test_each_engine_is_spot_checked_after_the_load(
         body = {"model_path": str(path), "version": 2, "probes": wrong}
         r = a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
         assert r.status_code == 502 and "weights check after loading" in r.text, r.text
+        view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
+        assert view["current_version"] == 1
+        deadline = time.monotonic() + 20
+        while not a.http.get(f"{a.url}/health").json()["engines"][engine.url]:
+            assert time.monotonic() < deadline, "the engine was not readmitted"
+            time.sleep(0.1)
+        backend.actor.load_state_dict(published)
+        output, logprobs, version = served(engine.url)
+        assert version == "1"  # reloaded (and checked) before it rejoined
+        assert max_gap(logprobs, recomputed(backend, output)) < 1e-5
+        publisher.close()
+
+
+def test_a_load_of_other_weights_fails_the_logprob_check_where_weights_are_not_read_back(
+    adapter: AdapterFactory, model_dir: Path, tmp_path: Path
+) -> None:
+    """The tiny model is a Qwen3: the engine refuses /get_weights_by_name as SGLang does, so
+    the probes are unverifiable; the logprob probe still compares what the engine computes
+    with what the trainer's weights do. A directory that holds other weights than the probe
+    was computed from (here one corrupted tensor) fails the load; the engine is reloaded with
+    the current version, checked the same way, before it serves again."""
+    backend = trainer(model_dir)
+    weights = tmp_path / "weights"
+    with (
+        reference_server_in_thread(model_dir, weight_version="0") as engine,
+        adapter(engines=[engine.url]) as a,
+    ):
+        publisher = make_publisher(config(a.url, weights, keep=3))
+        move_weights(backend, seed=41)
+        result = publisher.publish(backend)
+        assert result is not None
+        loaded = result.adapter["engines"][engine.url]
+        assert loaded["ok"] and "Get parameter by name failed" in loaded["unverifiable"]
+        assert loaded["logprob_probe_gap"] < 1e-4  # float32 on both sides
+        probe = logprob_probe(backend)
+        published = {k: v.clone() for k, v in backend.actor.state_dict().items()}
+        # v2 on disk with a corrupted tensor, announced with the probe of the weights above
+        with torch.no_grad():
+            backend.actor.get_parameter("model.norm.weight").mul_(20.0)
+        backend.version = 2
+        path = export_version(backend, weights, 2)
+        body = {"model_path": str(path), "version": 2, "logprob_probe": probe}
+        r = a.http.post(f"{a.url}/admin/weights", json=body, headers=a.admin())
+        assert r.status_code == 502 and "logprob check after loading" in r.text, r.text
+        assert "nats on average" in r.text
         view = a.http.get(f"{a.url}/admin/versions", headers=a.admin()).json()
         assert view["current_version"] == 1
         deadline = time.monotonic() + 20

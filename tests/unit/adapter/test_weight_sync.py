@@ -7,7 +7,9 @@ in tests/conformance runs the same paths through SGLang's own code):
 * buckets apply one by one (a refusal midway leaves the engine with a mix of two versions);
 * the version is recorded, then the cache flushed: a busy engine answers failure with the new
   weights loaded;
-* ``/get_weights_by_name`` answers 400 for Qwen3-class models.
+* ``/get_weights_by_name`` answers 400 for Qwen3-class models;
+* a paused engine holds every new ``/generate`` until ``/continue_generation`` (the fake fails
+  the test instead of hanging).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any
 import pytest
 
 from adapter.config import RefreshMode
-from adapter.engines.sglang import EngineRequestError
+from adapter.engines.sglang import EngineRequestError, EngineUnavailableError
 from adapter.errors import APIError
 from adapter.metrics import AdapterMetrics
 from adapter.routing import Engine, Router
-from adapter.weight_check import WeightProbe
+from adapter.weight_check import LogprobProbe, WeightProbe
 from adapter.weight_sync import Bucket, DistributedRefreshRequest, DistributedWeights
 from adapter.weights import RefreshGate, WeightCoordinator
 
@@ -30,6 +32,8 @@ FLUSH_REFUSED = (
     "Weights were updated, but the cache was not flushed because requests are still running "
     "or queued. Retract or finish them, then call /flush_cache."
 )
+PROBE_LOGPROB = -2.5
+LOGPROBS = LogprobProbe(input_ids=(5, 17, 3), logprobs=(PROBE_LOGPROB, PROBE_LOGPROB))
 
 
 class SGLangLike:
@@ -47,6 +51,9 @@ class SGLangLike:
         self.reads_weights = False  # Qwen3: /get_weights_by_name answers 400
         self.barrier: Any = None
         self._bucket = 0
+        self.paused = False
+        self.logprob_shift = 0.0  # another model: its logprobs differ by this much
+        self.scoring_error: Exception | None = None
 
     def _log(self, what: str) -> None:
         self.log.append(f"{self.base_url}:{what}")
@@ -133,14 +140,25 @@ class SGLangLike:
             raise EngineRequestError(self.base_url, "Get parameter by name failed", 400)
         return [float(self.weights.get(name, -9))] * size
 
+    async def input_logprobs(self, input_ids: list[int]) -> list[Any]:
+        self._log("score")
+        if self.paused:
+            raise AssertionError("a paused SGLang holds a new /generate until it continues")
+        if self.scoring_error is not None:
+            raise self.scoring_error
+        rest = [[PROBE_LOGPROB - self.logprob_shift, t, None] for t in input_ids[1:]]
+        return [[None, input_ids[0], None], *rest]
+
     async def health(self) -> bool:
         return True
 
     async def pause_generation(self, mode: str = "abort") -> None:
         self._log(f"pause:{mode}")
+        self.paused = True
 
     async def continue_generation(self) -> None:
         self._log("continue")
+        self.paused = False
 
     async def tp_size(self) -> int:
         return 1
@@ -342,5 +360,78 @@ def test_forming_a_group_first_makes_the_engines_leave_an_old_one_of_that_name()
         answer = await sync.init_group(request)
         assert answer["ranks"] == {"e0": [1], "e1": [2]}
         assert of(log, "e0") == ["destroy:g"] and e0.groups == {"g"}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("mode", list(RefreshMode))
+@pytest.mark.parametrize("transport", ["disk", "distributed"])
+def test_the_logprob_probe_gap_is_reported_and_another_model_fails_the_load(
+    mode: RefreshMode, transport: str
+) -> None:
+    """Works on engines that do not read weights back (Qwen3): their logprobs of the probe
+    sequence against the trainer's. In token mode the engines are paused while they load, and
+    a paused SGLang holds a new /generate: the check runs once they continue, before the gate
+    reopens."""
+
+    async def scenario() -> None:
+        sync, (e0, e1), log = stack(mode=mode)
+        e0.logprob_shift = 0.01  # bfloat16 drift: reported, not failed
+        e1.logprob_shift = 3.0  # another model
+        if transport == "disk":
+            summary = await sync.coordinator.refresh("/w/v1", 1, logprob_probe=LOGPROBS)
+        else:
+            request = version_request(model_path="/w/v1", logprob_probe=LOGPROBS)
+            summary = await sync.refresh(request)
+        good, bad = summary["engines"]["e0"], summary["engines"]["e1"]
+        assert good["ok"] and good["logprob_probe_gap"] == pytest.approx(0.01)
+        assert "logprob_probe_unverifiable" not in good
+        assert not bad["ok"] and bad["logprob_probe_gap"] == pytest.approx(3.0)
+        assert "3.000 nats" in bad["error"] and "logprob" in bad["error"]
+        assert [e.url for e in sync.router.healthy()] == ["e0"]
+        coordinator = sync.coordinator
+        assert coordinator.state.version == 1 and coordinator.state.logprob_probe == LOGPROBS
+        if mode is RefreshMode.TOKEN:
+            steps = of(log, "e0")
+            assert steps.index("continue") < steps.index("score")
+            assert coordinator.barrier.failed == frozenset({"e1"})
+        # readmission reloads the current version and checks it the same way
+        await coordinator.readmit(sync.router.engine("e1"))
+        assert not sync.router.engine("e1").healthy
+        assert "3.000 nats" in str(sync.router.engine("e1").last_error)
+        e1.logprob_shift = 0.0
+        await coordinator.readmit(sync.router.engine("e1"))
+        assert sync.router.engine("e1").healthy
+
+    asyncio.run(scenario())
+
+
+def test_token_mode_fails_the_refresh_when_no_engine_passes_the_logprob_check() -> None:
+    async def scenario() -> None:
+        sync, clients, _ = stack(mode=RefreshMode.TOKEN)
+        for client in clients:
+            client.logprob_shift = 5.0
+        with pytest.raises(APIError) as refused:
+            await sync.coordinator.refresh("/w/v1", 1, logprob_probe=LOGPROBS)
+        assert refused.value.status == 502 and "nats" in refused.value.message
+        assert sync.coordinator.state.version == 0 and not sync.router.healthy()
+        assert sync.coordinator.gate.is_open and not any(c.paused for c in clients)
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_that_refuses_the_logprob_request_is_unverifiable_a_down_one_fails() -> None:
+    async def scenario() -> None:
+        sync, (e0, e1), _ = stack()
+        e0.scoring_error = EngineRequestError("e0/generate", "logprob_start_len unsupported", 400)
+        e1.scoring_error = EngineUnavailableError("e1/generate", "HTTP 503: overloaded", 503)
+        summary = await sync.coordinator.refresh("/w/v1", 1, logprob_probe=LOGPROBS)
+        refused, down = summary["engines"]["e0"], summary["engines"]["e1"]
+        assert (
+            refused["ok"]
+            and "logprob_start_len unsupported" in (refused["logprob_probe_unverifiable"])
+        )
+        assert "logprob_probe_gap" not in refused
+        assert not down["ok"] and "logprob check after loading" in down["error"]
 
     asyncio.run(scenario())

@@ -95,7 +95,11 @@ def test_context_parallel_two_ranks_equal_one(tiny_model_dir: Path, tmp_path: Pa
     close_metrics(metrics, two["metrics"])
     hf = load_file(model / "model.safetensors")
     for name, tensor in one.named_weights():
-        adam_parity(tensor, two["stepped"][name], hf[name])
+        # CP sums each gradient over the ranks in another order than one process does; on an
+        # element where Adam's epsilon dominates that rounding is amplified: 3.8e-5 on one
+        # machine, 1.3e-4 on another (Xeon, 2026-12-07) -- within 5e-4, 5% of the step, and
+        # still at most 1 element in 1000 beyond 1e-5
+        adam_parity(tensor, two["stepped"][name], hf[name], eps_tol=5e-4)
     assert torch.allclose(two["value_head"], one.critic.value_head.weight, atol=1e-5, rtol=0)
     # activation recompute under CP: the layers' K/V gathers run again in the backward
     close_metrics(two["metrics"], two["recomputed_metrics"])
