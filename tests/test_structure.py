@@ -63,6 +63,14 @@ EXCEPTIONS: dict[str, str] = {
     "unit/sandbox_worker/evaluation/test_swebench_parity.py": (
         "grading.py and log_parser.py against swebench's own functions on the same inputs"
     ),
+    "unit/services/reference_engine/test_sglang_parity.py": (
+        "the reference engine's messages, architectures and abort answers (weight_session.py, "
+        "outputs.py, routes/) against the installed SGLang 0.5.23's source"
+    ),
+    "integration/services/reference_engine/test_sglang_semantics.py": (
+        "SGLang 0.5.23's weight-update, flush and abort semantics through the running reference "
+        "engine's HTTP API (routes/, engine.py, distributed_weights.py, weight_session.py)"
+    ),
     "unit/services/test_service_configs.py": (
         "the manager's and the worker's configs and command lines through services/config.py"
     ),

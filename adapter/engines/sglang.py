@@ -525,7 +525,7 @@ class SGLangClient:
             "/generate",
             {
                 "input_ids": list(input_ids),
-                "sampling_params": {"max_new_tokens": 0},
+                "sampling_params": SamplingParams(max_new_tokens=0).to_wire(),
                 "return_logprob": True,
                 "logprob_start_len": 0,
                 "rid": f"swerl-logprob-probe-{uuid.uuid4().hex}",
