@@ -190,6 +190,7 @@ class NoWeights:
         version: int,
         weights_sha256: str | None = None,
         probes: tuple[Any, ...] = (),
+        logprob_probe: Any = None,
     ) -> dict[str, Any]:
         raise APIError(
             409, "relay mode: the adapter serves an upstream endpoint, it has no weights",

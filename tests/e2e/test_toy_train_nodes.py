@@ -63,8 +63,8 @@ def test_a_job_spans_two_nodes_with_one_driver(tmp_path: Path) -> None:
     assert job["state"] == "succeeded", (job, leader_log[-2000:], follower_log[-2000:])
     assert "rank 0 of 2: driving" in leader_log
     assert "rank 1 of 2: following rank 0" in follower_log
-    # a train step and an export per step, the final checkpoint
-    assert f"rank 1: stop after {2 * STEPS + 1} calls" in follower_log
+    # a train step, an export and the publish's logprob probe per step, the final checkpoint
+    assert f"rank 1: stop after {3 * STEPS + 1} calls" in follower_log
     assert any("node 1: training exited with 0" in m for m in lines), lines
     rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

@@ -40,10 +40,10 @@ def test_two_ranks_train_as_one_driver_and_write_one_sharded_checkpoint(tmp_path
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
     assert len(re.findall(r"rank 0 of 2: driving", log)) == 1
     assert len(re.findall(r"rank 1 of 2: following rank 0", log)) == 1
-    # rank 1 made every backend call of the run: a train step and an export per step, the
-    # final checkpoint; then it was released
+    # rank 1 made every backend call of the run: a train step, an export and the publish's
+    # logprob probe (a forward) per step, the final checkpoint; then it was released
     calls = re.findall(r"rank 1: stop after (\d+) calls", log)
-    assert calls == [str(2 * STEPS + 1)], log[-3000:]
+    assert calls == [str(3 * STEPS + 1)], log[-3000:]
 
     # the checkpoint of the final step: both ranks wrote their shards and RNG states
     ckpt = run_dir / "train" / "checkpoints" / f"step-{STEPS}"
