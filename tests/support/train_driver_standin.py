@@ -69,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             return int(crash)
         if follower:
             continue
-        write_checkpoint(ckpts / f"step-{step}", {}, {"step": step})
+        # the metrics row before the checkpoint, as trainer/loop/driver.py does: a kill
+        # between them redoes the step on resume (its row truncated), never loses the row
         row = {"step": step, "phase": "bootstrap" if step <= 2 else "single",
                "reward/mean": step / steps, "version": step}  # fmt: skip
         _append(run_dir / METRICS_FILE, row)
+        write_checkpoint(ckpts / f"step-{step}", {}, {"step": step})
     print(json.dumps({"step": steps}))
     return 0
 
