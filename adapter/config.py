@@ -191,6 +191,14 @@ class AdapterConfig(StrictModel):
         description="largest request body (413 above); default: 4 x context window in bytes "
         "+ 1 MiB",
     )
+    max_close_body_bytes: int = Field(
+        default=64 << 20,
+        ge=4096,
+        description="largest body of a trajectory close (413 above; never below "
+        "max_body_bytes): it carries the outcome with the agent's patch, which the worker caps "
+        "(worker.rollout.max_patch_bytes, at most 4 MiB: 24 MiB once JSON-escaped), and the "
+        "test report, whatever the context window",
+    )
     log_level: str = "info"
 
     @model_validator(mode="before")

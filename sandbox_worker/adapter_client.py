@@ -79,6 +79,8 @@ class TrajectoryRecords(Protocol):
 
     def close(self, trajectory_id: str, outcome: Outcome | None = None) -> CloseResult: ...
 
+    def healthy(self) -> bool: ...
+
     def close_connection(self) -> None: ...
 
 
@@ -116,6 +118,15 @@ class AdapterClient:
 
     def close_connection(self) -> None:
         self._client.close()
+
+    def healthy(self) -> bool:
+        """Whether the adapter answers ``/health`` with 200 (an engine in rotation), as seen
+        from this host: used to tell a failed LLM call the policy caused (from inside its
+        sandbox) from one the infrastructure did."""
+        try:
+            return self._client.get(f"{self.base_url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _post(self, path: str, body: dict[str, Any]) -> tuple[httpx.Response, bool]:
         """POST with retries; returns the response and whether an earlier try may have landed."""

@@ -14,6 +14,7 @@ from sandbox_worker.evaluation.evaluate import DEFAULT_TEST_CMD
 from sandbox_worker.evaluation.infra import TestInfraRule
 from sandbox_worker.evaluation.log_parser import LOG_PARSERS
 from sandbox_worker.openhands.config import OpenHandsConfig
+from sandbox_worker.patch_extract import DEFAULT_MAX_PATCH_BYTES, MAX_PATCH_BYTES_LIMIT
 from services.config import StrictModel, register_section
 from services.protocol.tasks import TaskKind
 from services.queue.config import QueueConfig
@@ -101,6 +102,11 @@ class EvaluationSettings(StrictModel):
     log_parser: str = Field("auto", pattern=r"^(?:pytest|auto|parse_log_[a-z0-9_]+)$")
     # swerl's test command (before the test files) for rows without their own test_cmd.
     test_cmd: str = Field(DEFAULT_TEST_CMD, min_length=1)
+    # Canaries planted per run (structured grading; docs/security.md).
+    canary_count: int = Field(3, ge=1, le=20)
+    # .git moved out of the repository while the tests run (off for a repository whose tests
+    # read git at run time, e.g. a version from setuptools_scm computed during the tests).
+    hide_git: bool = True
 
     @model_validator(mode="after")
     def _harness_grades_by_its_parser(self) -> EvaluationSettings:
@@ -157,6 +163,10 @@ class TrajectoryRunnerConfig(StrictModel):
     adapter_attempts: int = Field(3, ge=1, le=20)  # tries of each open / close call
     # The toy runner's chat completions (kind "toy"): longest one call may take.
     toy_call_timeout_s: float = Field(120.0, gt=0.0)
+    # The longest agent patch graded (bytes): a longer one is reward 0 with the reason
+    # patch_too_large (never truncated, never a failure at close). At most 4 MiB, so that its
+    # JSON in the close body stays under the adapter's close limit (adapter.max_close_body_bytes).
+    max_patch_bytes: int = Field(DEFAULT_MAX_PATCH_BYTES, ge=1024, le=MAX_PATCH_BYTES_LIMIT)
 
     @field_validator("adapter_url")
     @classmethod

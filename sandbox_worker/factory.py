@@ -170,8 +170,11 @@ def runner_settings(cfg: TrajectoryRunnerConfig) -> RunnerSettings:
             eval_script=cfg.evaluation.eval_script,
             log_parser=cfg.evaluation.log_parser,
             test_cmd=cfg.evaluation.test_cmd,
+            canary_count=cfg.evaluation.canary_count,
+            hide_git=cfg.evaluation.hide_git,
         ),
         agent_server_startup_s=cfg.agent_server_startup_s,
+        max_patch_bytes=cfg.max_patch_bytes,
     )
 
 

@@ -20,8 +20,11 @@ For one :class:`RolloutTask` (see docs/tasks-and-rewards.md, "Trajectory runs"):
    descend from it means a wrong image: aborted before the agent starts;
 4. **run the agent**: the OpenHands agent server inside the sandbox, the SWE prompt built from
    the problem statement, the task's limits and sampling, the cancel token;
-5. **extract the patch** (``git add -A && git diff --cached --binary <base>``) and **destroy**
-   the agent sandbox;
+5. **extract the patch** on the host (:mod:`sandbox_worker.patch_extract`: the working tree
+   copied out, ``git add -A && git diff --cached --binary <base>`` by the host's git with none
+   of the agent's configuration, attributes drivers or hooks; at most
+   ``settings.max_patch_bytes``, else graded 0 with ``patch_too_large``) and **destroy** the
+   agent sandbox;
 6. **evaluate** the patch in a **fresh** sandbox (SWE-bench semantics);
 7. **close** the trajectory at the adapter with the :class:`Outcome` (the record then carries it).
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -61,6 +65,13 @@ from sandbox_worker.openhands.prompt import build_swe_prompt
 from sandbox_worker.openhands.result import AgentRunResult, EndReason
 from sandbox_worker.openhands.server import AgentServerBundle, run_agent_in_sandbox
 from sandbox_worker.outcomes import abort_reason_of_end, aborted, graded
+from sandbox_worker.patch_extract import (
+    DEFAULT_MAX_PATCH_BYTES,
+    HostExtractionError,
+    PatchRefusedError,
+    PatchTooLargeError,
+    extract_patch,
+)
 from sandbox_worker.records import OpenFailedError, close_record, open_record, trajectory_meta
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CANCELLED, RunContext
@@ -133,6 +144,9 @@ class RunnerSettings:
     # images hold a repository snapshot shared by many instances (SWE-smith,
     # rollout.image_dataset "swesmith"): the label check compares repository + snapshot commit
     snapshot_images: bool = False
+    # the longest patch graded (worker.rollout.max_patch_bytes): longer is reward 0 with the
+    # reason patch_too_large, never truncated, never a failure at close
+    max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
 
 
 @dataclass
@@ -176,6 +190,28 @@ def resolve_diff_base(sandbox: Sandbox, instance: SWEInstance, workdir: str) -> 
             f"wrong image: its HEAD {head} is neither base_commit {base} nor a descendant of it"
         )
     raise _Abort(f"wrong image: base_commit {base} is not in its repository ({res.output[-300:]})")
+
+
+# The repository layout the host-side patch extraction needs, checked before the agent runs:
+# what it finds missing at the end (a .git that is no directory, objects reached only through
+# alternates or another git dir) is then the agent's doing, not the image's.
+_OWN_OBJECT_STORE = (
+    "test -d .git && test ! -L .git && test -d .git/objects && test ! -L .git/objects"
+    " && test ! -e .git/commondir && test ! -s .git/objects/info/alternates"
+)
+
+
+def check_own_object_store(sandbox: Sandbox, workdir: str) -> None:
+    """The image's repository must hold its own objects in a plain ``.git`` directory (see
+    :data:`_OWN_OBJECT_STORE`); else it is a wrong image, aborted before the agent starts."""
+    res = sandbox.exec(_OWN_OBJECT_STORE, workdir=workdir, timeout_s=60)
+    if res.exit_code != 0:
+        raise _Abort(
+            f"wrong image: {workdir}/.git must be a plain directory holding its own objects (no "
+            "gitdir file, symlink, commondir or alternates): the worker takes the patch from a "
+            "copy of it",
+            retryable=False,
+        )
 
 
 class SandboxTrajectoryRunner:
@@ -399,6 +435,7 @@ class SandboxTrajectoryRunner:
                 sandbox, instance, s.workdir, scratch_dir=s.evaluation.scratch_dir
             )
             base = resolve_diff_base(sandbox, instance, s.workdir)
+            check_own_object_store(sandbox, s.workdir)
         except TaskStateError as exc:
             raise _Abort(f"wrong image: {exc}", retryable=False) from exc
         except SandboxInfraError as exc:
@@ -422,6 +459,7 @@ class SandboxTrajectoryRunner:
         run.durations["conversation"] = round(result.duration_s, 3)
         run.report["agent"] = _agent_report(result)
         result = self._attribute_server_loss(sandbox, result, run)
+        result = self._attribute_llm_loss(sandbox, result, run)
         run.check_cancel()
         if result.is_infrastructure:
             raise _Abort(abort_reason_of_end(result.end_reason, result.error))
@@ -465,16 +503,51 @@ class SandboxTrajectoryRunner:
             error=f"agent server lost after the policy's tool calls: {result.error}",
         )
 
+    def _attribute_llm_loss(
+        self, sandbox: Sandbox, result: AgentRunResult, run: _Run
+    ) -> AgentRunResult:
+        """An LLM call that failed *after* the policy ran tools, while the adapter answers
+        healthy from the host and the sandbox still answers, is the policy's doing: from its
+        shell it can hold every relay connection (the relay answers 503 over its cap) or starve
+        the agent server's process. Failures the adapter itself saw are recorded there as
+        aborts and keep the last word at close."""
+        if result.end_reason is not EndReason.LLM_UNAVAILABLE or result.summary.n_tool_calls == 0:
+            return result
+        if not _sandbox_alive(sandbox) or not self.adapter.healthy():
+            return result
+        run.report["agent"]["attributed_to_policy"] = True
+        return replace(
+            result,
+            end_reason=EndReason.AGENT_ERROR,
+            error=f"LLM call failed after the policy's tool calls, adapter healthy: {result.error}",
+        )
+
     def _extract_patch(self, sandbox: Sandbox, base: DiffBase, run: _Run) -> str:
-        """The agent's patch. A repository the agent broke gives an empty patch (its doing,
-        graded as such); a sandbox that no longer answers is an infrastructure failure."""
+        """The agent's patch, taken on the host (:mod:`sandbox_worker.patch_extract`).
+
+        What the agent left decides a refusal: a broken repository (``.git`` replaced, the base
+        commit's objects deleted), a tree git cannot read, a patch over the cap: an empty patch
+        graded 0, the reason in ``report["patch_error"]`` (its code in ``patch_refused``).
+        The base commit existed in a plain ``.git`` when the agent started
+        (:func:`check_own_object_store`), so its absence now is the agent's doing. A snapshot
+        that fails in a sandbox that still answers is the agent's too (its tree); a sandbox
+        that no longer answers, or this host failing, is an infrastructure abort."""
         try:
-            return sandbox.diff(base.commit, self.settings.workdir)
-        except SandboxInfraError as exc:
-            alive = _sandbox_alive(sandbox)
-            if not alive:
+            return extract_patch(
+                sandbox, base.commit, self.settings.workdir, max_bytes=self.settings.max_patch_bytes
+            )
+        except PatchRefusedError as exc:
+            run.report["patch_refused"] = exc.code
+            why = str(exc) if isinstance(exc, PatchTooLargeError) else f"git diff failed: {exc}"
+            run.report["patch_error"] = why[:1000]
+            return ""
+        except HostExtractionError as exc:
+            raise _Abort(f"patch extraction failed on the worker host: {exc}") from exc
+        except (SandboxInfraError, OSError, tarfile.TarError) as exc:
+            if not _sandbox_alive(sandbox):
                 raise _Abort(f"sandbox lost before the patch was extracted: {exc}") from exc
-            run.report["patch_error"] = str(exc)[:1000]
+            run.report["patch_refused"] = "snapshot_failed"
+            run.report["patch_error"] = f"snapshot_failed: {type(exc).__name__}: {exc}"[:1000]
             return ""
 
     def _close(self, run: _Run, outcome: Outcome) -> Outcome:

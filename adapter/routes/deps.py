@@ -77,11 +77,11 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def json_body(request: Request, required: bool = True) -> Any:
-    """The body as JSON (:func:`adapter.hygiene.decode_json`), within the service's
-    ``max_body_bytes``; an empty body is a 400 when ``required``, else None."""
+async def json_body(request: Request, required: bool = True, limit: int | None = None) -> Any:
+    """The body as JSON (:func:`adapter.hygiene.decode_json`), within ``limit`` bytes (default:
+    the service's ``max_body_bytes``); an empty body is a 400 when ``required``, else None."""
     service: AdapterService = request.app.state.service
-    raw = await read_body(request, service.max_body_bytes)
+    raw = await read_body(request, service.max_body_bytes if limit is None else limit)
     if not raw.strip():
         if required:
             raise APIError(400, "request body is empty: a JSON object is required")
@@ -89,9 +89,11 @@ async def json_body(request: Request, required: bool = True) -> Any:
     return decode_json(raw)
 
 
-async def model_body[M: BaseModel](request: Request, model: type[M], required: bool = True) -> M:
+async def model_body[M: BaseModel](
+    request: Request, model: type[M], required: bool = True, limit: int | None = None
+) -> M:
     """The body validated as ``model`` (400 naming the fields; no body is ``{}`` when optional)."""
-    body = await json_body(request, required)
+    body = await json_body(request, required, limit)
     try:
         return model.model_validate(body if body is not None else {})
     except ValidationError as exc:

@@ -40,7 +40,10 @@ async def open_trajectory(request: Request, service: Service) -> JSONResponse:
 async def close_trajectory(
     trajectory_id: str, request: Request, service: Service
 ) -> dict[str, Any]:
-    body = await model_body(request, CloseRequest, required=False)
+    # A limit of its own, not the context window's: the outcome carries the agent's patch
+    # (capped by the worker) and the test report; a 413 here would abort the trajectory.
+    limit = max(service.config.max_close_body_bytes, service.max_body_bytes)
+    body = await model_body(request, CloseRequest, False, limit)
     return await service.close_trajectory(trajectory_id, body.outcome)
 
 

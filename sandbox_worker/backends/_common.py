@@ -83,18 +83,21 @@ def parse_image_env(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def background_argv(argv: list[str], log_path: str, pid_file: str) -> list[str]:
-    """Wrap ``argv`` to run in its own session, log to ``log_path`` and record its pid.
+def background_argv(argv: list[str], log_path: str) -> list[str]:
+    """Wrap ``argv`` to run in its own session and log to ``log_path``; it first prints its pid.
 
-    The recorded pid leads a new process group, so killing ``-pid`` reaches its children.
+    The pid (one line on stdout, read by the worker before the command starts) leads a new
+    process group, so killing ``-pid`` reaches its children. It travels on the exec's own
+    stream rather than through a file: no place the sandbox's processes can write holds it.
     """
     validate_sandbox_path(log_path)
-    script = 'echo $$ > "$1"; log="$2"; shift 2; exec "$@" >"$log" 2>&1 </dev/null'
-    return ["setsid", "-w", "/bin/bash", "-c", script, "swerl-bg", pid_file, log_path, *argv]
+    script = 'echo "$$"; log="$1"; shift; exec "$@" >"$log" 2>&1 </dev/null'
+    return ["setsid", "-w", "/bin/bash", "-c", script, "swerl-bg", log_path, *argv]
 
 
 def relay_command(python: str, sandbox_port: int, ready_file: str) -> list[str]:
-    """Argv of the in-sandbox LLM relay (loopback TCP -> the control dir's unix socket)."""
+    """Argv of the LLM relay in the sandbox's network namespace (loopback TCP -> the control
+    dir's unix socket); it runs where the sandbox's processes cannot reach it (base.py)."""
     return [
         python,
         f"{CONTROL_DIR}/inner_relay.py",
@@ -109,7 +112,8 @@ def relay_command(python: str, sandbox_port: int, ready_file: str) -> list[str]:
 
 
 def expose_command(python: str, sandbox_port: int, ready_file: str) -> tuple[list[str], str]:
-    """Argv of an in-sandbox relay from a control-dir unix socket to a loopback port."""
+    """Argv of a relay from a control-dir unix socket to a loopback port of the sandbox's network
+    namespace (run, like the LLM relay, out of the sandbox processes' reach)."""
     sock = f"port-{sandbox_port}.sock"
     argv = [
         python,

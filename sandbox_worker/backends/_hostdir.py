@@ -1,18 +1,25 @@
 """What the docker and bwrap sandboxes share: a per-sandbox host dir and the relays behind it.
 
 Both backends give every sandbox a host *state dir* ``<state_root>/<node>.<sandbox_id>/`` with
-``owner.json`` (ownership marker), ``ctl/`` (mounted at :data:`CONTROL_DIR`: the relay script,
-its unix sockets and the pid files), ``tmp/`` (mounted at ``/tmp``) and ``testbed/`` (the
-writable ``spec.workdir``). The state dir is the mount point of a tmpfs of its own, limited to
-``spec.limits.disk_mb`` bytes and ``spec.limits.inodes`` inodes (:func:`mount_disk_quota`), so
-what a sandbox writes can never fill the host disk. Everything that only
-goes through that dir is backend-independent and lives here, once: the in-sandbox relays
-(:meth:`HostDirSandbox.expose`, the LLM relay), the writable-place rule of the file helpers,
-the bookkeeping of background processes and the idempotent start of ``destroy``.
+``owner.json`` (ownership marker), ``ctl/`` (the relay script and the relays' unix sockets:
+mounted at :data:`CONTROL_DIR` for the relay processes only, never for the sandbox's own
+processes), ``tmp/`` (mounted at ``/tmp``) and ``testbed/`` (the writable ``spec.workdir``).
+The state dir is the mount point of a tmpfs of its own, limited to ``spec.limits.disk_mb``
+bytes and ``spec.limits.inodes`` inodes (:func:`mount_disk_quota`), so what a sandbox writes
+can never fill the host disk. Everything that only goes through that dir is backend-independent
+and lives here, once: the relays (:meth:`HostDirSandbox.expose`, the LLM relay), the
+writable-place rule of the file helpers, the bookkeeping of background processes and the
+idempotent start of ``destroy``.
+
+The relays run in the sandbox's network namespace but in a pid and mount namespace of their
+own (:meth:`HostDirSandbox._spawn_relay`: docker, a relay container sharing only the sandbox's
+network namespace; bwrap, a bwrap run of its own): whatever the sandbox's processes do --
+``kill -9 -1``, deleting files, filling their disk, memory or pids -- they cannot see, signal
+or unlink the relays or their sockets.
 
 A backend keeps what really differs: how a command or background process is started
-(``_exec_argv``, ``spawn``), how files are copied, and how the sandbox is created and released
-(:meth:`HostDirSandbox._release`).
+(``_exec_argv``, ``spawn``, ``_spawn_relay``), how files are copied, and how the sandbox is
+created and released (:meth:`HostDirSandbox._release`).
 """
 
 from __future__ import annotations
@@ -156,9 +163,18 @@ class HostDirSandbox(Sandbox):
 
     # -- relays ---------------------------------------------------------------------------
 
+    @abc.abstractmethod
+    def _spawn_relay(self, argv: list[str], log_path: str) -> BackgroundProcess:
+        """Start a relay process in the sandbox's network namespace, out of its processes' reach.
+
+        It sees the control dir at :data:`CONTROL_DIR` (read-write) and shares only the network
+        namespace with the sandbox: not its pid namespace (no signal, no ``/proc`` entry), not
+        its mount namespace (the sandbox has no control dir), not its cgroup limits.
+        """
+
     def _start_relay(self, argv: list[str], ready: str) -> BackgroundProcess:
-        """Spawn an in-sandbox relay and wait until it has written ``ctl/<ready>``."""
-        proc = self.spawn(argv, log_path=f"{CONTROL_DIR}/{ready}.log")
+        """Start a relay (:meth:`_spawn_relay`) and wait until it has written ``ctl/<ready>``."""
+        proc = self._track(self._spawn_relay(argv, f"{CONTROL_DIR}/{ready}.log"))
         common.wait_for_file(
             self._ctl / ready,
             self._ready_timeout_s,
@@ -217,7 +233,7 @@ class HostDirSandbox(Sandbox):
         writable places is a ``PermissionError`` (base.py, "Filesystem policy").
         """
         p = PurePosixPath(validate_sandbox_path(path))
-        for root in (self.spec.workdir, "/tmp", CONTROL_DIR):
+        for root in (self.spec.workdir, "/tmp"):
             if p == PurePosixPath(root):
                 raise IsADirectoryError(f"{path} is a mount point, not a file")
             if PurePosixPath(root) in p.parents:

@@ -6,11 +6,22 @@ the OpenHands runner and the reward evaluation do inside a sandbox goes through 
 so both backends pass one contract test suite (``tests/integration/sandboxes``).
 
 Filesystem policy (both backends): the root filesystem is read-only; ``spec.workdir`` (a private
-copy of the image's ``/testbed``), ``/tmp`` (also ``$HOME``) and :data:`CONTROL_DIR` are the
-only writable places; ``spec.ro_mounts`` add read-only host directories. The three writable
-places share one size- and inode-limited tmpfs per sandbox (``SandboxLimits.disk_mb`` and
-``inodes``): a write beyond it fails inside the sandbox with ``ENOSPC``, the host disk is never
-touched, and the file helpers raise :class:`DiskQuotaError` (an ``OSError`` with ``ENOSPC``).
+copy of the image's ``/testbed``) and ``/tmp`` (also ``$HOME``) are the only writable places;
+``spec.ro_mounts`` add read-only host directories. The writable places share one size- and
+inode-limited tmpfs per sandbox (``SandboxLimits.disk_mb`` and ``inodes``): a write beyond it
+fails inside the sandbox with ``ENOSPC``, the host disk is never touched, and the file helpers
+raise :class:`DiskQuotaError` (an ``OSError`` with ``ENOSPC``).
+
+Attribution (both backends): what the sandbox's processes -- the agent, code under test, all
+running as root inside -- can do must never end as an infrastructure failure. So the relays
+(the LLM relay and :meth:`Sandbox.expose`) run in the sandbox's network namespace but out of
+its pid and mount namespaces and its cgroups, with :data:`CONTROL_DIR` (their script and unix
+sockets) mounted for them only: no process of the sandbox can signal, trace, starve or unlink
+them; an LLM call through the relay fails only when the adapter does. And the sandbox itself
+survives whatever its processes do: ``kill -9 -1``, any signal to PID 1, ``ptrace`` of PID 1
+(docker: PID 1 runs as another uid and drops every signal from inside; bwrap: every command has
+a pid namespace of its own) -- they may end their own processes, never the sandbox's ability
+to run the next ``exec`` (the patch extraction, the evaluation).
 
 Errors: anything that means *the infrastructure failed* (image missing, daemon down, sandbox
 could not be created) raises :class:`SandboxInfraError`; the worker turns it into an ``aborted``
@@ -31,8 +42,8 @@ from pathlib import Path
 
 from sandbox_worker.relay.http_filter import RelayBinding
 
-# A per-sandbox host directory is mounted here (read-write) in every sandbox: it holds the
-# relay script, the relay's unix sockets and the pid files of background processes.
+# Where a sandbox's relay processes see its per-sandbox host control directory (the relay
+# script and the relays' unix sockets); the sandbox's own processes never have it mounted.
 CONTROL_DIR = "/swerl/ctl"
 # $HOME inside sandboxes: the root filesystem is read-only, /tmp is writable.
 SANDBOX_HOME = "/tmp"
@@ -323,19 +334,19 @@ class Sandbox(abc.ABC):
         """Copy a sandbox file or directory to exactly ``host_path`` (parents are created)."""
 
     def diff(self, base_commit: str, repo_dir: str | None = None) -> str:
-        """The patch of the working tree (tracked + new files) against ``base_commit``."""
-        if not re.fullmatch(r"[0-9a-fA-F]{4,64}|[A-Za-z0-9._/-]{1,200}", base_commit):
-            raise ValueError(f"invalid base commit {base_commit!r}")
+        """The patch of the working tree (tracked + new files) against ``base_commit`` (a full
+        commit id), taken on the host from a copy of the tree by a git that none of the
+        sandbox's configuration reaches (:func:`sandbox_worker.patch_extract.extract_patch`):
+        never by git inside the sandbox, whose config, attributes and hooks are the agent's.
+        A repository it cannot diff raises :class:`SandboxInfraError` ("git diff failed").
+        """
+        from sandbox_worker import patch_extract  # imports this module
+
         repo = repo_dir or self.spec.workdir
-        # stderr is dropped so that warnings never end up inside the patch; on failure the
-        # command is re-run with stderr to report why.
-        git = "git -c core.fileMode=false -c core.quotePath=false"
-        cmd = f"{git} add -A && {git} diff --cached --no-color --binary {base_commit}"
-        res = self.exec(f"{{ {cmd}; }} 2>/dev/null", workdir=repo, timeout_s=120)
-        if res.exit_code != 0:
-            why = self.exec(f"{cmd} >/dev/null", workdir=repo, timeout_s=120)
-            raise SandboxInfraError(f"git diff failed ({res.exit_code}): {why.output[-500:]}")
-        return res.output
+        try:
+            return patch_extract.extract_patch(self, base_commit, repo)
+        except patch_extract.PatchRefusedError as exc:
+            raise SandboxInfraError(f"git diff failed: {exc}") from exc
 
     @abc.abstractmethod
     def destroy(self) -> None:

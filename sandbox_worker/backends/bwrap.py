@@ -5,7 +5,8 @@ command of the sandbox shares (docs/sandboxes.md, "bwrap"):
 
 * a state dir ``<state_root>/<node>.<sandbox_id>/`` with ``owner.json`` (ownership marker),
   ``testbed/`` (a private, writable copy of the image's ``/testbed``), ``tmp/`` (``/tmp`` and
-  ``$HOME``), ``ctl/`` (mounted at ``/swerl/ctl``: relay script and sockets) and ``pids/``
+  ``$HOME``), ``ctl/`` (relay script and sockets: mounted at ``/swerl/ctl`` in the relays'
+  own bwrap runs only, never in the sandbox's commands) and ``pids/``
   (one file per running bwrap process, so a restarted worker can kill strays); the state dir
   is a tmpfs of ``disk_mb`` / ``inodes`` (``_hostdir.mount_disk_quota``), a quota shared by
   the three writable places -- a per-command ``bwrap --tmpfs --size`` would not outlive the
@@ -17,14 +18,18 @@ command of the sandbox shares (docs/sandboxes.md, "bwrap"):
   sandbox (``prlimit`` per process only where no cgroup hierarchy is usable).
 
 Every exec is one ``bwrap`` invocation inside that netns and cgroup: read-only root built from
-the image's tree, the three writable binds, fresh ``/proc`` and ``/dev``, new user/pid/ipc/uts/
-cgroup namespaces, all capabilities dropped, ``--die-with-parent``, ``--new-session``.
+the image's tree, the two writable binds, fresh ``/proc`` and ``/dev``, new user/pid/ipc/uts/
+cgroup namespaces, all capabilities dropped, ``--die-with-parent``, ``--new-session``. A relay
+(the LLM relay, ``expose``) is a bwrap run of its own in the same netns, with the control dir
+bound and outside the sandbox's cgroups: no command of the sandbox shares its pid or mount
+namespace, so none can signal it, unlink its socket or starve it of memory or pids.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import logging
 import os
@@ -170,16 +175,35 @@ class BwrapSandbox(hostdir.HostDirSandbox):
         self._pids = state / "pids"
         self._name = _sandbox_name(spec.node, spec.sandbox_id)
         self._netns = _netns_name(self._name)
-        mounts: list[tuple[str, str, str]] = [
-            ("--bind", str(state / "testbed"), spec.workdir),
-            ("--bind", str(state / "tmp"), "/tmp"),
-            ("--bind", str(self._ctl), CONTROL_DIR),
-        ]
-        for host, inside in sorted(spec.ro_mounts.items(), key=lambda kv: kv[1].count("/")):
-            mounts.append(("--ro-bind", host, inside))
+        self._info = info
+        # The sandbox's commands: no control dir at all (base.py, "Filesystem policy").
+        self._bwrap_args = self._namespace_args(
+            info,
+            [
+                ("--bind", str(state / "testbed"), spec.workdir),
+                ("--bind", str(state / "tmp"), "/tmp"),
+                *self._ro_mounts(),
+            ],
+        )
+
+    def _ro_mounts(self) -> list[tuple[str, str, str]]:
+        items = sorted(self.spec.ro_mounts.items(), key=lambda kv: kv[1].count("/"))
+        return [("--ro-bind", host, inside) for host, inside in items]
+
+    @functools.cached_property
+    def _relay_bwrap_args(self) -> list[str]:
+        """The relays' bwrap arguments: the control dir read-write and the ``ro_mounts``
+        (``relay_python`` may live there); made on first use, most sandboxes have no relay."""
+        return self._namespace_args(
+            self._info, [("--bind", str(self._ctl), CONTROL_DIR), *self._ro_mounts()]
+        )
+
+    @staticmethod
+    def _namespace_args(info: images.RootfsInfo, mounts: list[tuple[str, str, str]]) -> list[str]:
+        """bwrap's namespace, capability and filesystem arguments around ``mounts``."""
         targets = {PurePosixPath(m[2]) for m in mounts}
         skip = {PurePosixPath(p) for p in ("/proc", "/dev", "/sys")}
-        self._bwrap_args = [
+        return [
             "--unshare-user",
             "--unshare-ipc",
             "--unshare-pid",
@@ -209,14 +233,18 @@ class BwrapSandbox(hostdir.HostDirSandbox):
     # -- process plumbing -----------------------------------------------------------------
 
     def _host_argv(
-        self, inner: list[str], workdir: str | None, env: dict[str, str] | None
+        self, inner: list[str], workdir: str | None, env: dict[str, str] | None, relay: bool
     ) -> list[str]:
+        """The host command of one bwrap run: a sandbox command, or (``relay``) a relay, which
+        gets the control dir and stays out of the sandbox's cgroups (its limits are the agent's
+        to exhaust, not the relay's)."""
         if self._destroyed:
             raise SandboxInfraError(f"sandbox {self.spec.sandbox_id} was destroyed")
         wd = self._workdir(workdir)
         tools = self._backend.tools
-        argv = self._backend.cgroups.join_prefix(self._name) if self._backend.use_cgroups else []
-        if not self._backend.use_cgroups:
+        in_cgroups = self._backend.use_cgroups and not relay
+        argv = self._backend.cgroups.join_prefix(self._name) if in_cgroups else []
+        if not self._backend.use_cgroups and not relay:
             limits = self.spec.limits
             argv += [
                 tools.prlimit,
@@ -230,7 +258,8 @@ class BwrapSandbox(hostdir.HostDirSandbox):
         env_args = ["--clearenv"]
         for key, value in common.exec_env(self.spec, self._image_env, env).items():
             env_args += ["--setenv", key, value]
-        argv += [tools.bwrap, *self._bwrap_args, *env_args, "--chdir", wd, "--", *inner]
+        bwrap_args = self._relay_bwrap_args if relay else self._bwrap_args
+        argv += [tools.bwrap, *bwrap_args, *env_args, "--chdir", wd, "--", *inner]
         return argv
 
     def _popen(
@@ -242,9 +271,10 @@ class BwrapSandbox(hostdir.HostDirSandbox):
         stdin: int | IO[bytes] | None = subprocess.DEVNULL,
         stdout: int | IO[bytes] | None = subprocess.PIPE,
         stderr: int | IO[bytes] | None = subprocess.STDOUT,
+        relay: bool = False,
     ) -> tuple[subprocess.Popen[bytes], Path]:
         proc = subprocess.Popen(
-            self._host_argv(inner, workdir, env),
+            self._host_argv(inner, workdir, env, relay),
             env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
             stdin=stdin,
             stdout=stdout,
@@ -340,10 +370,26 @@ class BwrapSandbox(hostdir.HostDirSandbox):
     def _spawn_argv(
         self, argv: list[str], workdir: str | None, env: EnvVars | None, log_path: str
     ) -> BackgroundProcess:
+        return self._track(self._start_background(argv, workdir, env, log_path, relay=False))
+
+    def _spawn_relay(self, argv: list[str], log_path: str) -> BackgroundProcess:
+        return self._start_background(argv, "/", None, log_path, relay=True)
+
+    def _start_background(
+        self,
+        argv: list[str],
+        workdir: str | None,
+        env: EnvVars | None,
+        log_path: str,
+        *,
+        relay: bool,
+    ) -> BwrapProcess:
         inner = ["/bin/bash", "-c", 'log="$1"; shift; exec "$@" >"$log" 2>&1', "swerl-bg"]
         inner += [log_path, *argv]
-        proc, pid_file = self._popen(inner, workdir=workdir, env=env, stdout=subprocess.DEVNULL)
-        return self._track(BwrapProcess(proc, pid_file))
+        proc, pid_file = self._popen(
+            inner, workdir=workdir, env=env, stdout=subprocess.DEVNULL, relay=relay
+        )
+        return BwrapProcess(proc, pid_file)
 
     # -- files ----------------------------------------------------------------------------
 

@@ -1,35 +1,45 @@
 """Docker sandbox backend (the docker SDK against a local engine, never pulling).
 
-One sandbox = one container started from the instance image with ``tini`` + ``sleep infinity``
-as its main process; every command is a ``docker exec``. Ownership is in labels
-(``swerl.owner=swerl``, ``swerl.node``, ``swerl.sandbox``) so that a restarted worker finds and
-removes what a crashed run of the same node left behind.
+One sandbox = one container started from the instance image; every command is a ``docker
+exec``. Ownership is in labels (``swerl.owner=swerl``, ``swerl.node``, ``swerl.sandbox``) so
+that a restarted worker finds and removes what a crashed run of the same node left behind.
 
 Layout of a container (docs/sandboxes.md has the rationale):
 
 * read-only root filesystem; network mode ``none`` (loopback only);
+* its main process (PID 1, whose end is the container's end) is ``sleep infinity`` with
+  ``SIGCHLD`` ignored (so the kernel reaps the orphans of exec'd commands, no init needed),
+  running as uid 65534: a PID 1 drops every signal from inside its pid namespace that it has
+  no handler for (``kill -9 1``, ``kill -TERM 1``; ``kill -9 -1`` spares it), and another uid
+  puts it out of ``ptrace``'s and ``/proc/1/mem``'s reach of the commands, which run as the
+  image's user (root) -- nothing in the sandbox can end it (``tini`` as PID 1 exited when its
+  child was killed, and forwarded ``SIGTERM``);
 * ``spec.workdir`` (``/testbed``) is an anonymous volume of the ``local`` driver bound to
   ``<state>/testbed``, which docker initialises with the image's content (as any empty
   volume), so the agent edits a private copy and the archive API (copy in/out) works;
-* ``/tmp`` and ``/swerl/ctl`` are bind mounts of ``<state>/tmp`` and ``<state>/ctl``, where
-  ``<state>`` is the per-sandbox host dir ``<state_root>/<node>.<sandbox_id>/``; ``ctl``
-  carries the relay's unix socket;
+* ``/tmp`` is a bind mount of ``<state>/tmp``, where ``<state>`` is the per-sandbox host dir
+  ``<state_root>/<node>.<sandbox_id>/``;
 * ``<state>`` is a tmpfs of ``disk_mb`` / ``inodes`` (``_hostdir.mount_disk_quota``): the
-  three writable places share that quota and nothing a sandbox writes reaches the host disk;
+  writable places share that quota and nothing a sandbox writes reaches the host disk;
 * cpu (``nano_cpus``), memory (no swap) and pids limits from ``spec.limits``.
+
+The relays (the LLM relay, ``expose``) run in a second container, ``<name>.relay``, that shares
+only the sandbox's network namespace (``network_mode=container:<sandbox>``): its own pid and
+mount namespaces, its own cgroup, ``<state>/ctl`` mounted at ``/swerl/ctl``, all capabilities
+dropped. The sandbox's processes cannot see, signal or starve it, nor touch its sockets.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import logging
 import select
 import socket
 import struct
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,6 +71,16 @@ OWNER_LABEL = "swerl.owner"
 NODE_LABEL = "swerl.node"
 SANDBOX_LABEL = "swerl.sandbox"
 OWNER = "swerl"
+# Marks a sandbox's relay container (not a sandbox of its own in ``list_sandboxes``).
+ROLE_LABEL = "swerl.role"
+RELAY_ROLE = "relay"
+# PID 1 of a sandbox: ignoring SIGCHLD makes the kernel reap every child it adopts (bash keeps
+# an ignored disposition across exec; dash does not). It runs as this uid, not the commands'.
+INIT_COMMAND = ["/bin/bash", "-c", "trap '' CHLD; exec sleep infinity"]
+INIT_USER = "65534:65534"
+# The relay container's own bounds (a few python relays with 32 connections each at most).
+RELAY_MEMORY = "256m"
+RELAY_PIDS = 64
 # Host-side grace after an exec's own timeout before the stream is abandoned.
 HOST_DEADLINE_GRACE_S = 15.0
 
@@ -70,7 +90,8 @@ class DockerBackendConfig(StrictModel):
     # Per-sandbox host dirs (/tmp and the control dir): keep unix socket paths short (< 108).
     state_root: Path = Path("/var/lib/swerl/sandboxes")
     relay_python: str = "python3"  # interpreter inside the sandbox that runs the relay
-    use_init: bool = True  # tini as pid 1 reaps the orphans of exec'd commands
+    # PID 1 reaps the orphans of exec'd commands (SIGCHLD ignored); False: a plain sleep.
+    use_init: bool = True
     max_output_bytes: int = common.DEFAULT_MAX_OUTPUT_BYTES
     api_timeout_s: float = 120.0
     ready_timeout_s: float = 20.0
@@ -80,11 +101,18 @@ def _container_name(node: str, sandbox_id: str) -> str:
     return f"swerl.{node}.{sandbox_id}"
 
 
+def _relay_container_name(node: str, sandbox_id: str) -> str:
+    return f"{_container_name(node, sandbox_id)}.relay"
+
+
 class DockerProcess(BackgroundProcess):
-    def __init__(self, sandbox: DockerSandbox, exec_id: str, pid_file: Path) -> None:
+    def __init__(
+        self, sandbox: DockerSandbox, container_id: str, exec_id: str, pid: int | None
+    ) -> None:
         self._sandbox = sandbox
+        self._container_id = container_id
         self._exec_id = exec_id
-        self._pid_file = pid_file
+        self._pid = pid
 
     def _inspect(self) -> dict[str, Any]:
         try:
@@ -100,12 +128,9 @@ class DockerProcess(BackgroundProcess):
         return None if info.get("Running") else info.get("ExitCode")
 
     def kill(self) -> None:
-        try:
-            pid = int(self._pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return
-        if self.is_running():
-            self._sandbox.exec(["kill", "-KILL", "--", f"-{pid}"], timeout_s=10)
+        if self._pid is not None and self.is_running():
+            argv = ["kill", "-KILL", "--", f"-{self._pid}"]
+            self._sandbox._run(self._container_id, argv, None, 10, None)
 
 
 class DockerSandbox(hostdir.HostDirSandbox):
@@ -116,6 +141,7 @@ class DockerSandbox(hostdir.HostDirSandbox):
         container: Any,
         state_dir: Path,
         image_env: dict[str, str],
+        user: str = "0",
     ) -> None:
         super().__init__(
             spec,
@@ -127,15 +153,23 @@ class DockerSandbox(hostdir.HostDirSandbox):
         self._backend = backend
         self._api = backend.client.api
         self._container = container
-        self._counter = itertools.count()  # names the pid files of background processes
+        self._user = user  # the image's USER: commands run as it, PID 1 does not
+        self._relay_container: Any = None  # made by the first relay (``_spawn_relay``)
 
     # -- commands -------------------------------------------------------------------------
 
-    def _exec_create(self, argv: list[str], workdir: str | None, env: dict[str, str] | None) -> str:
+    def _exec_create(
+        self,
+        container_id: str,
+        argv: list[str],
+        workdir: str | None,
+        env: dict[str, str] | None,
+        user: str,
+    ) -> str:
         wd = self._workdir(workdir)
         try:
             res = self._api.exec_create(
-                self._container.id,
+                container_id,
                 argv,
                 stdout=True,
                 stderr=True,
@@ -143,6 +177,7 @@ class DockerSandbox(hostdir.HostDirSandbox):
                 tty=False,
                 environment=common.exec_env(self.spec, self._image_env, env),
                 workdir=wd,
+                user=user,
             )
         except docker.errors.NotFound as exc:
             raise SandboxInfraError(f"sandbox {self.spec.sandbox_id} is gone: {exc}") from exc
@@ -150,16 +185,31 @@ class DockerSandbox(hostdir.HostDirSandbox):
             raise SandboxInfraError(f"docker exec failed: {exc}") from exc
         return res["Id"]
 
+    def _user_of(self, container_id: str) -> str:
+        """Commands of the sandbox run as the image's user; relays as root (no capabilities)."""
+        return self._user if container_id == self._container.id else "0"
+
     def _exec_argv(
         self, argv: list[str], workdir: str | None, timeout_s: float | None, env: EnvVars | None
     ) -> ExecResult:
+        return self._run(self._container.id, argv, workdir, timeout_s, env)
+
+    def _run(
+        self,
+        container_id: str,
+        argv: list[str],
+        workdir: str | None,
+        timeout_s: float | None,
+        env: EnvVars | None,
+    ) -> ExecResult:
+        """Run ``argv`` in ``container_id`` (the sandbox or its relay container)."""
         # One pipe for stdout and stderr (as in the bwrap backend): docker's separate streams
         # would not keep their relative order.
         argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "swerl-exec", *argv]
         if timeout_s is not None:
             # coreutils timeout leads its own process group and signals all of it.
             argv = ["timeout", "-s", "TERM", "-k", str(common.KILL_GRACE_S), f"{timeout_s}s", *argv]
-        exec_id = self._exec_create(argv, workdir, env)
+        exec_id = self._exec_create(container_id, argv, workdir, env, self._user_of(container_id))
         buf = common.OutputBuffer(self._backend.config.max_output_bytes)
         started = time.monotonic()
         deadline = None if timeout_s is None else started + timeout_s + HOST_DEADLINE_GRACE_S
@@ -191,15 +241,41 @@ class DockerSandbox(hostdir.HostDirSandbox):
     def _spawn_argv(
         self, argv: list[str], workdir: str | None, env: EnvVars | None, log_path: str
     ) -> BackgroundProcess:
-        n = next(self._counter)
-        pid_name = f"bg-{n}.pid"
-        wrapped = common.background_argv(argv, log_path, f"{CONTROL_DIR}/{pid_name}")
-        exec_id = self._exec_create(wrapped, workdir, env)
+        return self._track(self._start_background(self._container.id, argv, workdir, env, log_path))
+
+    def _spawn_relay(self, argv: list[str], log_path: str) -> BackgroundProcess:
+        if self._relay_container is None:
+            self._relay_container = self._backend._create_relay_container(
+                self.spec, self._state, self._container.id
+            )
+        return self._start_background(self._relay_container.id, argv, "/", None, log_path)
+
+    def _start_background(
+        self,
+        container_id: str,
+        argv: list[str],
+        workdir: str | None,
+        env: EnvVars | None,
+        log_path: str,
+    ) -> DockerProcess:
+        """Start ``argv`` detached from the exec's stream, once it has told its pid on it."""
+        wrapped = common.background_argv(argv, log_path)
+        user = self._user_of(container_id)
+        exec_id = self._exec_create(container_id, wrapped, workdir, env, user)
         try:
-            self._api.exec_start(exec_id, detach=True)
+            sock = self._api.exec_start(exec_id, socket=True)
         except docker.errors.APIError as exc:
             raise SandboxInfraError(f"docker exec start failed: {exc}") from exc
-        return self._track(DockerProcess(self, exec_id, self._ctl / pid_name))
+        deadline = time.monotonic() + self._backend.config.api_timeout_s
+        try:
+            first = _read_first_line(getattr(sock, "_sock", sock), deadline)
+        except OSError as exc:
+            raise SandboxInfraError(f"docker exec stream broke: {exc}") from exc
+        finally:
+            sock.close()  # the process keeps running: docker does not end an exec on detach
+        # No pid line: the command could not start (a missing workdir, say); exit_code tells.
+        pid = int(first) if first.strip().isdigit() else None
+        return DockerProcess(self, container_id, exec_id, pid)
 
     # -- files ----------------------------------------------------------------------------
 
@@ -260,37 +336,39 @@ class DockerSandbox(hostdir.HostDirSandbox):
     # -- lifecycle ------------------------------------------------------------------------
 
     def _release(self, procs: list[BackgroundProcess]) -> None:
-        """Remove the container (which ends every process in it) and the state dir."""
+        """Remove the relay container, the container (which ends every process in them) and
+        the state dir."""
         errors: list[str] = []
-        try:
-            self._container.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            errors.append(str(exc))
+        for container in (self._relay_container, self._container):
+            if container is None:
+                continue
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                errors.append(str(exc))
         hostdir.release_state_dir(self._state)
         if errors:
             raise SandboxInfraError(f"destroy {self.spec.sandbox_id}: {'; '.join(errors)}")
 
 
-def _read_frames(sock: socket.socket, buf: common.OutputBuffer, deadline: float | None) -> bool:
-    """Read docker's multiplexed exec stream into ``buf``; False if the deadline passed.
-
-    Frames are an 8-byte header (stream type, 3 zero bytes, big-endian length) + payload;
-    stdout and stderr are merged in arrival order.
-    """
+def _frames(sock: socket.socket, deadline: float | None) -> Iterator[bytes]:
+    """The payloads of docker's multiplexed exec stream until EOF (``TimeoutError`` at the
+    deadline). Frames are an 8-byte header (stream type, 3 zero bytes, big-endian length) +
+    payload; stdout and stderr come merged in arrival order."""
     pending = b""
     need: int | None = None  # payload bytes still expected for the current frame
     while True:
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
-            return False
+            raise TimeoutError("docker exec stream deadline")
         ready, _, _ = select.select([sock], [], [], timeout)
         if not ready:
-            return False
+            raise TimeoutError("docker exec stream deadline")
         chunk = sock.recv(65536)
         if not chunk:
-            return True
+            return
         pending += chunk
         while True:
             if need is None:
@@ -300,12 +378,49 @@ def _read_frames(sock: socket.socket, buf: common.OutputBuffer, deadline: float 
                 pending = pending[8:]
                 need = length
             take = pending[:need]
-            buf.add(take)
+            if take:
+                yield take
             pending = pending[len(take) :]
             need -= len(take)
             if need:
                 break
             need = None
+
+
+def _read_frames(sock: socket.socket, buf: common.OutputBuffer, deadline: float | None) -> bool:
+    """Read an exec's whole stream into ``buf``; False if the deadline passed first."""
+    try:
+        for payload in _frames(sock, deadline):
+            buf.add(payload)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _read_first_line(sock: socket.socket, deadline: float) -> str:
+    """The stream's first line (what a background wrapper prints: its pid), or all of the
+    stream's text (at most 4 KiB) if it ends or the deadline passes before a newline."""
+    data = b""
+    with contextlib.suppress(TimeoutError):
+        for payload in _frames(sock, deadline):
+            data += payload
+            if b"\n" in data or len(data) > 4096:
+                break
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def _labels(spec: SandboxSpec) -> dict[str, str]:
+    owner = {OWNER_LABEL: OWNER, NODE_LABEL: spec.node, SANDBOX_LABEL: spec.sandbox_id}
+    return {**spec.labels, **owner}
+
+
+def _ro_mounts(spec: SandboxSpec) -> list[Mount]:
+    mounts = []
+    for host, inside in spec.ro_mounts.items():
+        if not Path(host).exists():
+            raise SandboxInfraError(f"ro_mounts source does not exist: {host}")
+        mounts.append(Mount(target=inside, source=host, type="bind", read_only=True))
+    return mounts
 
 
 class DockerBackend(hostdir.HostDirBackend):
@@ -361,12 +476,14 @@ class DockerBackend(hostdir.HostDirBackend):
         try:
             hostdir.fill_state_dir(state, spec)
             container = self._create_container(spec, state)
+            config = image.attrs.get("Config") or {}
             sandbox = DockerSandbox(
                 self,
                 spec,
                 container,
                 state,
-                common.parse_image_env((image.attrs.get("Config") or {}).get("Env")),
+                common.parse_image_env(config.get("Env")),
+                user=config.get("User") or "0",
             )
         except BaseException:
             self._remove(spec.node, spec.sandbox_id)
@@ -385,26 +502,17 @@ class DockerBackend(hostdir.HostDirBackend):
         mounts = [
             Mount(target=spec.workdir, source=None, type="volume", driver_config=testbed),
             Mount(target="/tmp", source=str(state / "tmp"), type="bind"),
-            Mount(target=CONTROL_DIR, source=str(state / "ctl"), type="bind"),
+            *_ro_mounts(spec),
         ]
-        for host, inside in spec.ro_mounts.items():
-            if not Path(host).exists():
-                raise SandboxInfraError(f"ro_mounts source does not exist: {host}")
-            mounts.append(Mount(target=inside, source=host, type="bind", read_only=True))
-        labels = {
-            **spec.labels,
-            OWNER_LABEL: OWNER,
-            NODE_LABEL: spec.node,
-            SANDBOX_LABEL: spec.sandbox_id,
-        }
         memory = f"{limits.memory_mb}m"
         try:
             container = self.client.containers.create(
                 spec.image,
-                command=["sleep", "infinity"],
+                command=INIT_COMMAND if self.config.use_init else ["sleep", "infinity"],
+                user=INIT_USER,
                 name=_container_name(spec.node, spec.sandbox_id),
                 hostname="sandbox",
-                labels=labels,
+                labels=_labels(spec),
                 network_mode="none",
                 read_only=True,
                 mounts=mounts,
@@ -413,7 +521,7 @@ class DockerBackend(hostdir.HostDirBackend):
                 memswap_limit=memory,
                 nano_cpus=int(limits.cpus * 1e9),
                 pids_limit=limits.pids,
-                init=self.config.use_init,
+                init=False,  # docker's init (tini) exits when its child is killed
                 security_opt=["no-new-privileges"],
                 cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT"],
             )
@@ -430,6 +538,40 @@ class DockerBackend(hostdir.HostDirBackend):
             raise SandboxInfraError(f"cannot start sandbox {spec.sandbox_id}{hint}: {exc}") from exc
         return container
 
+    def _create_relay_container(self, spec: SandboxSpec, state: Path, sandbox_id: str) -> Any:
+        """The container the sandbox's relays run in: the sandbox's network namespace only.
+
+        Same image (its ``python3`` runs the relay), its own pid, mount and ipc namespaces
+        and cgroup, the control dir read-write, no capabilities: the sandbox's processes
+        cannot see, signal or starve it, and never see the control dir.
+        """
+        mounts = [Mount(target=CONTROL_DIR, source=str(state / "ctl"), type="bind")]
+        try:
+            container = self.client.containers.create(
+                spec.image,
+                command=INIT_COMMAND,
+                user=INIT_USER,
+                name=_relay_container_name(spec.node, spec.sandbox_id),
+                labels={**_labels(spec), ROLE_LABEL: RELAY_ROLE},
+                network_mode=f"container:{sandbox_id}",
+                read_only=True,
+                mounts=[*mounts, *_ro_mounts(spec)],
+                working_dir="/",
+                mem_limit=RELAY_MEMORY,
+                memswap_limit=RELAY_MEMORY,
+                pids_limit=RELAY_PIDS,
+                init=False,
+                security_opt=["no-new-privileges"],
+                cap_drop=["ALL"],
+            )
+            container.start()
+        except docker.errors.APIError as exc:
+            with contextlib.suppress(docker.errors.APIError):  # created but not started
+                name = _relay_container_name(spec.node, spec.sandbox_id)
+                self.client.containers.get(name).remove(force=True)
+            raise SandboxInfraError(f"cannot start the relay of {spec.sandbox_id}: {exc}") from exc
+        return container
+
     def _owned_containers(self, node: str | None = None) -> list[Any]:
         filters = [f"{OWNER_LABEL}={OWNER}"]
         if node is not None:
@@ -444,18 +586,26 @@ class DockerBackend(hostdir.HostDirBackend):
             raise SandboxInfraError(f"docker list failed: {exc}") from exc
 
     def _remove(self, node: str, sandbox_id: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            self.client.containers.get(_container_name(node, sandbox_id)).remove(force=True, v=True)
+        for name in (_relay_container_name(node, sandbox_id), _container_name(node, sandbox_id)):
+            with contextlib.suppress(docker.errors.NotFound):
+                self.client.containers.get(name).remove(force=True, v=True)
         hostdir.release_state_dir(self._state_dir(node, sandbox_id))
 
     def list_sandboxes(self, node: str) -> list[str]:
         validate_name("node", node)
-        return sorted(c.labels.get(SANDBOX_LABEL, "") for c in self._owned_containers(node))
+        return sorted(
+            c.labels.get(SANDBOX_LABEL, "")
+            for c in self._owned_containers(node)
+            if c.labels.get(ROLE_LABEL) != RELAY_ROLE
+        )
 
     def cleanup_node(self, node: str) -> int:
         validate_name("node", node)
         removed: set[str] = set()
-        for container in self._owned_containers(node):
+        # relay containers first: each shares the network namespace of its sandbox's
+        containers = self._owned_containers(node)
+        containers.sort(key=lambda c: c.labels.get(ROLE_LABEL) != RELAY_ROLE)
+        for container in containers:
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True, v=True)
             removed.add(container.labels.get(SANDBOX_LABEL, container.name))

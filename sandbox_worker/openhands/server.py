@@ -2,7 +2,8 @@
 
 Layout (see docs/openhands.md and docs/sandboxes.md)::
 
-    worker (host)                                  sandbox (no network)
+    worker (host)                                  sandbox (no network); <ctl> and the inner
+                                                   relays sit beside it (host side, its netns)
     RemoteConversation ──TCP──> RelayHub.tcp_to_unix ──> <ctl>/port-8000.sock
                                                      └─> inner relay ──TCP──> agent server :8000
                                                                               (tools run here)
@@ -14,7 +15,8 @@ Layout (see docs/openhands.md and docs/sandboxes.md)::
   (:attr:`AgentServerBundle.ro_mounts`, to be put into ``SandboxSpec.ro_mounts``). The task image
   stays untouched; it only needs ``bash`` for the terminal tool.
 * The worker reaches the server through ``Sandbox.expose(port)`` (a unix socket in the
-  per-sandbox control dir, relayed inside to the server's loopback port) wrapped in a host TCP
+  per-sandbox control dir on the host, relayed to the server's loopback port by a relay in the
+  sandbox's network namespace, out of the agent's reach) wrapped in a host TCP
   listener; REST and the event websocket both go through it.
 * The agent's LLM calls leave the sandbox only through the LLM relay: the agent's ``base_url``
   is ``sandbox.llm_base_url + "/t/<trajectory_id>/v1"``.

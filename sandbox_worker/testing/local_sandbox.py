@@ -139,8 +139,12 @@ class LocalDirSandbox(Sandbox):
         )
 
     def copy_out(self, sandbox_path: str, host_path: Path) -> None:
+        # Symlinks stay symlinks, as the real backends' tar streams keep them.
         source = Path(sandbox_path)
-        shutil.copytree(source, host_path) if source.is_dir() else shutil.copy(source, host_path)
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, host_path, symlinks=True)
+        else:
+            shutil.copy(source, host_path, follow_symlinks=False)
 
     def destroy(self) -> None:
         shutil.rmtree(self.spec.workdir, ignore_errors=True)

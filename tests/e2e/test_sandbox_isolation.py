@@ -178,7 +178,9 @@ def test_a_sandbox_reaches_only_its_own_trajectory(
     assert answers["own models"].startswith("HTTP/1.1 200"), answers
     assert answers["own chat"].startswith("HTTP/1.1 200"), answers
     # the token never entered the sandbox
-    assert survey.exit_code == 0 and "llm.sock" in survey.output, survey.output[-2000:]
+    # the relay's socket is out of the sandbox's reach (the relay runs beside it)
+    assert survey.exit_code == 0 and "/testbed" in survey.output, survey.output[-2000:]
+    assert "llm.sock" not in survey.output, survey.output[-2000:]
     assert token not in survey.output and victim_token not in survey.output
     # nothing of the victim changed: same turns, still open, no outcome
     victim_after = adapter.record(other)

@@ -56,6 +56,10 @@ class FakeAdapter:
     kept_abort: Outcome | None = None
     counters: dict[str, int] = field(default_factory=lambda: dict(COUNTERS))
     token: str | None = "swt_fake-trajectory-token"
+    health: bool = True  # what healthy() answers
+
+    def healthy(self) -> bool:
+        return self.health
 
     def open(self, meta: TrajectoryMeta) -> str | None:
         if self.open_error is not None:

@@ -538,3 +538,30 @@ def test_a_swesmith_row_runs_on_its_task_state(harness: Harness, tmp_path: Path)
     assert outcome.status is OutcomeStatus.COMPLETED and outcome.reward == 1.0, outcome
     assert outcome.patch == smith.gold_patch  # against the task commit: no test deletions
     assert outcome.test_report["diff_base"]["kind"] == DIFF_BASE_COMMIT
+
+
+def test_llm_call_lost_after_tool_calls_with_a_healthy_adapter_is_graded(harness: Harness) -> None:
+    # From its shell the policy can hold every relay connection (503 over the relay's cap):
+    # with the adapter healthy from the host, the failed call is the policy's, graded 0.
+    def leave_a_note(sandbox: Sandbox) -> None:
+        sandbox.write_file(f"{harness.settings.workdir}/notes.txt", b"hold the relay\n")
+
+    runner = harness.runner(
+        agent(EndReason.LLM_UNAVAILABLE, leave_a_note, error="503 from the relay", tool_calls=3)
+    )
+    outcome = runner.run(make_task(), make_ctx())
+    assert (outcome.status, outcome.reward) == (OutcomeStatus.ERROR, 0.0)
+    assert outcome.test_report["agent"]["attributed_to_policy"] is True
+
+
+@pytest.mark.parametrize(("health", "tool_calls"), [(False, 3), (True, 0)])
+def test_llm_call_lost_stays_an_abort_when_the_adapter_is_down_or_no_tool_ran(
+    harness: Harness, health: bool, tool_calls: int
+) -> None:
+    harness.adapter.health = health
+    runner = harness.runner(
+        agent(EndReason.LLM_UNAVAILABLE, None, error="unreachable", tool_calls=tool_calls),
+        eval_fn=no_eval,
+    )
+    outcome = runner.run(make_task(), make_ctx())
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None

@@ -497,6 +497,125 @@ def test_cannot_write_outside_workspace(make) -> None:
     assert sb.exec("echo x > /etc/passwd").exit_code != 0
 
 
+# -- attribution: what the agent must not be able to turn into an infrastructure failure -----
+#
+# An infrastructure failure (SandboxInfraError, a dead relay) makes the trajectory `aborted`:
+# retried and excluded from training. Whatever the agent does in its sandbox must therefore
+# leave the relay and the sandbox itself working (docs/sandboxes.md, "Attribution").
+
+_FETCH = (
+    "import sys, urllib.request\n"
+    "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+)
+
+
+def _relay_sandbox(make, adapter: int, **fields: object) -> Sandbox:
+    relay = LlmRelay("127.0.0.1", adapter, trajectory_id="traj-1")
+    return make(network=NetworkPolicy.LLM_RELAY_ONLY, llm_relay=relay, **fields)
+
+
+def _assert_relay_works(sb: Sandbox) -> None:
+    """An LLM call from inside the sandbox reaches the adapter through the relay."""
+    res = sb.exec(["python3", "-c", _FETCH, f"{sb.llm_base_url}/t/traj-1/v1/models"], timeout_s=60)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == {"adapter": True, "path": "/t/traj-1/v1/models"}
+
+
+def _control_dir(sb: Sandbox) -> dict[str, str]:
+    """The host side of the sandbox's control dir: each entry's kind, or a file's content."""
+    ctl = sb._state / "ctl"  # type: ignore[attr-defined]
+    out = {}
+    for entry in sorted(ctl.iterdir()):
+        if entry.is_socket():
+            out[entry.name] = "socket"
+        elif not entry.name.endswith(".log"):  # a relay may log a refused connection
+            out[entry.name] = entry.read_text(errors="replace")
+    return out
+
+
+# Every way a root shell deletes, moves, overwrites or locks a file, tried on each socket,
+# relay script, pid and ready file it can find anywhere, and on the old control dir's paths.
+_DESTROY_CONTROL_FILES = r"""
+found=$(find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
+  \( -type s -o -name inner_relay.py -o -name '*.pid' -o -name '*.ready' \) -print 2>/dev/null)
+for f in /swerl/ctl/llm.sock /swerl/ctl/inner_relay.py /swerl/ctl/bg-0.pid /swerl/ctl/llm.ready \
+         $found; do
+  chmod 000 "$f"; echo x > "$f"; mv -f "$f" /tmp/moved; rm -f "$f"
+done
+mkdir -p /swerl/ctl; echo evil > /swerl/ctl/llm.sock; rm -rf /swerl/ctl /swerl/ctl/*
+echo "FOUND: $found"
+"""
+
+
+def test_the_agent_cannot_touch_the_control_dir_or_the_relay_socket(make, adapter: int) -> None:
+    sb = _relay_sandbox(make, adapter)
+    sb.spawn("sleep 300")  # its bookkeeping (a pid file, once) must be out of reach too
+    sb.expose(8000)  # and the sockets of exposed ports
+    before = _control_dir(sb)
+    assert before["llm.sock"] == "socket" and "port-8000.sock" in before, before
+    res = sb.exec(_DESTROY_CONTROL_FILES, timeout_s=120)
+    found = [ln for ln in res.output.splitlines() if ln.startswith("FOUND:")]
+    assert len(found) == 1, res.output
+    # nothing of the control dir is visible inside the sandbox ...
+    assert "llm.sock" not in found[0] and "inner_relay" not in found[0], found
+    # ... nor changed on the host, and the LLM relay still answers
+    assert _control_dir(sb) == before
+    _assert_relay_works(sb)
+
+
+_KILL_EVERY_VISIBLE_PROCESS = (
+    'for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = "$$" ] || kill -9 "$p"; done; kill -9 -1'
+)
+
+
+def test_killing_every_process_the_agent_can_see_leaves_the_relay_working(
+    make, adapter: int
+) -> None:
+    sb = _relay_sandbox(make, adapter)
+    sb.expose(8000)
+    sb.spawn("sleep 300")
+    for _ in range(2):  # twice: a relay restarted by the first round would die in the second
+        sb.exec(_KILL_EVERY_VISIBLE_PROCESS, timeout_s=60)
+    assert sb.exec("true").exit_code == 0
+    _assert_relay_works(sb)
+
+
+# Attaches to PID 1 with ptrace and resumes it with SIGKILL, which even an init cannot ignore.
+_PTRACE_KILL_PID1 = r"""python3 - <<'EOF'
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+if libc.ptrace(16, 1, None, None) == 0:  # PTRACE_ATTACH
+    os.waitpid(1, 0)
+    libc.ptrace(7, 1, None, ctypes.c_void_p(9))  # PTRACE_CONT delivering SIGKILL
+print("ATTACH", os.strerror(ctypes.get_errno()))
+EOF"""
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "kill -9 1; kill -STOP 1; kill -9 -1",
+        "kill -TERM 1",
+        "for s in $(seq 1 64); do kill -$s 1; done",
+        _PTRACE_KILL_PID1,
+    ],
+    ids=["kill-9", "term-pid1", "every-signal-pid1", "ptrace-pid1"],
+)
+def test_the_agent_cannot_end_its_sandbox(make, attack: str) -> None:
+    """The agent (root in its sandbox) signals or traces PID 1: its own processes may
+    die, the sandbox must not -- it still runs commands and serves files, so that the patch
+    can be extracted and the outcome is the policy's (docker: a container ends with its PID 1;
+    bwrap: each command has a pid namespace of its own)."""
+    sb = make(limits=SandboxLimits(memory_mb=256, pids=128))
+    sb.spawn("sleep 300")
+    sb.exec(attack, timeout_s=60)
+    time.sleep(0.5)  # a container whose PID 1 died takes a moment to stop
+    assert sb.exec("true").exit_code == 0
+    assert sb.exec(["echo", "alive"]).output == "alive\n"
+    assert sb.read_file("/testbed/calc.py").startswith(b"def add")
+
+
 def _until_oserror(statement: str, attempts: int) -> str:
     """A Python program running ``statement`` (one line; ``n`` counts) up to ``attempts``
     times; it prints ``STOPPED <n> <errno name>`` at the first OSError, else ``UNBOUNDED <n>``."""
@@ -579,10 +698,10 @@ def test_disk_quota_gives_enospc_and_spares_the_host_disk(make) -> None:
     # /tmp first: 48 MiB do not fit in 32 MiB, and the sandbox says so with ENOSPC.
     res = sb.exec("dd if=/dev/zero of=/tmp/big bs=1M count=48 2>&1", timeout_s=60)
     assert res.exit_code != 0 and "No space left on device" in res.output, res.output
-    # The quota is shared: /testbed and the control dir are full too.
+    # The quota is shared: /testbed is full too.
     res = sb.exec("dd if=/dev/zero of=/testbed/more bs=1M count=8 2>&1", timeout_s=60)
     assert res.exit_code != 0 and "No space left on device" in res.output, res.output
-    res = sb.exec("du -sm --total /tmp /testbed /swerl/ctl | tail -1", timeout_s=60)
+    res = sb.exec("du -sm --total /tmp /testbed | tail -1", timeout_s=60)
     assert int(res.output.split()[0]) <= quota_mb, res.output
     # What the sandbox wrote filled its own tmpfs, so none of it is on the host's disk.
     fs = os.statvfs(state)

@@ -50,5 +50,6 @@ def test_a_drifted_double_is_caught() -> None:
     assert [p.split("(")[0] for p in problems] == [
         "Drifted.close",
         "Drifted has no method close_connection",
+        "Drifted has no method healthy",
         "Drifted.open",
     ]
