@@ -29,6 +29,9 @@ GIT_APPLY_CMDS = (
     "git apply --verbose --reject",
     "patch --batch --forward --fuzz=5 -p1 -i",
 )
+# The strict policy (training rewards): git's own parser and nothing else (no GNU patch, which
+# also reads context diffs, ``Index:`` lines and normal diffs and writes into .git).
+STRICT_APPLY_CMDS = tuple(cmd for cmd in GIT_APPLY_CMDS if cmd.startswith("git apply"))
 RESTORE_TREE_CMD = "git checkout -- . ; git clean -fd"
 REVERSE_CHECK_CMD = "git apply --check --reverse"
 

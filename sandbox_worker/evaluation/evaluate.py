@@ -35,6 +35,7 @@ Outcomes:
 from __future__ import annotations
 
 import logging
+import random
 import re
 import secrets
 import shlex
@@ -42,10 +43,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox_worker.backends.base import (
+    DiskQuotaError,
     ExecResult,
     NetworkPolicy,
     Sandbox,
@@ -60,6 +63,7 @@ from sandbox_worker.evaluation.constants import (
     GIT_APPLY_CMDS,
     RESTORE_TREE_CMD,
     REVERSE_CHECK_CMD,
+    STRICT_APPLY_CMDS,
     TESTS_TIMEOUT,
     ResolvedStatus,
 )
@@ -84,7 +88,8 @@ from sandbox_worker.evaluation.patches import (
     is_empty_patch,
     modified_files,
     new_files,
-    unsafe_patch_reason,
+    patch_names_git_dir,
+    strict_patch_refusal,
 )
 from sandbox_worker.evaluation.row_grading import (
     GradingChoice,
@@ -95,11 +100,16 @@ from sandbox_worker.evaluation.row_grading import (
 from sandbox_worker.evaluation.script import (
     TIMEOUT_EXIT_CODE,
     EvalScriptSpec,
+    PreludeSpec,
     capture_tree_script,
     eval_script,
+    git_state_script,
     inspect_patched_tree_script,
+    isolated,
+    prelude_script,
     reset_script,
     restore_script,
+    safe_pytest_command,
 )
 from sandbox_worker.evaluation.specs import (
     UnknownSpecError,
@@ -119,10 +129,17 @@ from sandbox_worker.evaluation.swesmith_profiles import (
 from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import REPO_PATTERN, SWEInstance
 
+if TYPE_CHECKING:
+    from sandbox_worker.evaluation.canaries import CanaryPlan
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 _PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report_plugin.py").read_bytes()
+_LAUNCHER_SOURCE = (Path(__file__).parent / "safe_pytest.py").read_bytes()
+# Free space and inodes under which a failed harness step after the apply is the patch's doing.
+QUOTA_EXHAUSTED_BYTES = 1 << 20
+QUOTA_EXHAUSTED_INODES = 64
 ALREADY_APPLIED = "already applied (git apply --check --reverse)"
 
 
@@ -164,8 +181,21 @@ class EvalConfig(BaseModel):
     # Restore test infrastructure the patch touched (off only to grade predictions that
     # change it as the official harness does).
     restore_test_infra: bool = True
-    # Structured grading plants a canary test that always fails (pytest_report_plugin.py).
+    # "strict" (training rewards, the hardened verdict): git-format unified diffs only, every
+    # path checked (patches.strict_patch_refusal), applied with `git apply` alone; a refusal is
+    # reward 0 (patch_rejected). "harness": the official harness's cascade, GNU `patch`
+    # fallback included, nothing refused (leaderboard parity; tamper flags still reported).
+    patch_policy: Literal["strict", "harness"] = "strict"
+    # Structured grading plants canaries in the test files the run executes (canaries.py):
+    # tests that must fail, indistinguishable from the instance's own.
     canary_test: bool = True
+    canary_count: int = Field(3, ge=1, le=20)
+    # Move .git out of the repository while swerl's script runs the tests (the code under test
+    # cannot diff its way to the canaries); off for repositories whose tests read git.
+    hide_git: bool = True
+    # Start pytest through safe_pytest.py: no module of the repository runs before pytest
+    # has loaded its plugins (swerl's script and a pytest runner only).
+    safe_sys_path: bool = True
     # Test-infrastructure rules by repository ("owner/name"; "*" replaces the default rule),
     # over the built-in ones (sandbox_worker.evaluation.infra.REPO_RULES).
     infra_rules: dict[str, TestInfraRule] = Field(default_factory=dict)
@@ -240,6 +270,17 @@ class EvalReport(BaseModel):
     patch_rejected: str | None = None
     # Test infrastructure the patch touched and the evaluation restored: path -> reason.
     protected_restored: dict[str, str] = Field(default_factory=dict)
+    # Test infrastructure the patch touched (path -> reason), restored or not.
+    infra_touched: dict[str, str] = Field(default_factory=dict)
+    # Why the strict parser refuses the patch (filled under either patch policy).
+    strict_refusal: str | None = None
+    # .git differs after the patch from its state after the reset (or the patch names it).
+    git_touched: bool = False
+    # A failure after the patch was applied that the patch caused (the sandbox's disk quota
+    # exhausted, the sandbox killed by the code under test): graded 0, never an abort.
+    patch_caused_failure: str | None = None
+    # Sorted tamper flags: test_infra_touched, git_touched, patch_refused_strict, canary_forged.
+    tamper: list[str] = Field(default_factory=list)
     grading: str = "structured"
     log_resolved: bool | None = None  # the official log parser's verdict (structured mode)
     log_tests_status: dict[str, str] = Field(default_factory=dict)  # the log parser's map
@@ -301,24 +342,30 @@ def evaluate_patch(
         sandbox = backend.create(spec)
     except (SandboxInfraError, OSError) as exc:
         return _infra(instance, f"sandbox creation failed: {exc}", transcript, config, started)
+    fields: dict[str, object] = {"grading": config.grading}
     try:
-        fields = _evaluate_in(sandbox, instance, patch or "", config, transcript)
-    except _InfraFailure as exc:
-        deterministic = isinstance(exc, _ConfigFailure)
-        return _infra(instance, str(exc), transcript, config, started, config_error=deterministic)
+        _evaluate_in(sandbox, instance, patch or "", config, transcript, fields)
+    except (_InfraFailure, SandboxInfraError, OSError) as exc:
+        cause = _patch_caused(backend, sandbox, image, config, fields, exc)
+        if cause is None:
+            deterministic = isinstance(exc, _ConfigFailure)
+            prefix = "" if isinstance(exc, _InfraFailure) else "sandbox failed: "
+            reason = f"{prefix}{exc}"
+            return _infra(instance, reason, transcript, config, started, config_error=deterministic)
+        transcript.append(f"graded 0: {cause} ({exc})")
+        fields.update(resolved=False, patch_caused_failure=cause)
     except PatchParseError as exc:  # the instance's test patch, not the agent's patch
         reason = (
             f"the instance's test patch is malformed: {exc} (fix the row in the dataset file, "
             "worker.rollout.instances)"
         )
         return _infra(instance, reason, transcript, config, started, config_error=True)
-    except (SandboxInfraError, OSError) as exc:
-        return _infra(instance, f"sandbox failed: {exc}", transcript, config, started)
     finally:
         try:
             sandbox.destroy()
         except (SandboxInfraError, OSError) as exc:
             log.warning("could not destroy evaluation sandbox %s: %s", spec.sandbox_id, exc)
+    fields["tamper"] = _tamper_flags(fields)
     return EvalReport(
         instance_id=instance.instance_id,
         log_tail=_tail(transcript, config),
@@ -327,13 +374,62 @@ def evaluate_patch(
     )
 
 
+def _tamper_flags(fields: dict[str, object]) -> list[str]:
+    flags = {
+        "test_infra_touched": bool(fields.get("infra_touched")),
+        "git_touched": bool(fields.get("git_touched")),
+        "patch_refused_strict": fields.get("strict_refusal") is not None,
+        "canary_forged": bool(fields.get("canary_forged")),
+    }
+    return sorted(name for name, raised in flags.items() if raised)
+
+
+def _patch_caused(
+    backend: SandboxBackend,
+    sandbox: Sandbox,
+    image: str,
+    config: EvalConfig,
+    fields: dict[str, object],
+    exc: BaseException,
+) -> str | None:
+    """Why a failure after the patch was applied is the patch's doing, or None (then it is
+    the infrastructure's). Only the patch and the code under test run after the apply: a
+    full disk or inode quota (a compressed binary patch can expand to fill it) and a sandbox
+    that died while the backend is healthy (the tests killed it) are theirs."""
+    if not fields.get("applied") or isinstance(exc, _ConfigFailure):
+        return None
+    if isinstance(exc, DiskQuotaError):
+        return "the patch exhausted the sandbox's disk quota"
+    if isinstance(exc, _InfraFailure) and "timed out" in str(exc):
+        return None  # a wedged harness step: the infrastructure's
+    try:
+        probe = sandbox.exec(
+            f"stat -f -c '%a %S %d' {_q(config.workdir)}", timeout_s=config.step_timeout_s
+        )
+    except (SandboxInfraError, OSError):
+        probe = None
+    if probe is None or probe.timed_out or probe.exit_code != 0:
+        try:
+            healthy = backend.image_available(image)
+        except (SandboxInfraError, OSError):
+            healthy = False
+        return "the sandbox died after the patch was applied" if healthy else None
+    values = probe.output.split()
+    if len(values) == 3 and all(v.isdigit() for v in values):
+        free_blocks, block_size, free_inodes = (int(v) for v in values)
+        if free_blocks * block_size < QUOTA_EXHAUSTED_BYTES or free_inodes < QUOTA_EXHAUSTED_INODES:
+            return "the patch exhausted the sandbox's disk quota"
+    return None
+
+
 def _evaluate_in(
     sandbox: Sandbox,
     instance: SWEInstance,
     patch: str,
     config: EvalConfig,
     transcript: list[str],
-) -> dict[str, object]:
+    fields: dict[str, object],
+) -> None:
     if instance.is_swesmith:  # the task state first: bug applied, F2P tests hidden
         try:
             instance = prepare_task(
@@ -352,84 +448,149 @@ def _evaluate_in(
         transcript.append(f"$ task state of {instance.instance_id}: {instance.base_commit}")
     base = instance.base_ref
     result = sandbox.exec(
-        reset_script(base), workdir=config.workdir, timeout_s=config.step_timeout_s
+        isolated(reset_script(base)), workdir=config.workdir, timeout_s=config.step_timeout_s
     )
     transcript.append(f"$ reset to {base}\n{result.output}")
     if result.timed_out or result.exit_code != 0:
         raise _InfraFailure(f"reset to the base commit failed (exit {result.exit_code})")
     pinned = _pinned_commit(result.output, base)
     work = f"{config.scratch_dir}/swerl-{secrets.token_hex(8)}"
-    fields: dict[str, object] = {"grading": config.grading}
-    if _put_patch(sandbox, instance, patch, pinned, work, config, transcript, fields):
-        _run_and_grade(sandbox, instance, work, config, transcript, fields)
-    return fields
+    applied = _put_patch(sandbox, instance, patch, work, config, transcript, fields)
+    if applied is not None:
+        _run_and_grade(sandbox, instance, pinned, work, applied, config, transcript, fields)
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What the graded run needs to know about the applied patch (None fields: nothing
+    applied, an empty patch graded on the base)."""
+
+    rule: TestInfraRule
+    base_tree: _BaseTree | None
+    git_before: str | None
 
 
 def _put_patch(
     sandbox: Sandbox,
     instance: SWEInstance,
     patch: str,
-    pinned: str,
     work: str,
     config: EvalConfig,
     transcript: list[str],
     fields: dict[str, object],
-) -> bool:
-    """Apply the patch and restore the protected test infrastructure (into ``fields``); False
-    when no test is to run (nothing applied, or an empty patch that is not graded)."""
+) -> _Applied | None:
+    """Check and apply the patch (into ``fields``); None when no test is to run (nothing
+    applied, a refused patch, or an empty patch that is not graded)."""
+    rule = rule_for(instance.repo, config.infra_rules)
     if is_empty_patch(patch):
         transcript.append("empty patch: nothing to apply")
-        return config.grade_empty_patch
-    if rejected := unsafe_patch_reason(patch):
-        transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {rejected}")
-        fields["patch_rejected"] = rejected
-        return False
-    rule = rule_for(instance.repo, config.infra_rules)
-    base_tree = None
-    if config.restore_test_infra:
-        base_tree = _capture_base(sandbox, work, rule, config, transcript)
+        return _Applied(rule, None, None) if config.grade_empty_patch else None
+    refusal = strict_patch_refusal(patch)
+    fields["strict_refusal"] = refusal
+    fields["git_touched"] = patch_names_git_dir(patch)
+    if refusal is not None and config.patch_policy == "strict":
+        transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {refusal}")
+        fields["patch_rejected"] = refusal
+        return None
+    base_tree = _capture_base(sandbox, work, rule, config, transcript)
+    git_before = _git_state(sandbox, config, transcript)
     method = _apply(sandbox, patch, config, transcript)
     if method is None:
-        return False
+        return None
     fields.update(applied=True, apply_method=method)
-    if base_tree is not None:
-        plan = _restore_infra(sandbox, instance, pinned, work, base_tree, rule, config, transcript)
-        fields["protected_restored"] = plan.reasons
+    return _Applied(rule, base_tree, git_before)
+
+
+def _after_apply_checks(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    pinned: str,
+    work: str,
+    applied: _Applied,
+    config: EvalConfig,
+    transcript: list[str],
+    fields: dict[str, object],
+    harness_written: set[str],
+) -> bool:
+    """After the last git command before the tests: ``.git`` against its state after the
+    reset, then the test infrastructure the patch touched (restored if configured). False
+    when the strict policy stops here (``.git`` changed)."""
+    git_now = None if applied.git_before is None else _git_state(sandbox, config, transcript)
+    if git_now is not None and git_now != applied.git_before:
+        fields["git_touched"] = True
+        if config.patch_policy == "strict":
+            reason = "the patch changed .git"
+            transcript.append(f"{APPLY_PATCH_FAIL}: rejected: {reason}")
+            fields.update(patch_rejected=reason, applied=False)
+            return False
+    if applied.base_tree is not None:
+        plan = _inspect_infra(
+            sandbox, instance, pinned, work, applied, config, transcript, harness_written
+        )
+        fields["infra_touched"] = plan.reasons
+        if plan and config.restore_test_infra:
+            _restore_infra(sandbox, pinned, work, plan, config, transcript)
+            fields["protected_restored"] = plan.reasons
     return True
 
 
 def _run_and_grade(
     sandbox: Sandbox,
     instance: SWEInstance,
+    pinned: str,
     work: str,
+    applied: _Applied,
     config: EvalConfig,
     transcript: list[str],
     fields: dict[str, object],
 ) -> None:
-    """Run the tests and grade them into ``fields`` (the log, and the structured report)."""
+    """Run the tests and grade them into ``fields`` (the log, the structured report and the
+    canaries)."""
     structured = config.grading == "structured"
-    # The canary's name stays on the host: the test process can read and rewrite the files.
-    canary = f"test_{secrets.token_hex(5)}" if structured and config.canary_test else None
     parser = _log_parser(instance, config)  # an unknown parser aborts before the run
-    output = _run_tests(sandbox, instance, config, transcript, work if structured else None, canary)
+    plan: CanaryPlan | None = None
+    if config.eval_script == "harness" and not instance.is_swesmith:
+        if not _after_apply_checks(
+            sandbox, instance, pinned, work, applied, config, transcript, fields, set()
+        ):
+            return
+        output = _run_harness_script(sandbox, instance, config, transcript)
+    else:
+        run = _prepare_swerl_run(
+            sandbox, instance, pinned, work, applied, config, transcript, fields
+        )
+        if run is None:
+            return
+        plan = run.canaries
+        output = _run_tests(sandbox, run, config, transcript, work if structured else None)
     if config.keep_test_output:
         fields["test_output"] = output
     # An invalid log comes back as an empty status map: every listed test then fails.
     status_map, log_valid = get_logs_eval(output, parser)
+    canary_problem = _check_canaries(status_map, plan)
+    status_map = _without_canaries(status_map, plan)
     report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
-    applied = bool(fields.get("applied"))
-    resolved = applied and log_valid and resolution_status(report) is ResolvedStatus.FULL
+    resolved = (
+        bool(fields.get("applied"))
+        and log_valid
+        and resolution_status(report) is ResolvedStatus.FULL
+    )
     test_exit_code = parse_test_exit_code(output)
     if structured:
         fields.update(log_resolved=resolved, log_tests_status=status_map)
-        parsed = _read_structured(sandbox, work, canary, config, transcript)
-        fields["structured_problem"] = parsed.problem
-        status_map = parsed.status_map if parsed.problem is None else {}
+        parsed = _read_structured(sandbox, work, config, transcript)
+        problem = parsed.problem
+        if problem is None and plan is not None:
+            problem = (
+                plan_problem(plan) or _check_canaries(parsed.status_map, plan) or canary_problem
+            )
+            if problem is not None and plan.problem is None:
+                fields["canary_forged"] = True
+        fields["structured_problem"] = problem
+        status_map = _without_canaries(parsed.status_map, plan) if problem is None else {}
         test_exit_code = _read_exit_code(sandbox, work)
         report = get_eval_tests_report(status_map, instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
-        resolved = (
-            resolved and parsed.problem is None and resolution_status(report) is ResolvedStatus.FULL
-        )
+        resolved = resolved and problem is None and resolution_status(report) is ResolvedStatus.FULL
     fields.update(
         resolved=resolved,
         tests_run=True,
@@ -439,6 +600,136 @@ def _run_and_grade(
         tests_status=status_map,
         **report.model_dump(),
     )
+
+
+def _check_canaries(status_map: dict[str, str], plan: CanaryPlan | None) -> str | None:
+    from sandbox_worker.evaluation.canaries import check_canaries
+
+    return None if plan is None or plan.problem else check_canaries(status_map, plan)
+
+
+def plan_problem(plan: CanaryPlan) -> str | None:
+    """Why a run without canaries cannot be trusted for a training reward."""
+    return plan.problem  # "canary_unavailable: <why>"
+
+
+def _without_canaries(status_map: dict[str, str], plan: CanaryPlan | None) -> dict[str, str]:
+    """The status map without the planted tests (canaries and mutants, parameters included)."""
+    if plan is None:
+        return status_map
+    planted = [*plan.canaries, *(mutant for _, mutant in plan.mutations)]
+    return {
+        test: status
+        for test, status in status_map.items()
+        if not any(test == p or test.startswith(f"{p}[") for p in planted)
+    }
+
+
+@dataclass(frozen=True)
+class _SwerlRun:
+    test_command: str
+    canaries: CanaryPlan | None
+    launcher: str | None
+
+
+def _prepare_swerl_run(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    pinned: str,
+    work: str,
+    applied: _Applied,
+    config: EvalConfig,
+    transcript: list[str],
+    fields: dict[str, object],
+) -> _SwerlRun | None:
+    """swerl's steps before the tests: the harness's git prelude (test files restored, test
+    patch applied), then the checks of the tree, then the canaries; None when the strict
+    policy stops the run."""
+    config = config.for_repo(instance.repo)
+    command = None
+    if config.eval_script == "harness":  # SWE-smith under its harness: its profile's command
+        try:
+            command = profile_test_command(instance)
+        except UnknownProfileError as exc:
+            raise _ConfigFailure(str(exc)) from None
+    test_patch_path = None
+    if instance.test_patch:
+        test_patch_path = f"{config.scratch_dir}/swerl-test.diff"
+        sandbox.write_file(test_patch_path, instance.test_patch.encode())
+    modified, created = modified_files(instance.test_patch), new_files(instance.test_patch)
+    prelude = prelude_script(
+        PreludeSpec(config.workdir, instance.base_ref, test_patch_path, modified, created)
+    )
+    _step(sandbox, prelude, config, transcript)
+    if not _after_apply_checks(
+        sandbox, instance, pinned, work, applied, config, transcript, fields, {*modified, *created}
+    ):
+        return None
+    if instance.test_patch and not instance.is_swesmith:
+        files = directives_of_test_patch(instance.test_patch)
+    else:  # SWE-smith's test patch holds the hidden F2P files only: run every graded file
+        f2p_files, p2p_files = graded_test_files(instance)
+        files = list(dict.fromkeys(f2p_files + p2p_files))
+    structured = config.grading == "structured" and command is None
+    plan = None
+    if structured and config.canary_test:
+        plan = _plant_canaries(sandbox, instance, files, config, transcript)
+    runner = instance.test_cmd or config.test_cmd
+    command = command or " ".join([runner, *(shlex.quote(f) for f in files)])
+    launcher = None
+    if config.safe_sys_path and structured:
+        launcher = f"{work}/safe_pytest.py"
+        safe = safe_pytest_command(command, launcher, config.workdir)
+        if safe is None:
+            launcher = None
+        else:
+            command = safe
+    return _SwerlRun(command, plan, launcher)
+
+
+MAX_CANARY_SOURCE_BYTES = 4 << 20
+
+
+def _plant_canaries(
+    sandbox: Sandbox,
+    instance: SWEInstance,
+    files: list[str],
+    config: EvalConfig,
+    transcript: list[str],
+) -> CanaryPlan:
+    """Read the test files of the run, plant the canaries (host side), write them back."""
+    from sandbox_worker.evaluation.canaries import plant_canaries
+
+    sources: dict[str, str] = {}
+    for path in files:
+        try:
+            raw = sandbox.read_file(f"{config.workdir}/{path}")
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            continue
+        if len(raw) <= MAX_CANARY_SOURCE_BYTES:
+            try:
+                sources[path] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+    plan = plant_canaries(
+        sources, list(instance.FAIL_TO_PASS), random.SystemRandom(), config.canary_count
+    )
+    for path, text in plan.files.items():
+        sandbox.write_file(f"{config.workdir}/{path}", text.encode("utf-8"))
+    transcript.append(
+        f"planted {len(plan.canaries)} canaries and {len(plan.mutations)} mutants"
+        + (f" (problem: {plan.problem})" if plan.problem else "")
+    )
+    return plan
+
+
+def _git_state(sandbox: Sandbox, config: EvalConfig, transcript: list[str]) -> str:
+    result = sandbox.exec(
+        git_state_script(config.workdir), workdir=config.workdir, timeout_s=config.step_timeout_s
+    )
+    if result.timed_out:
+        raise _InfraFailure(f"harness step timed out after {config.step_timeout_s}s: .git state")
+    return f"{result.exit_code}\n{result.output}"
 
 
 def _pinned_commit(reset_output: str, base: str) -> str:
@@ -477,17 +768,20 @@ class _BaseTree:
     snapshot: set[str]  # protected untracked paths saved in snap.tar
 
 
-def _restore_infra(
+def _inspect_infra(
     sandbox: Sandbox,
     instance: SWEInstance,
     pinned: str,
     work: str,
-    base: _BaseTree,
-    rule: TestInfraRule,
+    applied: _Applied,
     config: EvalConfig,
     transcript: list[str],
+    harness_written: set[str],
 ) -> RestorePlan:
-    """Undo the patch's changes to test infrastructure (see ``infra.py``)."""
+    """The test infrastructure the patch touched (see ``infra.py``); ``harness_written``: the
+    files the harness itself just wrote (the test patch's), never the patch's doing."""
+    base = applied.base_tree
+    assert base is not None
     script = inspect_patched_tree_script(work, pinned, hash_snapshot=bool(base.snapshot))
     _checked(sandbox, script, config, transcript)
     after = TreeState.parse(sandbox.read_file(f"{work}/after"))
@@ -497,21 +791,30 @@ def _restore_infra(
         before_sha = _sha_lines(sandbox.read_file(f"{work}/before.sha"))
         after_sha = _sha_lines(sandbox.read_file(f"{work}/after.sha"))
         changed_untracked = {p for p in base.snapshot if before_sha.get(p) != after_sha.get(p)}
-    exempt = set()
+    exempt = set(harness_written)
     if instance.patch:
         gold = instance.gold_patch
-        exempt = set(modified_files(gold)) | set(new_files(gold))
-    plan = plan_restore(
+        exempt |= set(modified_files(gold)) | set(new_files(gold))
+    return plan_restore(
         base.tree,
         after,
         tracked=base.tracked,
         changed_tracked=changed_tracked,
         changed_untracked=changed_untracked,
-        rule=rule,
+        rule=applied.rule,
         exempt=exempt,
     )
-    if not plan:
-        return plan
+
+
+def _restore_infra(
+    sandbox: Sandbox,
+    pinned: str,
+    work: str,
+    plan: RestorePlan,
+    config: EvalConfig,
+    transcript: list[str],
+) -> None:
+    """Undo the patch's changes to test infrastructure (see ``infra.py``)."""
     lists = {"rm": plan.remove, "checkout": plan.checkout, "extract": plan.extract}
     for name, paths in lists.items():
         sandbox.write_file(f"{work}/{name}", _nul_join(paths))
@@ -520,7 +823,6 @@ def _restore_infra(
         + "\n".join(f"  {path}: {why}" for path, why in plan.reasons.items())
     )
     _checked(sandbox, restore_script(work, pinned), config, transcript)
-    return plan
 
 
 def _checked(sandbox: Sandbox, command: str, config: EvalConfig, transcript: list[str]) -> None:
@@ -547,7 +849,7 @@ def _sha_lines(raw: bytes) -> dict[str, str]:
 
 
 def _read_structured(
-    sandbox: Sandbox, work: str, canary: str | None, config: EvalConfig, transcript: list[str]
+    sandbox: Sandbox, work: str, config: EvalConfig, transcript: list[str]
 ) -> StructuredReport:
     path = f"{work}/report.jsonl"
     size = sandbox.exec(f"stat -c %s {_q(path)}", timeout_s=config.step_timeout_s)
@@ -556,7 +858,7 @@ def _read_structured(
     if int(size.output.strip()) > MAX_REPORT_BYTES:
         return StructuredReport(problem="the structured report is too large")
     text = sandbox.read_file(path).decode("utf-8", "replace")
-    parsed = parse_structured_report(text, _read_exit_code(sandbox, work), canary)
+    parsed = parse_structured_report(text, _read_exit_code(sandbox, work))
     if parsed.problem:
         transcript.append(f"structured report not trusted: {parsed.problem}")
     return parsed
@@ -575,10 +877,12 @@ def _q(value: str) -> str:
 
 
 def _apply(sandbox: Sandbox, patch: str, config: EvalConfig, transcript: list[str]) -> str | None:
-    """Apply ``patch`` with the harness's fallbacks; the command that worked, or None."""
+    """Apply ``patch`` with the harness's fallbacks (without GNU ``patch`` under the strict
+    policy); the command that worked, or None."""
     path = f"{config.scratch_dir}/swerl-model.diff"
     sandbox.write_file(path, patch.encode())
-    for attempt, command in enumerate(GIT_APPLY_CMDS):
+    commands = STRICT_APPLY_CMDS if config.patch_policy == "strict" else GIT_APPLY_CMDS
+    for attempt, command in enumerate(commands):
         if attempt:
             _step(sandbox, RESTORE_TREE_CMD, config, transcript)
         result = _step(sandbox, f"{command} {shlex.quote(path)}", config, transcript)
@@ -594,7 +898,9 @@ def _apply(sandbox: Sandbox, patch: str, config: EvalConfig, transcript: list[st
 
 
 def _step(sandbox: Sandbox, command: str, config: EvalConfig, transcript: list[str]) -> ExecResult:
-    result = sandbox.exec(command, workdir=config.workdir, timeout_s=config.step_timeout_s)
+    result = sandbox.exec(
+        isolated(command), workdir=config.workdir, timeout_s=config.step_timeout_s
+    )
     transcript.append(f"$ {command}\n{result.output}")
     if result.timed_out:
         raise _InfraFailure(f"harness step timed out after {config.step_timeout_s}s: {command}")
@@ -639,53 +945,37 @@ def _run_harness_script(
 
 def _run_tests(
     sandbox: Sandbox,
-    instance: SWEInstance,
+    run: _SwerlRun,
     config: EvalConfig,
     transcript: list[str],
     report_dir: str | None,
-    canary: str | None,
 ) -> str:
-    config = config.for_repo(instance.repo)
-    command = None
-    if config.eval_script == "harness":
-        if not instance.is_swesmith:
-            return _run_harness_script(sandbox, instance, config, transcript)
-        # SWE-smith's harness: swerl's script (task state, hidden tests back, graded files
-        # reverted) with the repository profile's command and parser, no report plugin
-        try:
-            command = profile_test_command(instance)
-        except UnknownProfileError as exc:
-            raise _ConfigFailure(str(exc)) from None
-        report_dir = None
-    test_patch_path = None
-    if instance.test_patch:
-        test_patch_path = f"{config.scratch_dir}/swerl-test.diff"
-        sandbox.write_file(test_patch_path, instance.test_patch.encode())
-    if instance.test_patch and not instance.is_swesmith:
-        files = directives_of_test_patch(instance.test_patch)
-    else:  # SWE-smith's test patch holds the hidden F2P files only: run every graded file
-        f2p_files, p2p_files = graded_test_files(instance)
-        files = list(dict.fromkeys(f2p_files + p2p_files))
-    runner = instance.test_cmd or config.test_cmd
+    """Run swerl's eval script (the tests only) and return its output."""
     plugin = None
     if report_dir is not None:
         plugin = f"swerl_report_{secrets.token_hex(6)}"
         sandbox.write_file(f"{report_dir}/{plugin}.py", _PLUGIN_SOURCE)
-        sandbox.write_file(f"{report_dir}/canary", (canary or "").encode())
+    if run.launcher is not None:
+        sandbox.write_file(run.launcher, _LAUNCHER_SOURCE)
+    scratch = f"{config.scratch_dir}/swerl-run-{secrets.token_hex(8)}"
     script = eval_script(
         EvalScriptSpec(
             workdir=config.workdir,
-            base_ref=instance.base_ref,
-            test_patch_path=test_patch_path,
-            modified_files=modified_files(instance.test_patch),
-            new_files=new_files(instance.test_patch),
-            test_command=command or " ".join([runner, *(shlex.quote(f) for f in files)]),
+            test_command=run.test_command,
             test_timeout_s=config.test_timeout_s,
+            output_path=f"{scratch}/test_output",
             report_dir=report_dir,
             report_plugin=plugin,
+            hidden_git=f"{scratch}/git" if config.hide_git else None,
+            # The harness's patch files would show the code under test where the unplanted
+            # text sits (the canaries are what the test patch does not have).
+            remove_before=[
+                f"{config.scratch_dir}/swerl-test.diff",
+                f"{config.scratch_dir}/swerl-model.diff",
+            ],
         )
     )
-    script_path = f"{config.scratch_dir}/swerl-eval.sh"
+    script_path = f"{scratch}/swerl-eval.sh"
     sandbox.write_file(script_path, script.encode(), mode=0o755)
     result = sandbox.exec(
         f"/bin/bash {shlex.quote(script_path)}",

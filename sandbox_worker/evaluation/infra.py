@@ -7,8 +7,9 @@ files (``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``), interpre
 (``sitecustomize.py``, ``usercustomize.py``, ``*.pth``), package metadata that declares plugins
 (``*.dist-info``, ``*.egg-info``), compiled bytecode, everything in the test directories, any
 symbolic link the patch creates, and a new module that would shadow the standard library or
-pytest (``pytest.py`` at the repository root wins over the installed pytest for
-``python -m pytest``).
+pytest (file and directory patterns match in any letter case: ``X.DIST-INFO`` is found by
+``importlib.metadata`` as a plugin's metadata; ``pytest.py`` at the repository root wins over
+the installed pytest for ``python -m pytest``).
 
 After the patch is applied, every such file it added, changed or deleted is **restored** to its
 state at the base (new ones removed, changed or deleted ones brought back), and the evaluation
@@ -137,7 +138,7 @@ class TestInfraRule(BaseModel):
             if last and not part.endswith(_MODULE_SUFFIXES):
                 continue
             module = part.split(".", 1)[0]
-            if _matches(module, self.shadowed_modules):
+            if any(fnmatch.fnmatchcase(module, pattern) for pattern in self.shadowed_modules):
                 return f"shadows the module {module!r}"
         return None
 
@@ -154,7 +155,10 @@ class PackageDirs:
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+    """Case-insensitive: ``importlib.metadata`` finds ``X.DIST-INFO`` and a case-insensitive
+    filesystem opens ``CONFTEST.PY``; a protected pattern must not be dodged by letter case."""
+    folded = name.casefold()
+    return any(fnmatch.fnmatchcase(folded, pattern.casefold()) for pattern in patterns)
 
 
 DEFAULT_RULE = TestInfraRule()

@@ -14,10 +14,9 @@ parser would read from pytest's ``-rA`` short summary, so both can grade the sam
 
 The report is valid only if it ends with the session's finish record and that record's exit
 status is the exit status the shell saw (a run killed early, or a process that replaced its exit
-status after pytest finished with ``os._exit(0)`` at exit, has no trustworthy report), and, when
-a canary test was planted, only if the canary was seen failing where reports are made and
-logged as the skip the plugin turned it into (anything else means the reports were forged in
-the test process; see the plugin's docstring).
+status after pytest finished with ``os._exit(0)`` at exit, has no trustworthy report), with no
+test report after it. Forged outcomes inside the test process are the canaries' business
+(``canaries.py``: tests planted in the source, checked on this status map and on the log's).
 """
 
 from __future__ import annotations
@@ -58,14 +57,11 @@ def _status(record: dict[str, object]) -> str | None:
     return None
 
 
-def parse_structured_report(
-    text: str, test_exit_code: int | None, canary: str | None = None
-) -> StructuredReport:
-    """Status map and validity of a report (``text``: the plugin's JSON lines; ``canary``:
-    the name of the planted canary test, if one was)."""
+def parse_structured_report(text: str, test_exit_code: int | None) -> StructuredReport:
+    """Status map and validity of a report (``text``: the plugin's JSON lines;
+    ``test_exit_code``: the exit status of the test command as the shell saw it)."""
     report = StructuredReport()
     seen: dict[str, str] = {}
-    canary_verdict: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -80,17 +76,6 @@ def parse_structured_report(
         if record.get("event") == "sessionfinish":
             status = record.get("exitstatus")
             report.exitstatus = status if isinstance(status, int) else None
-            continue
-        if record.get("event") == "canary_unavailable":
-            canary_verdict = canary_verdict or "unavailable"
-            continue
-        if record.get("event") == "canary":
-            made, logged = record.get("made"), record.get("logged")
-            honest = made == "failed" and logged == "skipped"
-            if canary_verdict not in (None, "unavailable", "honest") or not honest:
-                canary_verdict = f"made {made!r}, logged {logged!r}"
-            else:
-                canary_verdict = "honest"
             continue
         if report.exitstatus is not None:
             report.problem = "test reports after the session finished"
@@ -107,9 +92,5 @@ def parse_structured_report(
             f"pytest finished with exit status {report.exitstatus} but the test command "
             f"exited with {test_exit_code}"
         )
-    elif canary and canary_verdict is None:
-        report.problem = "the canary test never reported (tests removed or reports forged)"
-    elif canary and canary_verdict not in ("honest", "unavailable"):
-        report.problem = f"the canary test, which always fails, was {canary_verdict}: forged"
     report.status_map = {k: v for k, v in seen.items() if v not in _DROPPED}
     return report

@@ -2,9 +2,15 @@
 
 The evaluation is the sandbox plane's ``evaluate_patch`` with the official harness's semantics
 (``grading="swebench"``, the harness's log parser, test infrastructure graded as the patch left
-it, the harness's eval script where it has a spec). The files and the error rules are the
-harness's (``sandbox_worker/evaluation/run_report.py``): ``report.json`` only when the tests
-ran; a patch that does not apply, a timed-out test run and an infrastructure failure are errors.
+it, the harness's eval script where it has a spec, the harness's apply cascade with GNU
+``patch`` as its last fallback). The files and the error rules are the harness's
+(``sandbox_worker/evaluation/run_report.py``): ``report.json`` only when the tests ran; a patch
+that does not apply, a timed-out test run and an infrastructure failure are errors.
+
+Unless ``--no-hardened``, the prediction is then graded a second time, in another fresh sandbox,
+as training rewards are graded (:func:`hardened_config`); both verdicts and the tamper flags go
+to ``hardened.json`` (``hardened.py``). It is written before ``report.json``, so an instance
+the harness counts as completed always has its hardened verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from sandbox_worker.evaluation.run_report import (
 )
 from sandbox_worker.evaluation.specs import UnknownSpecError, harness_eval_script
 from services.datasets.predictions import Prediction
+from services.eval.hardened import HARDENED_FILE, HARDENED_LOG, Verdict, combine, write_verdict
 from services.protocol.instance import SWEInstance
 
 Status = Literal["resolved", "unresolved", "error"]
@@ -47,8 +54,9 @@ class Outcome:
     instance_id: str
     status: Status
     detail: str  # why (an error's reason, the failing tests), "" when resolved
-    infra: bool  # an infrastructure failure (not the patch's fault)
+    infra: bool  # an infrastructure failure (not the patch's fault), in either pass
     duration_s: float
+    hardened: Verdict | None = None  # both verdicts and the tamper flags
 
 
 def eval_script_for(instance: SWEInstance, choice: str) -> Literal["harness", "swerl"]:
@@ -74,8 +82,33 @@ def eval_config(
         grading="swebench",
         eval_script=eval_script_for(instance, script_choice),
         log_parser="auto",
+        patch_policy="harness",  # the harness's apply cascade, GNU patch included
         restore_test_infra=False,  # the harness grades the tree the patch left
         keep_test_output=True,
+        test_timeout_s=timeout_s,
+        test_timeout_by_repo=dict(timeout_by_repo or {}),
+        log_tail_chars=LOG_TAIL_CHARS,
+    ).for_repo(instance.repo)
+
+
+def hardened_config(
+    instance: SWEInstance,
+    script_choice: str,
+    timeout_s: int,
+    timeout_by_repo: Mapping[str, int] | None = None,
+) -> EvalConfig:
+    """The grading of training rewards for one instance: git-format diffs only, applied by
+    ``git apply`` alone; test infrastructure the patch touched restored; the structured
+    report and its canaries where swerl's script runs, the harness's parser where only the
+    harness's script can grade the row (``row_grading.py``). The same script choice (auto
+    unless ``--eval-script``) and test timeouts as the official pass, so the verdicts differ
+    only by what the hardening catches."""
+    return EvalConfig(
+        grading="auto",
+        eval_script=script_choice,  # type: ignore[arg-type]
+        log_parser="auto",
+        patch_policy="strict",
+        restore_test_infra=True,
         test_timeout_s=timeout_s,
         test_timeout_by_repo=dict(timeout_by_repo or {}),
         log_tail_chars=LOG_TAIL_CHARS,
@@ -93,13 +126,14 @@ class Grader:
     script_choice: str = "auto"
     timeout_s: int = 1800
     timeout_by_repo: Mapping[str, int] = field(default_factory=dict)  # owner/name -> seconds
+    hardened: bool = True  # grade a second time as training rewards are graded
 
     def grade(self, instance: SWEInstance, prediction: Prediction, image: str) -> Outcome:
         started = time.monotonic()
         log_dir = instance_log_dir(self.root, self.run_id, prediction)
         log_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (LOG_REPORT, LOG_TEST_OUTPUT):  # a resumed error is graded afresh
-            (log_dir / stale).unlink(missing_ok=True)
+        for stale in (LOG_REPORT, LOG_TEST_OUTPUT, HARDENED_FILE, HARDENED_LOG):
+            (log_dir / stale).unlink(missing_ok=True)  # a resumed error is graded afresh
         (log_dir / LOG_PATCH).write_text(prediction.model_patch or "")
         config = eval_config(instance, self.script_choice, self.timeout_s, self.timeout_by_repo)
         if config.eval_script == "harness":  # the script the harness writes next to its logs
@@ -113,11 +147,43 @@ class Grader:
                 output += timeout_note(config.test_timeout_s)
             (log_dir / LOG_TEST_OUTPUT).write_text(output)
         status, detail, infra = verdict(report)
+        second = self._grade_hardened(instance, prediction, image, (report, status), log_dir)
+        write_verdict(log_dir, second)  # before report.json: completed -> has its verdict
         if status != "error":
             report_json = instance_report(report, log_dir / LOG_TEST_OUTPUT)
             (log_dir / LOG_REPORT).write_text(json.dumps(report_json, indent=4))
         _write_instance_log(log_dir / LOG_INSTANCE, instance, image, config, report, detail)
-        return Outcome(instance.instance_id, status, detail, infra, time.monotonic() - started)
+        infra = infra or second.hardened_infra
+        elapsed = time.monotonic() - started
+        return Outcome(instance.instance_id, status, detail, infra, elapsed, second)
+
+    def _grade_hardened(
+        self,
+        instance: SWEInstance,
+        prediction: Prediction,
+        image: str,
+        official_graded: tuple[EvalReport, Status],
+        log_dir: Path,
+    ) -> Verdict:
+        """The hardened pass (skipped with ``--no-hardened`` and after an infrastructure
+        failure of the official pass, which is graded again on ``--resume``) and the verdict
+        of both passes."""
+        official, status = official_graded
+        resolved = status == "resolved"
+        if not self.hardened or official.infra_error is not None:
+            return combine(official, resolved, None, None)
+        config = hardened_config(instance, self.script_choice, self.timeout_s, self.timeout_by_repo)
+        report = evaluate_patch(
+            self.backend, instance, prediction.model_patch, image, node=self.node, config=config
+        )
+        grade = verdict(report)
+        (log_dir / HARDENED_LOG).write_text(
+            f"hardened pass: grading {report.grading}, patch policy {config.patch_policy}, test "
+            f"infrastructure restored\n\n{report.log_tail}\n\n"
+            f"result: {grade[0]} {grade[1]}".rstrip()
+            + "\n"
+        )
+        return combine(official, resolved, report, grade)
 
 
 def verdict(report: EvalReport) -> tuple[Status, str, bool]:

@@ -3,7 +3,9 @@
 Everything the user gives is checked before a sandbox starts (dataset rows, every prediction,
 instance ids, image naming, the run directory); then the instances are graded by ``--workers``
 threads, each patch in its own fresh sandbox, and the run report is made from the files, as the
-harness's ``make_run_report`` makes it.
+harness's ``make_run_report`` makes it. Each prediction is also graded as training rewards are
+(unless ``--no-hardened``): the run report gains the hardened verdicts and tamper flags as new
+keys (``hardened.py``); the harness's keys and verdicts stay exactly as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TextIO
 from sandbox_worker.backends import make_backend
 from sandbox_worker.evaluation.run_report import (
     RUN_EVALUATION_LOG_DIR,
+    instance_log_dir,
     is_completed,
     make_run_report,
     run_report_path,
@@ -34,6 +37,8 @@ from services.datasets.denylist import apply_denylist, load_denylist
 from services.datasets.predictions import GOLD, Prediction, gold_predictions, load_predictions
 from services.eval.generate import PREDICTIONS_FILE, StackError, generate
 from services.eval.grade import Grader, Outcome
+from services.eval.hardened import is_hardened, read_verdict, summary_keys
+from services.eval.hardened import summary_lines as hardened_summary_lines
 from services.protocol.instance import SWEInstance
 from services.swerl_cli.eval_options import build_eval_parser
 
@@ -56,6 +61,13 @@ class RunPlan:
     images: dict[str, str]
     todo: list[str]  # ids to grade now (non-empty patch, not completed on --resume)
     denied: dict[str, str] = field(default_factory=dict)  # left out by --deny: id -> reason
+    hardened: bool = True  # the hardened pass runs (not --no-hardened)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``swerl eval``'s options (``services/swerl_cli/eval_options.py``, ``--no-hardened``
+    included) under this module's program name."""
+    return build_eval_parser("python -m services.eval")
 
 
 def select_instances(args: argparse.Namespace) -> tuple[list[SWEInstance], dict[str, str]]:
@@ -100,14 +112,24 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
         }
     except ValueError as exc:
         raise SetupError(f"image naming: {exc}") from None
+    hardened = bool(args.hardened)
     todo = [
         inst.instance_id
         for inst in instances
         if (pred := predictions.get(inst.instance_id)) is not None
         and not pred.is_empty
-        and not (args.resume and is_completed(root, run_id, pred))
+        and not (args.resume and _is_done(root, run_id, pred, hardened))
     ]
-    return RunPlan(root, run_id, instances, predictions, images, todo, denied)
+    return RunPlan(root, run_id, instances, predictions, images, todo, denied, hardened)
+
+
+def _is_done(root: Path, run_id: str, prediction: Prediction, hardened: bool) -> bool:
+    """The harness's "already run" (``report.json`` exists) and, when the hardened pass is on,
+    a hardened verdict (a run graded with ``--no-hardened``, or whose hardened pass hit an
+    infrastructure failure, is graded again)."""
+    if not is_completed(root, run_id, prediction):
+        return False
+    return not hardened or is_hardened(read_verdict(instance_log_dir(root, run_id, prediction)))
 
 
 def grade_all(
@@ -129,10 +151,8 @@ def grade_all(
                 outcome = future.result()
                 with lock:
                     outcomes.append(outcome)
-                    tail = f": {outcome.detail}" if outcome.detail else ""
                     print(
-                        f"[{len(outcomes)}/{len(futures)}] {outcome.instance_id}: "
-                        f"{outcome.status}{tail} ({outcome.duration_s:.1f} s)",
+                        f"[{len(outcomes)}/{len(futures)}] {progress_line(outcome)}",
                         file=progress,
                         flush=True,
                     )
@@ -140,6 +160,19 @@ def grade_all(
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return outcomes
+
+
+def progress_line(outcome: Outcome) -> str:
+    """``ID: STATUS[: why][; hardened: STATUS[: why]][; tamper: FLAG, ...] (S s)``."""
+    line = f"{outcome.instance_id}: {outcome.status}"
+    line += f": {outcome.detail}" if outcome.detail else ""
+    if (second := outcome.hardened) is not None:
+        if second.hardened_status != "not_run":
+            line += f"; hardened: {second.hardened_status}"
+            line += f": {second.hardened_detail}" if second.hardened_detail else ""
+        if second.tamper:
+            line += f"; tamper: {', '.join(second.tamper)}"
+    return f"{line} ({outcome.duration_s:.1f} s)"
 
 
 def summary_lines(report: dict[str, object]) -> list[str]:
@@ -163,10 +196,18 @@ def summary_lines(report: dict[str, object]) -> list[str]:
 
 
 def write_report(plan: RunPlan) -> tuple[Path, dict[str, object]]:
+    """The harness's run report plus swerl's keys (``denied_ids``, the hardened verdicts and
+    tamper flags): new keys only, the harness's keys stay as they are."""
     ids = [inst.instance_id for inst in plan.instances]
     report = make_run_report(plan.predictions, ids, plan.root, plan.run_id)
     if plan.denied:  # not part of the total; the harness's keys stay as they are
         report["denied_ids"] = sorted(plan.denied)
+    graded = {  # every selected instance with a non-empty patch -> its hardened verdict
+        iid: read_verdict(instance_log_dir(plan.root, plan.run_id, pred))
+        for iid in ids
+        if (pred := plan.predictions.get(iid)) is not None and not pred.is_empty
+    }
+    report |= summary_keys(graded, report["resolved_ids"], plan.hardened)  # type: ignore[arg-type]
     path = run_report_path(plan.root, plan.run_id, plan.predictions)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=4) + "\n")
@@ -212,7 +253,7 @@ def backend_settings(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_eval_parser("python -m services.eval").parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.state_root:  # the generation's sandbox worker reads its backend settings from here
         os.environ["SWERL_WORKER__ROLLOUT__BACKEND__STATE_ROOT"] = args.state_root
     try:
@@ -226,9 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = sum(
         1 for p in plan.predictions.values() if not p.is_empty and p.instance_id in plan.images
     ) - len(plan.todo)
+    passes = "official and hardened passes" if plan.hardened else "official pass only"
     print(
         f"run {plan.run_id}: {len(plan.instances)} instance(s), {len(plan.todo)} to grade "
-        f"({skipped} already graded) with the {args.backend} backend, {args.workers} worker(s)",
+        f"({skipped} already graded) with the {args.backend} backend, {args.workers} worker(s), "
+        f"{passes}",
         file=sys.stderr,
     )
     node = f"eval-{secrets.token_hex(4)}"
@@ -245,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.eval_script,
         args.timeout,
         dict(args.repo_timeout or []),
+        plan.hardened,
     )
     try:
         outcomes = grade_all(grader, plan, args.workers)
@@ -254,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         backend.cleanup_node(node)
     path, report = write_report(plan)
-    print("\n".join(summary_lines(report)))
+    print("\n".join([*summary_lines(report), *hardened_summary_lines(report)]))
     print(f"Report written to {path}")
     aborted = getattr(args, "generation_aborted", 0)
     return EXIT_INFRA if aborted or any(o.infra for o in outcomes) else EXIT_OK

@@ -13,10 +13,12 @@ Per job: ``<runs_dir>/<job id>/`` is the report dir and the job id the run id; t
 output goes to ``attempt-<N>.log`` there, and its per-instance progress lines give the job's
 progress (instances done / total). Every attempt runs with ``--resume``, so a job claimed
 again after its evaluator died grades only what is missing. At the end the run report (the
-harness's shape) becomes the job's result rows (one per instance) and metrics (counts,
-``resolved_rate``). Exit 0 -> succeeded; exit 1 (an infrastructure failure on some instance:
-counted as an error, never as unresolved) -> failed, with the ids, the partial counts
-published; exit 2 (bad input: dataset, predictions, checkpoint) -> failed with the message.
+harness's shape) becomes the job's result rows (one per instance: the official status, the
+hardened verdict, the tamper flags) and metrics (counts, ``resolved_rate``,
+``hardened_resolved_rate``, instances per tamper flag). Exit 0 -> succeeded; exit 1 (an
+infrastructure failure on some instance, in either pass: counted as an error, never as
+unresolved) -> failed, with the ids, the partial counts published; exit 2 (bad input:
+dataset, predictions, checkpoint) -> failed with the message.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def command_for(spec: EvalSpec, cfg: EvalServiceConfig, run_dir: Path, run_id: s
     if cfg.state_root:
         argv += ["--state-root", cfg.state_root]
     argv += ["--timeout", str(cfg.timeout_s), "--image-tag", cfg.image_tag]
+    if not cfg.hardened:
+        argv += ["--no-hardened"]
     if cfg.image_namespace:
         argv += ["--image-namespace", cfg.image_namespace]
     if spec.instance_ids:
@@ -111,8 +115,9 @@ def find_report(run_dir: Path, run_id: str) -> tuple[Path, dict[str, Any]] | Non
 
 def infra_ids(report: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
     """Instances that hit an infrastructure failure: the grader's verdict in each instance's
-    ``run_instance.log``, and the harness's advisory ``infra_failure_ids``."""
-    ids = set(report.get("infra_failure_ids", []))
+    ``run_instance.log``, the harness's advisory ``infra_failure_ids``, and the hardened pass's
+    ``hardened_infra_failure_ids``."""
+    ids = {*report.get("infra_failure_ids", []), *report.get("hardened_infra_failure_ids", [])}
     for iid in report.get("error_ids", []):
         for log_file in run_dir.glob(f"logs/run_evaluation/{run_id}/*/{iid}/run_instance.log"):
             tail = log_file.read_text(errors="replace")[-4000:]
@@ -122,15 +127,19 @@ def infra_ids(report: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
 
 
 def result_rows(report: dict[str, Any], infra: list[str]) -> list[dict[str, Any]]:
-    """One row per selected instance: its status in the run report and whether it hit an
-    infrastructure failure."""
+    """One row per selected instance: its status in the run report, whether it hit an
+    infrastructure failure, its hardened verdict (None: none) and tamper flags."""
     rows: dict[str, dict[str, Any]] = {}
     reasons = report.get("failure_reasons", {})
+    verdicts = report.get("verdicts", {})
     for key, status in STATUS_LISTS:
         for iid in report.get(key, []):
+            found = verdicts.get(iid, {})
             rows.setdefault(iid, {"instance_id": iid, "status": status,
                                   "infra_failure": iid in infra,
-                                  "failure_reason": reasons.get(iid)})  # fmt: skip
+                                  "failure_reason": reasons.get(iid),
+                                  "hardened_resolved": found.get("hardened_resolved"),
+                                  "tamper": found.get("tamper", [])})  # fmt: skip
     return [rows[iid] for iid in sorted(rows)]
 
 
@@ -141,6 +150,15 @@ def metrics_of(report: dict[str, Any], infra: list[str]) -> dict[str, float]:
     total = report.get("total_instances") or 0
     if total:
         out["resolved_rate"] = float(report["resolved_instances"]) / total
+    if report.get("hardened_evaluation"):  # the hardened pass ran: its rate next to the official
+        hardened = report.get("hardened_resolved_instances", 0)
+        out["hardened_resolved_instances"] = float(hardened)
+        if total:
+            out["hardened_resolved_rate"] = float(hardened) / total
+    if isinstance(report.get("tampered_ids"), list):
+        out["tampered_instances"] = float(len(report["tampered_ids"]))
+        for flag, count in report.get("tamper_counts", {}).items():
+            out[f"tamper_{flag}_instances"] = float(count)
     return out
 
 
@@ -195,6 +213,11 @@ class EvalService(ProcessJobService):
             return
         resolved = int(report["resolved_instances"])
         rate = f"{resolved}/{total} ({100.0 * resolved / total if total else 0.0:.1f}%)"
+        if report.get("hardened_evaluation"):
+            hardened = int(report.get("hardened_resolved_instances", 0))
+            rate += f", hardened {hardened}/{total}"
+        if flagged := report.get("tampered_ids"):
+            rate += f", {len(flagged)} with tamper flags"
         where = f"report {path}"
         if code == EXIT_OK:
             self.finish(job_id, JobState.SUCCEEDED, f"resolved {rate}; {where}")

@@ -33,6 +33,12 @@ class EvalServiceConfig(StrictModel):
     timeout_s: int = Field(1800, ge=1, le=86_400, description="test timeout per instance")
     image_namespace: str = Field("", description="instance images' namespace ('': the default)")
     image_tag: str = Field("latest", min_length=1)
+    hardened: bool = Field(
+        True,
+        description="grade every prediction a second time as training rewards are graded "
+        "(hardened_resolved and tamper flags next to the official verdict; doubles the "
+        "evaluation time); false: --no-hardened",
+    )
     engine_url: list[str] = Field(
         default_factory=list,
         description="SGLang-protocol engines serving a checkpoint job's model (empty: the "

@@ -21,7 +21,8 @@ the harness's shape. See docs/eval.md.
 
 outputs in --report-dir DIR:
   logs/run_evaluation/RUN_ID/MODEL/INSTANCE/   patch.diff, run_instance.log, test_output.txt,
-                                                report.json (only when the tests ran)
+                                                report.json (only when the tests ran),
+                                                hardened.json, hardened.log
   MODEL.RUN_ID.json                             the run report (resolved/unresolved/error ids)
 """
 
@@ -119,6 +120,12 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                         "eval_script, else the harness's spec for repo/version); 'swerl' = "
                         "swerl's pytest script (the mini set); 'auto' (default): harness "
                         "where it has a spec")  # fmt: skip
+    p.add_argument("--no-hardened", dest="hardened", action="store_false",
+                   help="skip the hardened pass: by default every prediction is graded a second "
+                        "time as training rewards are graded (strict patches, test infrastructure "
+                        "restored, structured report) and the run report adds hardened_resolved "
+                        "and tamper flags next to the unchanged official verdict; the hardened "
+                        "pass doubles evaluation time")  # fmt: skip
     g = p.add_argument_group("generation (with --model or --model-url)")
     g.add_argument("--engine-url", type=_id_list, metavar="URL,URL,...",
                    help="SGLang-protocol engines serving --model (default: start the reference "

@@ -1,16 +1,20 @@
 """``python -m services.eval`` (and ``swerl eval``) on the mini set through the real sandboxes.
 
 bwrap for most runs (fast), docker once. Parity: every ``report.json`` equals swebench 5.0.2's
-``get_eval_report`` on the same ``test_output.txt``, and the run report equals swebench's own
-``make_run_report`` over the same directory.
+``get_eval_report`` on the same ``test_output.txt``, and the run report's harness keys equal
+swebench's own ``make_run_report`` over the same directory (its other keys are the hardened
+verdicts and tamper flags, new keys only). The hardened pass is checked on a gold, a
+conftest-forging and a ``.git/config``-by-context-diff prediction.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +22,12 @@ import pytest
 
 from sandbox_worker.evaluation.patches import directives_of_test_patch, modified_files
 from sandbox_worker.tasks.checks import broken_patch
+from sandbox_worker.tasks.repos import materialize_repo
+from services.eval.hardened import HARDENED_FILE, HARDENED_LOG, summary_keys
 from services.eval.main import main
 from services.protocol.instance import SWEInstance
 from tests.support import swebench_ref
+from tests.support.grading_attacks import ATTACKS, build_attack_patch
 
 SWE = swebench_ref.load()
 MODEL = "acme/agent-1"
@@ -103,7 +110,10 @@ def test_mixed_predictions_graded_as_the_harness_grades_them(
         "preds",
         report_dir=str(tmp_path / "theirs"),
     )
-    assert ours == json.loads(Path(theirs_path).read_text())
+    theirs = json.loads(Path(theirs_path).read_text())
+    assert {key: ours[key] for key in theirs} == theirs  # the harness's keys, as the harness
+    assert set(ours) - set(theirs) == set(summary_keys({}, [], enabled=True))  # new keys only
+    assert ours["hardened_resolved_ids"] == gold and ours["tampered_ids"] == []
 
 
 def _harness_row(inst: SWEInstance) -> dict[str, Any]:
@@ -267,3 +277,88 @@ def test_swerl_eval_runs_the_script_and_bad_predictions_exit_2(
                  "--instances", "swerl__strkit-1", "--report-dir", str(tmp_path / "o"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Resolved: 1/1 (100.0%)" in res.stdout
+
+
+def _conftest_forgery(inst: SWEInstance) -> str:
+    """A new root ``conftest.py`` whose hook turns every test report into a pass."""
+    return build_attack_patch(next(a for a in ATTACKS if a.name == "conftest_root"), inst)
+
+
+def _git_config_by_context_diff(inst: SWEInstance) -> str:
+    """A context diff (``*** a/.git/config`` headers) adding a section to ``.git/config``: git
+    apply finds no patch in it, GNU patch (the harness's last fallback) applies it."""
+    with tempfile.TemporaryDirectory(prefix="swerl-ctx-") as tmp:
+        repo = Path(tmp) / "repo"
+        materialize_repo(inst.repo, repo)
+        old = (repo / ".git" / "config").read_text().splitlines(keepends=True)
+    new = [*old, "[swerl]\n", "\tplanted = by-the-patch\n"]
+    diff = "".join(difflib.context_diff(old, new, "a/.git/config", "b/.git/config"))
+    assert diff.startswith("*** a/.git/config"), diff
+    return diff
+
+
+@pytest.mark.slow
+def test_the_hardened_verdict_and_tamper_flags_sit_next_to_the_official_one(
+    mini_set: Path,
+    instances: dict[str, SWEInstance],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Gold resolves under both gradings without a flag; a forged conftest and a context diff
+    into .git/config are flagged and never resolved by the hardened grading. The official
+    verdicts are those of a --no-hardened run of the same predictions, which still reports
+    what its own pass found."""
+    gold, forge, git = "swerl__strkit-1", "swerl__spanlib-1", "swerl__tinyini-1"
+    patches = {
+        gold: instances[gold].patch,
+        forge: _conftest_forgery(instances[forge]),
+        git: _git_config_by_context_diff(instances[git]),
+    }
+    preds = _preds(tmp_path / "h.jsonl", patches)
+    common = ["--predictions", str(preds), "--instances", ",".join(patches)]
+    code, out, err = _run(capsys, mini_set, *common, "--report-dir", str(tmp_path / "on"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "on" / "acme__agent-1.h.json").read_text())
+    verdicts = report["verdicts"]
+    assert set(verdicts) == set(patches) and report["hardened_evaluation"] is True
+
+    assert (verdicts[gold]["resolved"], verdicts[gold]["hardened_resolved"]) == (True, True)
+    assert verdicts[gold]["tamper"] == []
+
+    forged = verdicts[forge]
+    assert forged["hardened_resolved"] is False
+    assert "test_infra_touched" in forged["tamper"] and "conftest.py" in forged["infra_touched"]
+    # the official pass grades the tree the patch left: if the forgery fooled it, it is named
+    assert ("resolved_only_official" in forged["tamper"]) == forged["resolved"]
+    assert forged["resolved"] == (forge in report["resolved_ids"])
+
+    planted = verdicts[git]
+    assert planted["hardened_resolved"] is False and planted["hardened_status"] == "error"
+    assert {"patch_refused_strict", "git_touched"} <= set(planted["tamper"])
+    assert planted["strict_refusal"]
+
+    assert report["hardened_resolved_ids"] == [gold]
+    assert report["tampered_ids"] == sorted([forge, git])
+    for flag in ("test_infra_touched", "git_touched", "patch_refused_strict"):
+        assert report["tamper_counts"][flag] == len(report["tamper_ids"][flag]) >= 1
+    assert report["tamper_ids"]["git_touched"] == [git]
+    assert "Hardened verdict: resolved 1/3 (33.3%)" in out
+    assert "Predictions with tamper flags: 2" in out
+    assert f"{git}: " in err and "hardened: error: patch refused" in err
+    run_dir = tmp_path / "on" / "logs" / "run_evaluation" / "h" / "acme__agent-1"
+    for iid in patches:
+        assert json.loads((run_dir / iid / HARDENED_FILE).read_text())["instance_id"] == iid
+        assert "hardened pass: grading" in (run_dir / iid / HARDENED_LOG).read_text()
+
+    code, out, err = _run(capsys, mini_set, *common, "--report-dir", str(tmp_path / "off"),
+                          "--no-hardened")  # fmt: skip
+    assert code == 0, err
+    plain = json.loads((tmp_path / "off" / "acme__agent-1.h.json").read_text())
+    harness_keys = ("resolved_ids", "unresolved_ids", "error_ids", "completed_ids")
+    assert {k: plain[k] for k in harness_keys} == {k: report[k] for k in harness_keys}
+    assert plain["hardened_evaluation"] is False and plain["hardened_resolved_ids"] == []
+    assert "Hardened verdict: not run (--no-hardened)" in out
+    assert "git_touched" in plain["verdicts"][git]["tamper"]  # the official pass's own flags
+    assert "test_infra_touched" in plain["verdicts"][forge]["tamper"]
+    assert not (tmp_path / "off" / "logs" / "run_evaluation" / "h" / "acme__agent-1" / gold
+                / HARDENED_LOG).exists()  # fmt: skip

@@ -110,6 +110,10 @@ def test_gold_eval_job_resolves_everything(
     assert (metrics["total_instances"], metrics["resolved_instances"]) == (9, 9)
     assert metrics["error_instances"] == 0 and metrics["infra_error_instances"] == 0
     assert len(rows) == 9 and {r["status"] for r in rows} == {"resolved"}
+    # the hardened pass (on by default): gold resolves under both gradings, nothing flagged
+    assert "hardened 9/9" in got["message"], got["message"]
+    assert (metrics["hardened_resolved_rate"], metrics["tampered_instances"]) == (1.0, 0.0)
+    assert all(r["hardened_resolved"] is True and r["tamper"] == [] for r in rows), rows
     report = json.loads((tmp_path / "runs" / job_id / f"gold.{job_id}.json").read_text())
     assert sorted(r["instance_id"] for r in rows) == report["resolved_ids"]
     assert any(f"--run-id {job_id}" in line for line in logs), logs

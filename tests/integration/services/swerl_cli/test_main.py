@@ -53,7 +53,9 @@ def test_submit_status_logs_cancel(api: ApiServer, redis_url: str) -> None:
 
 def test_job_file_and_field_errors(api: ApiServer, redis_url: str, tmp_path: Path) -> None:
     good = tmp_path / "eval.yaml"
-    good.write_text("kind: eval\nspec:\n  checkpoint: /ckpt/step-10\n  dataset: mini\n")
+    dataset = REPO_ROOT / "tests" / "data" / "instances.jsonl"  # paths under the API's roots
+    good.write_text(f"kind: eval\nspec:\n  checkpoint: {tmp_path}/ckpt/step-10\n"
+                    f"  dataset: {dataset}\n")  # fmt: skip
     sub = swerl(api, "submit", "-f", str(good), "--idempotency-key", "e1")
     again = swerl(api, "submit", "-f", str(good), "--idempotency-key", "e1")
     assert sub.returncode == 0 and sub.stdout == again.stdout

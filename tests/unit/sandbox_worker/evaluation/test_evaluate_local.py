@@ -45,8 +45,13 @@ def test_gold_patch_resolves(
     assert sorted(report.p2p_success) == sorted(inst.PASS_TO_PASS)
     assert report.f2p_failure == [] and report.p2p_failure == []
     assert report.tests_status["tests/test_text.py::test_truncate_custom_suffix"] == "PASSED"
-    assert report.test_exit_code == 0
+    # The planted canaries fail (and stay out of the reported statuses): exit status 1.
+    assert report.test_exit_code == 1 and report.structured_problem is None
+    assert set(report.tests_status) == set(inst.FAIL_TO_PASS) | set(inst.PASS_TO_PASS)
+    assert report.tamper == []
     assert local_backend.created[-1].destroyed
+    official = grade(inst, inst.patch, grading="swebench")  # no canaries
+    assert official.resolved and official.test_exit_code == 0
 
 
 def test_empty_patch_is_not_applied_and_runs_no_tests(
@@ -75,32 +80,37 @@ def test_empty_patch_graded_shows_the_base_state(
     assert report.test_exit_code == 1
 
 
+@pytest.mark.parametrize("policy", ["harness", "strict"])
 def test_patch_that_does_not_apply_is_reward_zero_not_abort(
     local_backend: LocalDirBackend,
     grade: Grade,
     mini_instances: dict[str, SWEInstance],
+    policy: str,
 ) -> None:
     inst = mini_instances["swerl__tinyini-2"]
     garbage = inst.patch.replace("-        if value in _TRUE:", "-        if value in TRUE_VALUES:")
     assert garbage != inst.patch
-    report = grade(inst, garbage.replace("index ", "x-index "))
+    report = grade(inst, garbage, patch_policy=policy)
     assert report.infra_error is None and report.reward == 0.0
     assert not report.applied and not report.tests_run
-    # Every fallback was tried, with a pristine tree before each retry.
+    # Every fallback was tried, with a pristine tree before each retry; the strict policy
+    # (training rewards) never hands the patch to GNU patch.
     commands = local_backend.created[-1].commands
-    tried = [c for c in commands if "swerl-model.diff" in c]
-    assert [c.split(" /")[0] for c in tried] == [
+    tried = [c.split("\n")[-1] for c in commands if "swerl-model.diff" in c]
+    cascade = [
         "git apply --verbose",
         "git apply --verbose --3way",
         "git apply --verbose --reject",
-        "patch --batch --forward --fuzz=5 -p1 -i",
+        *(["patch --batch --forward --fuzz=5 -p1 -i"] if policy == "harness" else []),
         "git apply --check --reverse",
     ]
-    assert commands.count("git checkout -- . ; git clean -fd") == 3
+    assert [c.split(" /")[0] for c in tried] == cascade
+    restores = [c for c in commands if c.endswith("git checkout -- . ; git clean -fd")]
+    assert len(restores) == len(cascade) - 2
     assert ">>>>> Patch Apply Failed" in report.log_tail
 
 
-def test_fuzzy_patch_applies_with_the_patch_fallback(
+def test_fuzzy_patch_applies_with_the_patch_fallback_only_for_the_harness(
     grade: Grade,
     mini_instances: dict[str, SWEInstance],
 ) -> None:
@@ -111,9 +121,11 @@ def test_fuzzy_patch_applies_with_the_patch_fallback(
         '         raise ValueError(f"width must not be negative: {width}")',
     )
     assert fuzzy != inst.patch
-    report = grade(inst, fuzzy)
+    report = grade(inst, fuzzy, patch_policy="harness", grading="swebench")
     assert report.applied and report.apply_method == "patch --batch --forward --fuzz=5 -p1 -i"
     assert report.resolved, report.log_tail
+    strict = grade(inst, fuzzy)
+    assert not strict.applied and strict.reward == 0.0 and strict.infra_error is None
 
 
 def test_already_applied_patch_counts_as_applied(
@@ -143,6 +155,7 @@ def test_tampered_protected_test_file_is_restored(
     inst = mini_instances["swerl__spanlib-3"]
     # Gold patch + an edit that would make the new F2P tests pass trivially if kept.
     cheat = inst.patch + (
+        "diff --git a/tests/test_daterange.py b/tests/test_daterange.py\n"
         "--- a/tests/test_daterange.py\n+++ b/tests/test_daterange.py\n"
         "@@ -1,3 +1,4 @@\n+import pytest; pytest.skip(allow_module_level=True)\n"
         " from datetime import date\n \n import pytest\n"

@@ -15,6 +15,7 @@ from sandbox_worker.testing.local_sandbox import LocalDirBackend
 from services.protocol.instance import SWEInstance
 from tests.support.grading_attacks import (
     ATTACKS,
+    ROUND_TWO_ATTACKS,
     TARGET_INSTANCE,
     Attack,
     build_attack_patch,
@@ -24,7 +25,7 @@ from tests.unit.sandbox_worker.evaluation.conftest import image_of
 pytestmark = pytest.mark.slow  # every attack is graded by running the test suite
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+@pytest.mark.parametrize("attack", ATTACKS + ROUND_TWO_ATTACKS, ids=lambda a: a.name)
 def test_attack_gets_reward_zero(
     attack: Attack,
     local_backend: LocalDirBackend,

@@ -69,14 +69,6 @@ def test_untrustworthy_reports() -> None:
     assert "not an object" in (parse_structured_report("[1]\n", 0).problem or "")
     untrusted = parse_structured_report(finished, 0)
     assert untrusted.status_map == {"t.py::a": "PASSED"}  # the caller discards it
-    # A canary that could not be planted (unusual collector) is reported, not a failure.
-    unavailable = _lines({"event": "canary_unavailable", "reason": "x"}) + finished
-    assert parse_structured_report(unavailable, 1, "test_c").problem is None
-    honest = _lines({"event": "canary", "made": "failed", "logged": "skipped"}) + finished
-    assert parse_structured_report(honest, 1, "test_c").problem is None
-    for made, logged in (("passed", "passed"), ("failed", "passed"), (None, "skipped")):
-        forged = _lines({"event": "canary", "made": made, "logged": logged}) + finished
-        assert "forged" in (parse_structured_report(forged, 1, "test_c").problem or "")
 
 
 SUITE = """import pytest
@@ -170,20 +162,26 @@ def test_plugin_on_a_real_pytest_run_matches_the_log_parser(tmp_path: Path) -> N
     assert report.status_map["test_broken.py"] == "ERROR"
 
 
-def _run_suite(
-    tmp_path: Path, files: dict[str, str], canary: str | None, plugin: bool = True
-) -> tuple[subprocess.CompletedProcess[str], Path]:
+PASSING = "def test_a():\n    pass\n\n\ndef test_b():\n    assert 1\n"
+
+
+@pytest.mark.slow  # runs pytest in a subprocess
+def test_the_plugin_adds_no_test_of_its_own(tmp_path: Path) -> None:
+    """An appended test is one the code under test can tell apart (canaries.py plants them in
+    the source instead): the report holds exactly the suite's tests, even with a ``canary``
+    file next to the plugin (the old plugin appended a test named by it)."""
     suite, plugin_dir = tmp_path / "suite", tmp_path / "secret"
-    for rel, text in files.items():
-        (suite / rel).parent.mkdir(parents=True, exist_ok=True)
-        (suite / rel).write_text(text)
-    plugin_dir.mkdir(exist_ok=True)
+    suite.mkdir()
+    plugin_dir.mkdir()
+    (suite / "test_ok.py").write_text(PASSING)
     (plugin_dir / "swerl_report_abc.py").write_bytes(PLUGIN.read_bytes())
-    if canary is not None:
-        (plugin_dir / "canary").write_text(canary)
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    if plugin:
-        env.update(PYTHONPATH=str(plugin_dir), PYTEST_ADDOPTS="-p swerl_report_abc")
+    (plugin_dir / "canary").write_text("test_c4n4ry")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(plugin_dir),
+        "PYTEST_ADDOPTS": "-p swerl_report_abc",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "."],
         cwd=suite,
@@ -192,47 +190,12 @@ def _run_suite(
         text=True,
         timeout=120,
     )
-    return run, plugin_dir / "report.jsonl"
-
-
-PASSING = "def test_a():\n    pass\n\n\ndef test_b():\n    assert 1\n"
-
-
-@pytest.mark.slow  # runs pytest in a subprocess
-def test_canary_leaves_an_honest_run_unchanged(tmp_path: Path) -> None:
-    files = {"test_suite.py": SUITE}
-    plain, _ = _run_suite(tmp_path / "plain", files, None, plugin=False)
-    run, report_path = _run_suite(tmp_path / "canary", files, "test_c4n4ry")
-    assert run.returncode == plain.returncode == 1
-    report = parse_structured_report(report_path.read_text(), run.returncode, "test_c4n4ry")
-    assert report.problem is None, report_path.read_text()
-    assert report.status_map == parse_log_pytest(run.stdout) == parse_log_pytest(plain.stdout)
-    assert "test_c4n4ry" not in str(report.status_map)
-    # All passing: the canary does not turn exit status 0 into 1.
-    ok, ok_path = _run_suite(tmp_path / "ok", {"test_ok.py": PASSING}, "test_c4n4ry")
-    assert ok.returncode == 0, ok.stdout
-    ok_report = parse_structured_report(ok_path.read_text(), 0, "test_c4n4ry")
-    assert ok_report.problem is None
-    assert ok_report.status_map == {"test_ok.py::test_a": "PASSED", "test_ok.py::test_b": "PASSED"}
-
-
-@pytest.mark.slow  # runs pytest in a subprocess
-def test_canary_exposes_forged_reports(tmp_path: Path) -> None:
-    forging_conftest = (
-        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
-        "def pytest_runtest_makereport(item, call):\n"
-        "    outcome = yield\n    report = outcome.get_result()\n"
-        "    if report.failed:\n        report.outcome = 'passed'\n        report.longrepr = None\n"
-    )
-    files = {"test_suite.py": "def test_x():\n    assert False\n", "conftest.py": forging_conftest}
-    run, report_path = _run_suite(tmp_path, files, "test_c4n4ry")
-    assert run.returncode == 0  # the forgery works on pytest's own accounting...
-    report = parse_structured_report(report_path.read_text(), 0, "test_c4n4ry")
-    assert report.problem is not None and "canary" in report.problem  # ...not on the canary
-    assert "forged" in report.problem
-    # Without a canary record at all (tests removed in-process), the report is not trusted.
-    lines = [line for line in report_path.read_text().splitlines() if '"canary"' not in line]
-    stripped = parse_structured_report("\n".join(lines), 0, "test_c4n4ry")
-    assert stripped.problem is not None and "never reported" in stripped.problem
-    # No canary planted (unusual collectors): nothing to check.
-    assert parse_structured_report("\n".join(lines), 0, None).problem is None
+    assert run.returncode == 0, run.stdout
+    text = (plugin_dir / "report.jsonl").read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert {r["nodeid"] for r in records if "nodeid" in r} == {
+        "test_ok.py::test_a",
+        "test_ok.py::test_b",
+    }
+    assert [r for r in records if "event" in r] == [{"event": "sessionfinish", "exitstatus": 0}]
+    assert parse_structured_report(text, 0).status_map == parse_log_pytest(run.stdout)

@@ -7,7 +7,7 @@ import pytest
 
 from sandbox_worker.evaluation import EvalReport
 from services.datasets import load_instances
-from services.eval.grade import eval_config, eval_script_for, verdict
+from services.eval.grade import eval_config, eval_script_for, hardened_config, verdict
 from tests.support.paths import TEST_DATA
 
 VERIFIED = load_instances(TEST_DATA / "swebench_verified" / "rows.jsonl")
@@ -33,7 +33,25 @@ def test_the_grading_is_the_harness_semantics() -> None:
         "auto",
     )
     assert config.restore_test_infra is False and config.keep_test_output is True
+    assert config.patch_policy == "harness"  # the apply cascade, GNU patch included
     assert config.test_timeout_s == 900
+
+
+def test_the_hardened_pass_grades_as_training_rewards_are_graded() -> None:
+    """Strict patches, restored test infrastructure; structured grading where swerl's script
+    runs (the mini set), the harness's parser where only the harness's script can grade."""
+    by_repo = {"swerl/strkit": 30}
+    for row, script, grading in ((MINI[0], "swerl", "structured"),
+                                 (VERIFIED[0], "harness", "swebench")):  # fmt: skip
+        config = hardened_config(row, "auto", 900, by_repo)
+        assert (config.patch_policy, config.restore_test_infra) == ("strict", True)
+        chosen = config.for_row(row)
+        assert (chosen.eval_script, chosen.grading) == (script, grading)
+        assert chosen.canary_test is True
+    strkit = next(r for r in MINI if r.repo == "swerl/strkit")
+    assert hardened_config(strkit, "auto", 900, by_repo).test_timeout_s == 30
+    assert hardened_config(VERIFIED[0], "auto", 900, by_repo).test_timeout_s == 900
+    assert hardened_config(MINI[0], "swerl", 900).for_row(MINI[0]).grading == "structured"
 
 
 def _report(**fields: object) -> EvalReport:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.api.schemas import EvalSpec
-from services.eval.service import command_for, metrics_of, progress_of, result_rows
+from services.eval.service import command_for, infra_ids, metrics_of, progress_of, result_rows
 from services.eval.service_config import EvalServiceConfig
 
 
@@ -64,3 +64,42 @@ def test_the_sandbox_state_root_reaches_the_script_only_when_set() -> None:
     assert argv[argv.index("--state-root") + 1] == "/var/lib/other/sandboxes"
     with pytest.raises(ValueError, match="state_root"):
         EvalServiceConfig(state_root="relative/dir")
+
+
+def test_rows_and_metrics_carry_the_hardened_verdict_and_the_tamper_flags() -> None:
+    report = {
+        "total_instances": 4, "resolved_instances": 2, "resolved_ids": ["a", "b"],
+        "unresolved_ids": ["c"], "error_ids": [], "empty_patch_ids": ["d"],
+        "incomplete_ids": [], "hardened_evaluation": True, "hardened_resolved_instances": 1,
+        "hardened_infra_failure_ids": [], "tampered_ids": ["b", "c"],
+        "tamper_counts": {"test_infra_touched": 1, "git_touched": 1,
+                          "resolved_only_official": 1},
+        "verdicts": {
+            "a": {"hardened_resolved": True, "tamper": []},
+            "b": {"hardened_resolved": False,
+                  "tamper": ["resolved_only_official", "test_infra_touched"]},
+            "c": {"hardened_resolved": False, "tamper": ["git_touched"]},
+        },
+    }  # fmt: skip
+    rows = {r["instance_id"]: r for r in result_rows(report, infra=[])}
+    assert rows["b"]["hardened_resolved"] is False and rows["a"]["hardened_resolved"] is True
+    assert rows["b"]["tamper"] == ["resolved_only_official", "test_infra_touched"]
+    assert (rows["d"]["hardened_resolved"], rows["d"]["tamper"]) == (None, [])  # never graded
+    metrics = metrics_of(report, infra=[])
+    assert (metrics["resolved_rate"], metrics["hardened_resolved_rate"]) == (0.5, 0.25)
+    assert metrics["tampered_instances"] == 2.0
+    assert metrics["tamper_resolved_only_official_instances"] == 1.0
+    off = metrics_of({**report, "hardened_evaluation": False}, infra=[])
+    assert "hardened_resolved_rate" not in off  # --no-hardened: no rate of a pass not run
+
+
+def test_a_hardened_infrastructure_failure_counts_as_one(tmp_path: Path) -> None:
+    report = {"infra_failure_ids": ["a"], "hardened_infra_failure_ids": ["b"], "error_ids": []}
+    assert infra_ids(report, tmp_path, "j1") == ["a", "b"]
+
+
+def test_the_service_passes_no_hardened_only_when_configured_off() -> None:
+    spec = EvalSpec(predictions="/p.jsonl", dataset="v.jsonl")
+    assert "--no-hardened" not in command_for(spec, EvalServiceConfig(), Path("/r/j"), "j")
+    off = command_for(spec, EvalServiceConfig(hardened=False), Path("/r/j"), "j")
+    assert "--no-hardened" in off
