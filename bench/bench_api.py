@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     client = redis.Redis.from_url(server.url)
     client.config_set("appendfsync", "everysec")
     client.close()
-    api = start_api(server.url, server.data_dir, runner_threads=0)
+    # Every submission stays queued (no runner): no in-flight quota for the bench's token.
+    quota = {"SWERL_API__QUOTAS__MAX_JOBS_IN_FLIGHT": "0"}
+    api = start_api(server.url, server.data_dir, runner_threads=0, env=quota)
     try:
         job_ids = seed_jobs(api.url, max(1, args.seed_jobs))
         out, wall = asyncio.run(run_clients(api.url, args.clients, per_client, job_ids))

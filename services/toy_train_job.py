@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from services.api.config import cache_dir
 from services.local_stack import LocalStack, StackError, start_toy_services
 from services.processes import free_port, http_ok
 from services.toy_train import toy_model_dir
@@ -108,9 +109,13 @@ def start_job_services(stack: LocalStack, run_dir: Path, base: dict[str, Any], r
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     tokens = f"[{{name: demo, token: {token}, scopes: [read, submit]}}]"
+    # The job's paths (api.paths): the model in the cache, the run's dataset file and
+    # checkpoints in the run dir.
+    roots = {"SWERL_API__PATHS__INPUTS": json.dumps([str(run_dir), str(cache_dir())]),
+             "SWERL_API__PATHS__OUTPUTS": json.dumps([str(run_dir)])}  # fmt: skip
     stack.python("api", "services.api",
                  ["--redis", redis_url, "--port", str(port), "--runner-threads", "0"],
-                 http_ok(f"{url}/healthz"), env={"SWERL_API__TOKENS": tokens},
+                 http_ok(f"{url}/healthz"), env={"SWERL_API__TOKENS": tokens, **roots},
                  timeout_s=60)  # fmt: skip
     base_path = run_dir / "trainer-base.yaml"
     base_path.write_text(yaml.safe_dump(base, sort_keys=False))

@@ -11,9 +11,15 @@ import threading
 import uvicorn
 
 from services.api.app import create_app
-from services.api.config import ApiConfig
+from services.api.config import ApiConfig, insecure_listen_problem
 from services.api.runner import RolloutJobRunner
-from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
+from services.cli import (
+    EXIT_CONFIG,
+    add_common_arguments,
+    configure_logging,
+    load_cli_config,
+    service_parser,
+)
 from services.config import dump_config
 
 DESCRIPTION = """\
@@ -30,9 +36,16 @@ EPILOG = """\
 configuration (lowest precedence first): defaults < YAML file (--config or $SWERL_CONFIG,
 section "api:") < environment (SWERL_API__PORT=8300,
 SWERL_API__TOKENS='[{name: ci, token: s3cret-token, scopes: [read, submit]}]') < flags.
-Without tokens every caller has every scope (development only).
+Without tokens every caller has every scope (development only): the API then refuses to
+listen on a non-loopback address unless --insecure-dev (SWERL_API__INSECURE_DEV=true) says
+this is a development setup.
 
-exit status: 0 stopped cleanly; 2 configuration error.
+limits (docs/api.md "Limits"): job paths must lie under api.paths.inputs / api.paths.outputs
+(SWERL_API__PATHS__INPUTS='[/data/datasets, /data/models]'); request bodies over
+api.max_body_bytes (16 MiB) are a 413; api.quotas.max_jobs_in_flight (per token, 429) and
+api.quotas.max_tasks_per_job (422).
+
+exit status: 0 stopped cleanly; 2 configuration error (or no tokens on a non-loopback host).
 
 examples:
   python -m services.api --redis redis://127.0.0.1:6379/0 --port 8300
@@ -54,6 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--runner-only", action="store_true", help="run the rollout job runner without HTTP"
     )
+    p.add_argument(
+        "--insecure-dev", action="store_true", default=None,
+        help="allow a non-loopback --host without tokens (development only: every caller is "
+        "an admin); api.insecure_dev",
+    )  # fmt: skip
     add_common_arguments(p, "api")
     return p.parse_args(argv)
 
@@ -76,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": args.host,
         "port": args.port,
         "runner.concurrency": args.concurrency,
+        "insecure_dev": args.insecure_dev,
     }
     cfg = load_cli_config(ApiConfig, "api", args, overrides)
     if isinstance(cfg, int):
@@ -84,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("swerl.api").info("effective config:\n%s", dump_config(cfg))
     if args.runner_only:
         return run_runner_only(cfg)
+    problem = insecure_listen_problem(cfg)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     app = create_app(cfg)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(), log_config=None)
     return 0

@@ -5,6 +5,12 @@ A job is a hash ``<p>job:<id>``; it sits in four index sorted sets (``<p>idx:<ki
 that listing by kind and/or state is one range read. A queued job is also in
 ``<p>queue:<kind>:<group>`` (FIFO by sequence); a claimed one in ``<p>active:<kind>:<group>``,
 scored by its lease deadline (ms). Scripts compute keys from the prefix (one Redis, no cluster).
+
+Quota: ``<p>inflight:<submitter>`` is the set of the submitter's unfinished jobs. SUBMIT checks
+its size against the submitter's limit and adds the new job in the same script (so concurrent
+submissions cannot both pass the last free place); every script that ends a job removes it.
+Before refusing, SUBMIT drops members that are finished or gone (a job ended by an older
+version of these scripts), so the count heals itself.
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ end
 local function terminal(state)
   return state == 'succeeded' or state == 'failed' or state == 'cancelled'
 end
+local function settle(id)
+  local by = redis.call('HGET', P..'job:'..id, 'submitted_by')
+  if by then redis.call('SREM', P..'inflight:'..by, id) end
+end
 """
 
-# ARGV: prefix, id, kind, group, spec, submitted_by, now, message, idem_key, idem_value, ttl
+# ARGV: prefix, id, kind, group, spec, submitted_by, now, message, idem_key, idem_value, ttl,
+# max_in_flight (0: no limit). Returns {'new', id}, {'existing', idem_value} or
+# {'quota', in_flight} (nothing written).
 SUBMIT = (
     PRELUDE
     + """
@@ -33,8 +45,20 @@ local id, kind, group = ARGV[2], ARGV[3], ARGV[4]
 if ARGV[9] ~= '' then
   local old = redis.call('GET', ARGV[9])
   if old then return {'existing', old} end
+end
+local inflight, limit = P..'inflight:'..ARGV[6], tonumber(ARGV[12])
+if limit > 0 and redis.call('SCARD', inflight) >= limit then
+  for _, old in ipairs(redis.call('SMEMBERS', inflight)) do
+    local state = redis.call('HGET', P..'job:'..old, 'state')
+    if not state or terminal(state) then redis.call('SREM', inflight, old) end
+  end
+  local n = redis.call('SCARD', inflight)
+  if n >= limit then return {'quota', tostring(n)} end
+end
+if ARGV[9] ~= '' then
   redis.call('SET', ARGV[9], ARGV[10], 'EX', tonumber(ARGV[11]))
 end
+redis.call('SADD', inflight, id)
 local seq = redis.call('INCR', P..'seq')
 redis.call('HSET', P..'job:'..id, 'id', id, 'kind', kind, 'group', group, 'state', 'queued',
   'spec', ARGV[5], 'submitted_by', ARGV[6], 'created_at', ARGV[7], 'updated_at', ARGV[7],
@@ -64,6 +88,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now_ms)) do
     move(id, kind, seq, state, 'cancelled')
     redis.call('HSET', key, 'state', 'cancelled', 'holder', '', 'finished_at', ARGV[8],
       'updated_at', ARGV[8], 'message', 'cancelled (its runner was lost)')
+    settle(id)
   elseif state and not terminal(state) then
     move(id, kind, seq, state, 'queued')
     redis.call('HSET', key, 'state', 'queued', 'holder', '', 'updated_at', ARGV[8],
@@ -130,6 +155,7 @@ if new == 'queued' then
   redis.call('ZADD', P..'queue:'..h[3]..':'..h[4], h[5], id)
 else
   redis.call('HSET', key, 'finished_at', ARGV[6])
+  settle(id)
 end
 return 'ok'
 """
@@ -149,6 +175,7 @@ if h[1] == 'queued' then
   move(id, h[2], h[4], 'queued', 'cancelled')
   redis.call('HSET', key, 'state', 'cancelled', 'finished_at', ARGV[3], 'updated_at', ARGV[3],
     'message', 'cancelled by '..ARGV[4]..' before it started')
+  settle(id)
   return 'cancelled'
 end
 move(id, h[2], h[4], h[1], 'cancelling')

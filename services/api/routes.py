@@ -63,8 +63,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
+# Submissions may also be over the body cap (413) or the token's jobs in flight (429).
 SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERRORS,
+    413: {"model": ErrorBody, "description": "the body is over api.max_body_bytes"},
+    429: {"model": ErrorBody, "description": "the token has api.quotas.max_jobs_in_flight"},
     200: {"model": Job, "description": "the job this Idempotency-Key already made"},
 }
 

@@ -1,6 +1,8 @@
 """The job API's wire format (``/v1``): one spec per job kind, the job view, pages, errors.
 
 Specs forbid unknown fields, so a misspelled field is a 422 that names it, never ignored.
+Path fields (:func:`path_ref`) are confined to the configured roots at submission
+(:mod:`services.api.paths`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from services.api.paths import Access, path_field
 from services.datasets.mixture import is_mixture_spec, parse_mixture
+from services.datasets.predictions import GOLD
 from services.protocol.ids import Ident, InstanceKey
 from services.protocol.tasks import AgentLimits, SamplingConfig
 
 # A free-text reference (model name, path, dataset name): printable, no control characters.
-Ref = Field(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")
+REF_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+Ref = Field(min_length=1, max_length=1024, pattern=REF_PATTERN)
+
+
+def path_ref(access: Access, *, mixture: bool = False, literals: tuple[str, ...] = ()) -> Any:
+    """A path field the services act on: confined to ``api.paths`` at submission
+    (:mod:`services.api.paths`; the declaration is ``x-swerl-path`` in /openapi.json)."""
+    extra = path_field(access, mixture=mixture, literals=literals)
+    return Field(min_length=1, max_length=1024, pattern=REF_PATTERN, json_schema_extra=extra)
 
 
 class JobKind(StrEnum):
@@ -53,11 +65,12 @@ class TrainSpec(Spec):
     """A training run, executed by a trainer service of ``trainer_group``."""
 
     algorithm: str = Field("li2sao", min_length=1, max_length=64, pattern=r"^[a-z0-9_\-]+$")
-    model: str = Ref
-    dataset: str = Ref  # a mixture of dataset files, or a file of instance ids (trainer's host)
+    model: str = path_ref(Access.INPUT)  # the model directory (trainer's host)
+    # a mixture of dataset files, or a file of instance ids (trainer's host)
+    dataset: str = path_ref(Access.INPUT, mixture=True)
     steps: int = Field(ge=1, le=10_000_000)
     batch: BatchShape = Field(default_factory=BatchShape)
-    checkpoint_dir: str = Ref
+    checkpoint_dir: str = path_ref(Access.OUTPUT)  # written (and read back on resume)
     resume: bool = False
     trainer_group: Ident = "default"
 
@@ -92,13 +105,14 @@ class EvalSpec(Spec):
     """
 
     checkpoint: str | None = Field(
-        None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$"
-    )
-    predictions: str | None = Field(
-        None, min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$",
-        validate_default=True,
+        None, min_length=1, max_length=1024, pattern=REF_PATTERN,
+        json_schema_extra=path_field(Access.INPUT),
     )  # fmt: skip
-    dataset: str = Ref
+    predictions: str | None = Field(
+        None, min_length=1, max_length=1024, pattern=REF_PATTERN, validate_default=True,
+        json_schema_extra=path_field(Access.INPUT, literals=(GOLD,)),
+    )  # fmt: skip
+    dataset: str = path_ref(Access.INPUT)
     instance_ids: list[Ident] | None = Field(None, min_length=1, max_length=10_000)
     max_instances: int | None = Field(None, ge=1, le=100_000)
     n_samples: int = Field(1, ge=1, le=1, description="pass@1: one prediction per instance")

@@ -11,19 +11,22 @@ from typing import Any
 import redis
 
 from services.api.auth import Authenticator, AuthError, Principal
-from services.api.config import ApiConfig, Scope
+from services.api.config import ApiConfig, ApiToken, Scope
 from services.api.metrics import CONTENT_TYPE, ApiMetrics
+from services.api.paths import PathPolicy, PathRefused
 from services.api.schemas import (
+    EvalSpec,
     Job,
     JobKind,
     JobPage,
     JobState,
     LogPage,
     ResultPage,
+    RolloutSpec,
     Spec,
     TrainSpec,
 )
-from services.api.store import IdempotencyConflict, JobStore
+from services.api.store import IdempotencyConflict, JobStore, QuotaExceeded
 from services.store.trajectories import TrajectoryNotFoundError, load_trajectory
 
 STREAM_POLL_S = 0.5
@@ -37,12 +40,32 @@ class ApiError(Exception):
         self.status, self.kind, self.message, self.field = status, kind, message, field
 
 
+def task_count(spec: Spec) -> tuple[int, str] | None:
+    """The tasks a job asks for and the field that sets them, or None when the API cannot
+    know (an eval of a whole dataset: its size is bounded by the files under the roots).
+    Rollout: instances x samples; train: trajectories per step (prompts x samples); eval:
+    the instances selected."""
+    if isinstance(spec, RolloutSpec):
+        return len(spec.instance_ids) * spec.n_samples, "body.instance_ids"
+    if isinstance(spec, TrainSpec):
+        return spec.batch.prompts_per_step * spec.batch.samples_per_prompt, "body.batch"
+    if isinstance(spec, EvalSpec):
+        counts = [len(spec.instance_ids or ()) or None, spec.max_instances]
+        known = [c for c in counts if c is not None]
+        if known:
+            field = "body.instance_ids" if spec.instance_ids else "body.max_instances"
+            return min(known), field
+    return None
+
+
 class ApiService:
     def __init__(self, cfg: ApiConfig, client: redis.Redis) -> None:
         self.cfg = cfg
         self.redis = client
         self.store = JobStore(client, cfg.key_prefix, cfg.log_lines_kept)
         self.authn = Authenticator(cfg.tokens)
+        self.paths = PathPolicy.from_config(cfg.paths)
+        self._tokens: dict[str, ApiToken] = {t.name: t for t in cfg.tokens}
         self.metrics = ApiMetrics()
         self.metrics_content_type = CONTENT_TYPE
 
@@ -56,7 +79,21 @@ class ApiService:
     def submit(
         self, kind: JobKind, spec: Spec, who: Principal, key: str | None
     ) -> tuple[Job, bool]:
+        """Check the spec against the roots and the caller's quotas, then queue it. Nothing is
+        written when a check refuses."""
         group = spec.trainer_group if isinstance(spec, TrainSpec) else "default"
+        try:
+            self.paths.check_spec(spec)
+        except PathRefused as exc:
+            raise ApiError(422, "path_not_allowed", str(exc), exc.field) from exc
+        max_in_flight, max_tasks = self.quotas(who)
+        tasks = task_count(spec)
+        if tasks is not None and tasks[0] > max_tasks:
+            raise ApiError(
+                422, "quota_exceeded", f"{tasks[1]}: the job asks for {tasks[0]} tasks, over "
+                f"the limit of {max_tasks} per job for token {who.name!r} "
+                "(api.quotas.max_tasks_per_job): split it into smaller jobs", tasks[1],
+            )  # fmt: skip
         try:
             done = self.store.submit(
                 kind,
@@ -65,12 +102,31 @@ class ApiService:
                 group=group,
                 idempotency_key=key,
                 ttl_s=self.cfg.idempotency_ttl_s,
+                max_in_flight=max_in_flight,
             )
         except IdempotencyConflict as exc:
             raise ApiError(409, "idempotency_conflict", str(exc), "header.Idempotency-Key") from exc
+        except QuotaExceeded as exc:
+            raise ApiError(
+                429, "quota_exceeded", f"token {who.name!r} has {exc.in_flight} jobs in flight "
+                f"(queued or running), its limit (api.quotas.max_jobs_in_flight is "
+                f"{exc.limit}): wait for one to finish or cancel one", "header.Authorization",
+            ) from exc  # fmt: skip
         if done.created:
             self.store.log(done.job_id, f"submitted by {who.name}")
         return self.job(done.job_id), done.created
+
+    def quotas(self, who: Principal) -> tuple[int, int]:
+        """(jobs in flight, tasks per job) allowed to ``who``: its token's own values, else
+        ``api.quotas``."""
+        token = self._tokens.get(who.name)
+        base = self.cfg.quotas
+        in_flight = token.max_jobs_in_flight if token else None
+        tasks = token.max_tasks_per_job if token else None
+        return (
+            base.max_jobs_in_flight if in_flight is None else in_flight,
+            base.max_tasks_per_job if tasks is None else tasks,
+        )
 
     def job(self, job_id: str) -> Job:
         job = self.store.get(job_id)

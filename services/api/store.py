@@ -31,6 +31,14 @@ class IdempotencyConflict(ValueError):
     """The idempotency key was used before for another request."""
 
 
+class QuotaExceeded(Exception):
+    """The submitter already has ``in_flight`` unfinished jobs, its limit ``limit``."""
+
+    def __init__(self, in_flight: int, limit: int) -> None:
+        super().__init__(f"{in_flight} jobs in flight (limit {limit})")
+        self.in_flight, self.limit = in_flight, limit
+
+
 @dataclass(frozen=True)
 class Submitted:
     job_id: str
@@ -88,9 +96,13 @@ class JobStore:
         group: str = "default",
         idempotency_key: str | None = None,
         ttl_s: int = 86_400,
+        max_in_flight: int = 0,
     ) -> Submitted:
         """Queue a job; with ``idempotency_key`` the same submitter gets the first job back for
-        the same request, and :class:`IdempotencyConflict` for a different one."""
+        the same request, and :class:`IdempotencyConflict` for a different one. With
+        ``max_in_flight`` > 0, :class:`QuotaExceeded` when the submitter already has that many
+        unfinished jobs (checked and counted in one script: exact under concurrency; a retry
+        with a known idempotency key is answered before the quota is checked)."""
         spec_json = json.dumps(spec, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"{kind}\n{spec_json}".encode()).hexdigest()
         job_id = f"{kind.value}-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:10]}"
@@ -100,10 +112,12 @@ class JobStore:
             idem = self.key("idem", submitted_by, key_digest)
         message = WAITING_FOR[kind].format(group=group)
         args = [self.prefix, job_id, kind.value, group, spec_json, submitted_by, time.time()]
-        args += [message, idem, f"{job_id} {digest}", ttl_s]
+        args += [message, idem, f"{job_id} {digest}", ttl_s, max_in_flight]
         status, value = (_text(v) for v in self._submit(args=args))
         if status == "new":
             return Submitted(job_id, True)
+        if status == "quota":
+            raise QuotaExceeded(int(value or 0), max_in_flight)
         old_id, _, old_digest = (value or "").partition(" ")
         if old_digest != digest:
             raise IdempotencyConflict(
@@ -147,6 +161,10 @@ class JobStore:
         Returns the state after the call (unchanged for a finished job), None if unknown."""
         state = _text(self._cancel(args=[self.prefix, job_id, time.time(), by]))
         return JobState(state) if state else None
+
+    def in_flight(self, submitted_by: str) -> int:
+        """How many of the submitter's jobs count against its quota (unfinished ones)."""
+        return int(self.redis.scard(self.key("inflight", submitted_by)))
 
     def count(self, kind: JobKind | None = None, state: JobState | None = None) -> int:
         index = self.key("idx", kind.value if kind else "*", state.value if state else "*")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,10 +48,25 @@ class ApiServer:
         self.process.stop()
 
 
+def roots_env(log_dir: Path) -> dict[str, str]:
+    """``api.paths`` of the test deployment: the pytest run's temporary tree (``log_dir``'s
+    parent holds every test's ``tmp_path``), ``tests/data`` and ``$SWERL_CACHE_DIR`` are
+    inputs, the temporary tree is the output root. JSON lists are YAML flow lists."""
+    tmp = str(log_dir.resolve().parent)
+    inputs = [tmp, str(REPO_ROOT / "tests" / "data")]
+    if cache := os.environ.get("SWERL_CACHE_DIR"):  # the tiny models live there under make
+        inputs.append(str(Path(cache).resolve()))
+    return {
+        "SWERL_API__PATHS__INPUTS": json.dumps(inputs),
+        "SWERL_API__PATHS__OUTPUTS": json.dumps([tmp]),
+    }
+
+
 def start_api(
     redis_url: str, log_dir: Path, *, runner_threads: int = 0, env: Mapping[str, str] = ()
 ) -> ApiServer:
-    """Start the API against ``redis_url`` (no job runner unless ``runner_threads``)."""
+    """Start the API against ``redis_url`` (no job runner unless ``runner_threads``); job
+    paths must lie under :func:`roots_env` unless ``env`` sets other roots."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "services.api", "--redis", redis_url, "--port", str(port)]
@@ -60,7 +77,12 @@ def start_api(
         log_dir / f"api-{port}.log",
         ready=http_ok(f"{url}/healthz"),
         timeout_s=60,
-        env={"SWERL_API__TOKENS": tokens_env(), "PYTHONDONTWRITEBYTECODE": "1", **dict(env)},
+        env={
+            "SWERL_API__TOKENS": tokens_env(),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **roots_env(log_dir),
+            **dict(env),
+        },
         cwd=REPO_ROOT,
         grace_s=10,
     )

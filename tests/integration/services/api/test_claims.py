@@ -8,7 +8,7 @@ import pytest
 
 from services.api.claims import JobClaims, LeaseKeeper
 from services.api.schemas import JobKind, JobState, Progress
-from services.api.store import JobStore
+from services.api.store import JobStore, QuotaExceeded
 
 TRAIN = {"model": "m", "dataset": "d", "steps": 2, "checkpoint_dir": "/c"}
 
@@ -125,3 +125,25 @@ def test_a_lease_keeper_sees_cancel_and_loss(store: JobStore, claims: JobClaims)
         assert lease.cancel_requested.wait(2)
         claims.finish(job_id, "t", JobState.CANCELLED, "stopped")
         assert lease.lost.wait(2)  # a finished job has no lease any more
+
+
+def test_every_end_of_a_job_frees_its_place_in_the_quota(
+    store: JobStore, claims: JobClaims
+) -> None:
+    """Finished (by its holder), cancelled while queued, and cancelled after its holder was
+    lost: each leaves the submitter's in-flight set; given back (queued again) it stays."""
+    done, queued, lost, given = (submit_train(store, g) for g in ("a", "b", "c", "d"))
+    assert store.in_flight("alice") == 4
+    for group in ("a", "c", "d"):
+        assert claims.claim(JobKind.TRAIN, group, f"t-{group}", ttl_s=0.05) is not None
+    assert claims.finish(done, "t-a", JobState.SUCCEEDED, "ok")
+    store.cancel(queued, "alice")
+    assert claims.finish(given, "t-d", JobState.QUEUED, "shutting down")
+    store.cancel(lost, "alice")  # running: cancelling until its holder or its lease ends
+    assert store.in_flight("alice") == 2
+    time.sleep(0.1)
+    assert claims.claim(JobKind.TRAIN, "c", "t-other", ttl_s=30) is None  # expired: cancelled
+    assert store.get(lost).state == JobState.CANCELLED  # type: ignore[union-attr]
+    assert store.in_flight("alice") == 1
+    with pytest.raises(QuotaExceeded):
+        store.submit(JobKind.TRAIN, TRAIN, "alice", max_in_flight=1)

@@ -23,12 +23,17 @@ from tests.support.redis import RedisServer
 pytestmark = pytest.mark.slow
 
 ROLLOUT = {"instance_ids": ["inst-1", "inst-2"], "n_samples": 2}
-TRAIN = {"model": "tiny", "dataset": "mini", "steps": 10, "checkpoint_dir": "/tmp/ck"}
+# Paths under the roots the module's server is given (api.paths).
+DATA, OUT = "/srv/swerl-test/data", "/srv/swerl-test/out"
+ROOTS = {"SWERL_API__PATHS__INPUTS": f"[{DATA}]", "SWERL_API__PATHS__OUTPUTS": f"[{OUT}]"}
+TRAIN = {"model": f"{DATA}/tiny", "dataset": f"{DATA}/ids.txt", "steps": 10,
+         "checkpoint_dir": f"{OUT}/ck"}  # fmt: skip
+EVAL = {"checkpoint": f"{OUT}/ck", "dataset": f"{DATA}/d.jsonl"}
 
 
 @pytest.fixture(scope="module")
 def api(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    server = start_api(redis_server.url, Path(tmp_path_factory.mktemp("api")))
+    server = start_api(redis_server.url, Path(tmp_path_factory.mktemp("api")), env=ROOTS)
     yield server
     server.stop()
 
@@ -92,7 +97,7 @@ def test_only_the_submitter_or_an_admin_cancels(api: ApiServer, http: httpx.Clie
         ("/v1/jobs/train", {**TRAIN, "steps": 0}, "body.steps"),
         ("/v1/jobs/train", {**TRAIN, "stepz": 3}, "body.stepz"),
         ("/v1/jobs/rollout", {"instance_ids": "x"}, "body.instance_ids"),
-        ("/v1/jobs/eval", {"checkpoint": "c"}, "body.dataset"),
+        ("/v1/jobs/eval", {"checkpoint": f"{OUT}/ck"}, "body.dataset"),
     ],
 )
 def test_bad_bodies_name_the_field(http: httpx.Client, path: str, body: dict, field: str) -> None:
@@ -193,7 +198,7 @@ def test_logs_and_cancel_of_a_running_job(http: httpx.Client, redis_url: str) ->
 def test_health_readiness_and_metrics(api: ApiServer, http: httpx.Client) -> None:
     assert httpx.get(f"{api.url}/healthz").json()["status"] == "ok"
     assert httpx.get(f"{api.url}/readyz").status_code == 200
-    http.post("/v1/jobs/eval", json={"checkpoint": "c", "dataset": "d"})
+    assert http.post("/v1/jobs/eval", json=EVAL).status_code == 201
     text = httpx.get(f"{api.url}/metrics").text
     assert 'swerl_api_jobs{kind="eval",state="queued"} 1.0' in text
     assert 'swerl_api_requests_total{method="POST",route="/v1/jobs/eval",status="201"}' in text

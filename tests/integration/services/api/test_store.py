@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 
 from services.api.schemas import JobKind, JobState
-from services.api.store import IdempotencyConflict, JobStore
+from services.api.store import IdempotencyConflict, JobStore, QuotaExceeded
 
 SPEC = {"instance_ids": ["a"], "n_samples": 1}
 
@@ -88,3 +90,50 @@ def test_only_the_newest_log_lines_are_kept(rclient: redis.Redis) -> None:
     for i in range(5):
         store.log(job, f"line {i}")
     assert [ln.message for ln in store.logs(job, 0, 10)[0]] == ["line 2", "line 3", "line 4"]
+
+
+def test_the_in_flight_quota_is_exact_under_racing_submissions(
+    store: JobStore, rclient: redis.Redis
+) -> None:
+    """32 threads submit at once against a limit of 4: exactly 4 jobs exist afterwards."""
+    start = threading.Barrier(32)
+    outcomes: list[str] = []
+
+    def one() -> None:
+        start.wait()
+        try:
+            store.submit(JobKind.ROLLOUT, SPEC, "alice", max_in_flight=4)
+            outcomes.append("new")
+        except QuotaExceeded as exc:
+            assert (exc.in_flight, exc.limit) == (4, 4)
+            outcomes.append("quota")
+
+    threads = [threading.Thread(target=one) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes) == ["new"] * 4 + ["quota"] * 28
+    assert store.count() == 4 == store.in_flight("alice")
+
+
+def test_a_refused_submission_writes_nothing_and_keeps_its_idempotency_key(
+    store: JobStore,
+) -> None:
+    store.submit(JobKind.ROLLOUT, SPEC, "alice", max_in_flight=1)
+    with pytest.raises(QuotaExceeded):
+        store.submit(JobKind.ROLLOUT, SPEC, "alice", idempotency_key="k", max_in_flight=1)
+    assert store.count() == 1
+    other = store.submit(JobKind.ROLLOUT, SPEC, "bob", max_in_flight=1)  # bob counts apart
+    assert other.created
+
+
+def test_the_in_flight_count_heals_from_jobs_that_vanished(
+    store: JobStore, rclient: redis.Redis
+) -> None:
+    """A member whose job hash is gone (or ended by an older script version) is dropped
+    when it would refuse a submission, instead of blocking the token for ever."""
+    old = store.submit(JobKind.ROLLOUT, SPEC, "alice", max_in_flight=1).job_id
+    rclient.delete(store.key("job", old))
+    again = store.submit(JobKind.ROLLOUT, SPEC, "alice", max_in_flight=1)
+    assert again.created and store.in_flight("alice") == 1

@@ -31,7 +31,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 def submit(http: httpx.Client, tmp: Path, name: str, **spec: Any) -> str:
     dataset = tmp / "ids.txt"
     dataset.write_text("p0\np1\np2\np3\n")
-    body = {"model": "tiny", "dataset": str(dataset), "steps": 5,
+    body = {"model": str(tmp / "tiny"), "dataset": str(dataset), "steps": 5,
             "checkpoint_dir": str(tmp / f"ckpt-{name}"), **spec}  # fmt: skip
     got = http.post("/v1/jobs/train", json=body)
     assert got.status_code == 201, got.text

@@ -41,3 +41,21 @@ def test_help_teaches(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for word in ("SWERL_API__TOKENS", "--runner-only", "exit status", "docs/api.md"):
         assert word in out
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
+def test_no_tokens_on_a_non_loopback_host_exits_2_saying_what_to_do(
+    host: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before anything listens: ``main`` returns instead of starting uvicorn."""
+    monkeypatch.delenv("SWERL_API__TOKENS", raising=False)
+    monkeypatch.delenv("SWERL_API__INSECURE_DEV", raising=False)
+    assert main(["--host", host, "--port", "1", "--runner-threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"refusing to listen on {host}" in err
+    assert "SWERL_API__TOKENS" in err and "--insecure-dev" in err
+
+
+def test_insecure_dev_flag_reaches_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--host", "0.0.0.0", "--insecure-dev", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["insecure_dev"] is True
