@@ -42,6 +42,23 @@ def toy_model_dir() -> Path:
     return model
 
 
+def seed_overrides(seed: int) -> dict[str, str]:
+    """The run seed as config overrides: every seed of a toy run derives from it
+    (``trainer.seed``: initialisation and the trainer's sampling; ``train.dataset.seed``: the
+    prompt order); the engine's sampling takes :func:`engine_seed_args`. Trajectories' codes
+    are drawn from their task ids (services/protocol/toy.py), which the run id fixes. Runs with
+    one seed are not bit-identical: asynchronous timing decides which version samples what."""
+    if seed < 0:
+        raise StackError(f"--seed must be >= 0, got {seed}")
+    return {"SWERL_TRAINER__SEED": str(seed), "SWERL_TRAIN__DATASET__SEED": str(seed)}
+
+
+def engine_seed_args(seed: int) -> tuple[str, ...]:
+    """The reference engine's sampler seed for requests without ``sampling_seed`` (derived
+    from the run seed, so the engine's stream differs from the trainer's)."""
+    return ("--seed", str(1_000_003 * seed + 17))
+
+
 def trainer_env(run_dir: Path, model: Path, redis_url: str, adapter_url: str,
                 admin_token: str) -> dict[str, str]:  # fmt: skip
     """The run's addresses and paths as config overrides of ``python -m trainer train``."""
@@ -109,16 +126,19 @@ class MetricsFollower:
 
 
 def run(config: Path, run_dir: Path, steps: int | None, slots: int,
-        out: TextIO | None = None, nproc: int = 1) -> int:  # fmt: skip
+        out: TextIO | None = None, nproc: int = 1, seed: int = 0) -> int:  # fmt: skip
     """Start the toy stack, run the trainer to its end (a progress line per step on ``out``),
-    stop the stack. The trainer's exit code."""
+    stop the stack; ``seed`` is the run seed (:func:`seed_overrides`). The trainer's exit
+    code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     model = toy_model_dir()
     worker_token, admin_token = secrets.token_hex(16), secrets.token_hex(16)
     stack = LocalStack(run_dir)
     try:
-        svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token)
+        svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token,
+                                 engine_args=engine_seed_args(seed))  # fmt: skip
         env = trainer_env(run_dir, model, svc.redis_url, svc.adapter_url, admin_token)
+        env.update(seed_overrides(seed))
         return run_trainer(config, run_dir, steps, env, out, nproc)
     finally:
         stack.stop_all()
@@ -170,14 +190,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=1,
                    help="trainer ranks (1); N > 1 runs torchrun --standalone with N CPU ranks: "
                         "FSDP2 data parallel over gloo, rank 0 drives")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0,
+                   help="the run seed (0): trainer.seed, train.dataset.seed and the engine's "
+                        "sampler derive from it (docs/training.md)")  # fmt: skip
     args = p.parse_args(argv)
     if args.nproc < 1:
         p.error(f"--nproc must be >= 1, got {args.nproc}")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
     # SIGTERM (a job runner, a test's timeout) unwinds like Ctrl-C: the trainer and every
     # service of the stack are stopped by run()'s finally blocks, none is left running.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        code = run(args.config, args.run_dir, args.steps, args.slots, nproc=args.nproc)
+        code = run(args.config, args.run_dir, args.steps, args.slots, nproc=args.nproc,
+                   seed=args.seed)  # fmt: skip
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

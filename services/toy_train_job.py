@@ -30,7 +30,8 @@ import yaml
 from services.api.config import cache_dir
 from services.local_stack import LocalStack, StackError, start_toy_services
 from services.processes import free_port, http_ok
-from services.toy_train import toy_model_dir
+from services.toy_train import engine_seed_args, toy_model_dir
+from trainer.loop.config import ToyPrompts
 
 DESCRIPTION = __doc__.split("\n\n")[1] if __doc__ else ""
 LEASE_TTL_S = 6.0  # the job's progress is heartbeated every ttl / 3 = 2 s
@@ -42,7 +43,7 @@ class JobFileError(ValueError):
 
 
 def split_config(
-    config: dict[str, Any], steps: int | None
+    config: dict[str, Any], steps: int | None, seed: int | None = None
 ) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
     """The run config as (the trainer service's base config, the training ids for the job's
     dataset file, the job's train spec without ``model``, ``dataset``, ``checkpoint_dir``).
@@ -50,16 +51,24 @@ def split_config(
     The job carries what a user submits (algorithm, steps, batch shape, dataset); the base
     keeps the rest (rollout settings, gate, held-out evaluation, optimiser). A train spec sets
     the single phase's batch to prompts x samples, so a file whose single batch differs from
-    its bootstrap batch cannot be submitted as it is.
+    its bootstrap batch cannot be submitted as it is. ``toy_prompts`` are expanded into the
+    ids; ``seed`` (the run seed) sets ``trainer.seed`` and ``train.dataset.seed`` of the base.
     """
     try:
         train, trainer = dict(config["train"]), dict(config["trainer"])
     except (KeyError, TypeError):
         raise JobFileError("the run config needs train: and trainer: sections") from None
     dataset = dict(train.get("dataset") or {})
-    ids = [str(i) for i in dataset.pop("instance_ids", None) or []]
+    toy = dataset.pop("toy_prompts", None)
+    try:
+        ids = ToyPrompts.model_validate(toy).ids() if toy is not None else []
+    except ValueError as exc:
+        raise JobFileError(f"train.dataset.toy_prompts: {exc}") from None
+    ids += [str(i) for i in dataset.pop("instance_ids", None) or []]
     if not ids:
-        raise JobFileError("train.dataset.instance_ids is empty: nothing to put in the job")
+        raise JobFileError(
+            "train.dataset has no instance_ids or toy_prompts: nothing to put in the job"
+        )
     boot = train.get("bootstrap") or {}
     prompts, samples = int(boot.get("prompts", 8)), int(boot.get("group_size", 8))
     single = (train.get("single") or {}).get("batch_size")
@@ -71,6 +80,9 @@ def split_config(
     total = steps if steps is not None else train.get("steps")
     if not isinstance(total, int) or total < 1:
         raise JobFileError("train.steps must be a positive integer (or pass --steps)")
+    if seed is not None:
+        dataset["seed"] = seed
+        trainer["seed"] = seed
     train["dataset"] = dataset
     for key in ("run_dir", "run_id", "steps"):  # the job's: <runs_dir>/<job id>, its steps
         train.pop(key, None)
@@ -79,7 +91,7 @@ def split_config(
         "steps": total,
         "batch": {"prompts_per_step": prompts, "samples_per_prompt": samples},
     }
-    return {**config, "train": train}, ids, spec
+    return {**config, "train": train, "trainer": trainer}, ids, spec
 
 
 def submit_argv(spec: dict[str, Any], model: Path, dataset: Path, checkpoints: Path,
@@ -136,14 +148,15 @@ def start_trainer_service(stack: LocalStack, name: str, run_dir: Path, redis_url
                  lambda: True, env=env)  # fmt: skip
 
 
-def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:
+def run(config: Path, run_dir: Path, steps: int | None, slots: int, seed: int = 0) -> int:
     """Start the stack, submit the run as a train job, follow it to its end, stop the stack.
-    0 when the job succeeded."""
+    ``seed`` is the run seed (services/toy_train.py ``seed_overrides``). 0 when the job
+    succeeded."""
     try:
         raw = yaml.safe_load(config.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise JobFileError(f"{config}: {exc}") from None
-    base, ids, spec = split_config(raw if isinstance(raw, dict) else {}, steps)
+    base, ids, spec = split_config(raw if isinstance(raw, dict) else {}, steps, seed)
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = run_dir / "train-ids.txt"
@@ -152,7 +165,8 @@ def run(config: Path, run_dir: Path, steps: int | None, slots: int) -> int:
     worker_token, admin_token, api_token = (secrets.token_hex(16) for _ in range(3))
     stack = LocalStack(run_dir)
     try:
-        svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token)
+        svc = start_toy_services(stack, model, worker_token, slots=slots, admin_token=admin_token,
+                                 engine_args=engine_seed_args(seed))  # fmt: skip
         trainer_env = {  # the deployment's settings; the job's come from its spec
             "SWERL_MANAGER__REDIS_URL": svc.redis_url,
             "SWERL_PUBLISH__ADAPTER_URL": svc.adapter_url,
@@ -198,10 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True, type=Path, help="logs, the job's run, weights")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--slots", type=int, default=8, help="toy worker slots (8)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the run seed (0): trainer.seed, train.dataset.seed and the engine's "
+                        "sampler derive from it")  # fmt: skip
     args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
     signal.signal(signal.SIGTERM, _exit_on_signal)  # unwind: every service is stopped
     try:
-        code = run(args.config, args.run_dir, args.steps, args.slots)
+        code = run(args.config, args.run_dir, args.steps, args.slots, args.seed)
     except (StackError, JobFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -86,6 +86,10 @@ EXCEPTIONS: dict[str, str] = {
     "unit/trainer/loop/test_bench_toy_steps.py": (
         "the figures and argument checks of bench/bench_toy_steps.py (benchmarks are no package)"
     ),
+    "unit/trainer/loop/test_bench_demo_reliability.py": (
+        "the figures and argument checks of bench/bench_demo_reliability.py (benchmarks are no "
+        "package)"
+    ),
     "unit/trainer/test_bench_trainer.py": (
         "the smoke test of bench/bench_trainer.py (benchmarks are no package)"
     ),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import Any, Literal
 
 #: The secret codes: single tokens of the tiny model's vocabulary (also after a newline), so an
 #: answer is one code token and the end-of-turn token.
@@ -72,6 +72,33 @@ def toy_instance_ids(count: int, start: int = 0) -> list[str]:
     if count < 1 or start < 0 or start + count > MAX_INSTANCE:
         raise ToyTaskError(f"need 1 <= count and 0 <= start, start + count <= {MAX_INSTANCE}")
     return [f"{INSTANCE_PREFIX}{n}" for n in range(start, start + count)]
+
+
+#: One toy prompt in :data:`HELD_OUT_EVERY` is held out (:func:`is_held_out`).
+HELD_OUT_EVERY = 8
+ToyPart = Literal["all", "train", "held_out"]
+
+
+def is_held_out(n: int) -> bool:
+    """Whether ``toy-lookup-<n>`` belongs to the held-out part of the toy prompts: SHA-256 of
+    ``"held-out#<n>"`` mod :data:`HELD_OUT_EVERY` is 0. A hash, not ``n`` mod 8, so the held-out
+    prompts have no digit pattern the training prompts lack (same distribution, unseen ids)."""
+    digest = hashlib.sha256(f"held-out#{n}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELD_OUT_EVERY == 0
+
+
+def toy_prompt_ids(start: int, stop: int, part: ToyPart = "all") -> list[str]:
+    """The toy instance ids ``toy-lookup-<n>`` for ``start <= n < stop``: all of them, only the
+    training part (:func:`is_held_out` false) or only the held-out part."""
+    if not 0 <= start < stop <= MAX_INSTANCE:
+        raise ToyTaskError(f"need 0 <= start < stop <= {MAX_INSTANCE}, got [{start}, {stop})")
+    if part not in ("all", "train", "held_out"):
+        raise ToyTaskError(f"part must be all, train or held_out, got {part!r}")
+    return [
+        f"{INSTANCE_PREFIX}{n}"
+        for n in range(start, stop)
+        if part == "all" or is_held_out(n) == (part == "held_out")
+    ]
 
 
 def user_prompt(instance_id: str) -> str:

@@ -26,6 +26,7 @@ from services.protocol.tasks import (
     TaskKind,
     check_instances_of_kind,
 )
+from services.protocol.toy import MAX_INSTANCE, ToyPart, toy_prompt_ids
 
 SECTION = "train"
 Schedule = Literal["auto", "groups", "single", "switch"]
@@ -93,6 +94,27 @@ DENY_FILE_HELP = (
 )
 
 
+class ToyPrompts(StrictModel):
+    """Toy prompts ``toy-lookup-<n>`` for ``start <= n < stop``, all or one part of a fixed
+    split (services/protocol/toy.py ``is_held_out``: one number in 8 by hash is held out), so a
+    run trains on a broad range and evaluates on unseen prompts of the same distribution."""
+
+    start: int = Field(default=0, ge=0, description="first request number")
+    stop: int = Field(gt=0, le=MAX_INSTANCE, description="one past the last request number")
+    part: ToyPart = Field(
+        default="all", description="all | train (the split's training part) | held_out"
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ToyPrompts:
+        if self.stop <= self.start:
+            raise ValueError(f"toy_prompts: stop ({self.stop}) must be above start ({self.start})")
+        return self
+
+    def ids(self) -> list[str]:
+        return toy_prompt_ids(self.start, self.stop, self.part)
+
+
 MIXTURE_HELP = (
     "dataset files drawn by weight, '[name=]path[:weight],...' (services/datasets/mixture.py): "
     "prompts are '<name>/<instance_id>' keys, instead of instance_ids / instances_file"
@@ -113,6 +135,9 @@ class DatasetConfig(StrictModel):
     instance_ids: list[Ident] = Field(default_factory=list, description="prompt instance ids")
     instances_file: str = Field(
         default="", description="file with one instance id per line (added after instance_ids)"
+    )
+    toy_prompts: ToyPrompts | None = Field(
+        default=None, description="toy prompts by range and split part (kind toy; added first)"
     )
     mixture: str = Field(default="", description=MIXTURE_HELP)
     on_change: Literal["error", "restart"] = Field(
@@ -147,10 +172,12 @@ class DatasetConfig(StrictModel):
     def _ids_of_kind(self) -> DatasetConfig:
         if self.kind is not None:
             check_instances_of_kind(self.kind, self.instance_ids)
-        if self.mixture and (self.instance_ids or self.instances_file):
+        if self.mixture and (self.instance_ids or self.instances_file or self.toy_prompts):
             raise ValueError(
-                "give a mixture or instance ids (instance_ids/instances_file), not both"
+                "give a mixture or instance ids (instance_ids/instances_file/toy_prompts), not both"
             )
+        if self.toy_prompts is not None and self.kind != "toy":
+            raise ValueError("toy_prompts needs kind: toy")
         if self.mixture and self.kind == "toy":
             raise ValueError("a mixture holds SWE instances: kind 'toy' cannot use it")
         if self.overlap_eval and not self.mixture:
@@ -170,16 +197,37 @@ class RolloutSettings(StrictModel):
     )
 
 
-class EvalSettings(StrictModel):
-    """The held-out evaluation of ``train.eval_interval`` (trainer.loop.evaluation): one rollout
-    request over these instances on the version each interval step publishes; never trained
-    on. The instances must not be training prompts (held out)."""
+class EvalSet(StrictModel):
+    """A set of held-out instances: ids, a file of ids, or toy prompts by range (added first)."""
 
+    toy_prompts: ToyPrompts | None = Field(
+        default=None, description="toy prompts by range and split part"
+    )
     instance_ids: list[Ident] = Field(default_factory=list, description="held-out instance ids")
     instances_file: str = Field(
         default="", description="file with one held-out id per line (added after instance_ids)"
     )
     deny_file: str = Field(default="", description=DENY_FILE_HELP)
+
+    def inline_ids(self) -> list[str]:
+        """The ids written in the config (toy prompts, then ``instance_ids``; not the file)."""
+        toy = self.toy_prompts.ids() if self.toy_prompts is not None else []
+        return [*toy, *self.instance_ids]
+
+    def is_empty(self) -> bool:
+        return not (self.toy_prompts or self.instance_ids or self.instances_file)
+
+
+class EvalSettings(EvalSet):
+    """The held-out evaluation of ``train.eval_interval`` (trainer.loop.evaluation): one rollout
+    request over these instances on the version each interval step publishes; never trained
+    on. The instances must not be training prompts (held out). ``shifted`` is a second set
+    scored apart (``eval/shifted/*``): prompts of another form (longer request numbers), to
+    see how far what was learned carries."""
+
+    shifted: EvalSet | None = Field(
+        default=None, description="a second held-out set scored apart (eval/shifted/*)"
+    )
     n_samples: int = Field(default=1, ge=1, le=64, description="samples per held-out instance")
     sampling: SamplingConfig | None = Field(
         default=None, description="sampling of the evaluation (None: train.rollout.sampling)"
@@ -227,24 +275,36 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _has_prompts(self) -> TrainConfig:
         dataset = self.dataset
-        if not dataset.instance_ids and not dataset.instances_file and not dataset.mixture:
-            raise ValueError("dataset needs instance_ids, an instances_file or a mixture")
+        if not (dataset.instance_ids or dataset.instances_file or dataset.mixture
+                or dataset.toy_prompts):  # fmt: skip
+            raise ValueError("dataset needs instance_ids, an instances_file, toy_prompts or a "
+                             "mixture")  # fmt: skip
         return self
 
     @model_validator(mode="after")
     def _eval_set(self) -> TrainConfig:
         if not self.eval_interval:
             return self
-        if not self.eval.instance_ids and not self.eval.instances_file:
-            raise ValueError("eval_interval needs eval.instance_ids or an eval.instances_file")
+        if self.eval.is_empty():
+            raise ValueError(
+                "eval_interval needs eval.instance_ids, an eval.instances_file or eval.toy_prompts"
+            )
         if not self.publish:
             raise ValueError(
                 "eval_interval needs publish: true (the evaluation runs on the engines, which "
                 "serve a trained version only once it is published)"
             )
+        held_out = self.eval.inline_ids()
+        if self.eval.shifted is not None:
+            held_out += self.eval.shifted.inline_ids()
         if self.dataset.kind is not None:
-            check_instances_of_kind(self.dataset.kind, self.eval.instance_ids)
-        shared = sorted(set(self.eval.instance_ids) & set(self.dataset.instance_ids))
+            check_instances_of_kind(self.dataset.kind, held_out)
+        elif self.eval.toy_prompts or (self.eval.shifted and self.eval.shifted.toy_prompts):
+            raise ValueError("eval toy_prompts need train.dataset.kind: toy")
+        training = list(self.dataset.instance_ids)
+        if self.dataset.toy_prompts is not None:
+            training += self.dataset.toy_prompts.ids()
+        shared = sorted(set(held_out) & set(training))
         if shared:
             raise ValueError(f"eval instances must be held out, but {shared[:3]} are training "
                              "prompts (dataset.instance_ids)")  # fmt: skip

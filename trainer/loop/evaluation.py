@@ -9,10 +9,12 @@ the end of the run the last evaluations are awaited (``eval.wait_at_end_s``), th
 Nothing of an evaluation reaches a batch: its results are read by its own batch id, which the
 collector never follows.
 
-Scores: ``eval/reward_mean`` over the trainable outcomes; aborted trajectories (infrastructure)
-are counted in ``eval/aborted`` and never scored; ``eval/pass_at_n`` is the fraction of
-instances with at least one sample at reward >= 1 (n = ``n_samples``), among the instances with
-a scored sample; ``eval/version`` is the policy version that was evaluated.
+Scores: ``eval/reward_mean`` over the trainable outcomes and its standard error
+``eval/reward_se`` (sqrt(p (1 - p) / n) over the n scored samples); aborted trajectories
+(infrastructure) are counted in ``eval/aborted`` and never scored; ``eval/pass_at_n`` is the
+fraction of instances with at least one sample at reward >= 1 (n = ``n_samples``), among the
+instances with a scored sample; ``eval/version`` is the policy version that was evaluated. The
+``eval.shifted`` set rides in the same request and is scored apart as ``eval/shifted/*``.
 
 Request ids are ``<run_id>-eval<step>``: a resumed run adopts the evaluations the dead run
 submitted and did not log (their steps are at or before the checkpoint and are not redone).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +49,9 @@ class _Pending:
     submitted: float
 
 
-def eval_scores(results: list[TaskResult], instance_of: dict[str, str]) -> dict[str, float]:
+def eval_scores(
+    results: list[TaskResult], instance_of: dict[str, str], prefix: str = "eval/"
+) -> dict[str, float]:
     """``eval/*`` of one finished evaluation (``instance_of``: task id -> instance id)."""
     scored = [r for r in results if r.outcome.trainable]
     best: dict[str, float] = {}
@@ -54,14 +59,15 @@ def eval_scores(results: list[TaskResult], instance_of: dict[str, str]) -> dict[
         instance = instance_of[r.task_id]
         best[instance] = max(best.get(instance, 0.0), float(r.outcome.reward or 0.0))
     nan = float("nan")
+    mean = fmean(float(r.outcome.reward or 0.0) for r in scored) if scored else nan
     return {
-        "eval/reward_mean": fmean(float(r.outcome.reward or 0.0) for r in scored)
-        if scored
-        else nan,
+        f"{prefix}reward_mean": mean,
+        # binomial standard error of the mean (rewards are 0/1 on the toy task)
+        f"{prefix}reward_se": math.sqrt(mean * (1 - mean) / len(scored)) if scored else nan,
         # over the instances with a scored sample: infrastructure never counts as unsolved
-        "eval/pass_at_n": sum(v >= 1.0 for v in best.values()) / len(best) if best else nan,
-        "eval/trajectories": float(len(scored)),
-        "eval/aborted": float(len(results) - len(scored)),
+        f"{prefix}pass_at_n": sum(v >= 1.0 for v in best.values()) / len(best) if best else nan,
+        f"{prefix}trajectories": float(len(scored)),
+        f"{prefix}aborted": float(len(results) - len(scored)),
     }
 
 
@@ -73,6 +79,11 @@ class PeriodicEval:
         self.config = config
         self.interval = config.eval_interval
         self.ids = load_instance_ids(config.eval, "eval") if self.interval else []
+        shifted = config.eval.shifted if self.interval else None
+        self.shifted_ids = load_instance_ids(shifted, "eval.shifted") if shifted else []
+        overlap = sorted(set(self.ids) & set(self.shifted_ids))
+        if overlap:
+            raise ValueError(f"eval.shifted repeats held-out instances: {overlap[:3]}")
         self.path = Path(config.run_dir) / EVAL_FILE
         self.writer = writer  # a TensorBoard SummaryWriter, or None
         self.pending: list[_Pending] = []
@@ -84,7 +95,7 @@ class PeriodicEval:
         """ValueError when an eval instance is also a training prompt (files included; a
         mixture's ``<dataset>/<id>`` prompt also by its instance id)."""
         bare = {key.rpartition("/")[2] for key in training_ids}
-        shared = sorted(set(self.ids) & (set(training_ids) | bare))
+        shared = sorted(set(self.ids + self.shifted_ids) & (set(training_ids) | bare))
         if shared:
             raise ValueError(f"eval instances must be held out, but {shared[:3]} are training "
                              "prompts")  # fmt: skip
@@ -115,7 +126,7 @@ class PeriodicEval:
         request = RolloutRequest(
             batch_id=self.batch_id(step),
             job_id=f"{rollout.job_id}-eval",
-            instance_ids=self.ids,
+            instance_ids=self.ids + self.shifted_ids,
             n_samples=settings.n_samples,
             policy_version=version,
             limits=settings.limits or rollout.limits,
@@ -125,8 +136,9 @@ class PeriodicEval:
         )
         self.manager.submit(request)
         self.pending.append(_Pending(step, version, request, time.monotonic()))
-        log.info("step %d: evaluating version %d on %d held-out instances x %d",
-                 step, version, len(self.ids), settings.n_samples)  # fmt: skip
+        log.info("step %d: evaluating version %d on %d held-out instances (+%d shifted) x %d",
+                 step, version, len(self.ids), len(self.shifted_ids),
+                 settings.n_samples)  # fmt: skip
 
     def poll(self) -> list[dict[str, float]]:
         """Log every pending evaluation that has finished; returns their rows."""
@@ -160,11 +172,16 @@ class PeriodicEval:
     def _finish(self, item: _Pending) -> dict[str, float]:
         results = self.manager.collect(item.request.batch_id, timeout_s=60)
         instance_of = {t.task_id: t.instance_id for t in tasks_for_request(item.request)}
+        shifted = set(self.shifted_ids)
+        main = [r for r in results if instance_of[r.task_id] not in shifted]
         row = {
-            **eval_scores(results, instance_of),
+            **eval_scores(main, instance_of),
             "eval/version": float(item.version),
             "eval/seconds": time.monotonic() - item.submitted,
         }
+        if shifted:
+            moved = [r for r in results if instance_of[r.task_id] in shifted]
+            row.update(eval_scores(moved, instance_of, "eval/shifted/"))
         self.pending.remove(item)
         clean = {k: (None if v != v else v) for k, v in row.items()}  # NaN -> null
         with self.path.open("a") as f:
@@ -174,7 +191,9 @@ class PeriodicEval:
                 if value == value:
                     self.writer.add_scalar(key, value, item.step)  # type: ignore[attr-defined]
             self.writer.flush()  # type: ignore[attr-defined]
-        log.info("evaluation of step %d (version %d): reward %.3f, pass@%d %.3f",
-                 item.step, item.version, row["eval/reward_mean"], self.config.eval.n_samples,
-                 row["eval/pass_at_n"])  # fmt: skip
+        log.info("evaluation of step %d (version %d): reward %.3f +- %.3f, pass@%d %.3f%s",
+                 item.step, item.version, row["eval/reward_mean"], row["eval/reward_se"],
+                 self.config.eval.n_samples, row["eval/pass_at_n"],
+                 f", shifted {row['eval/shifted/reward_mean']:.3f}" if shifted
+                 else "")  # fmt: skip
         return row

@@ -23,16 +23,17 @@ from services.datasets.loader import DatasetError, load_instances
 from services.datasets.mixture import MixtureEntry, MixtureSampler, load_mixture, parse_mixture
 from services.datasets.overlap import find_overlaps
 from trainer.checkpoint import CheckpointError
-from trainer.loop.config import DatasetConfig, EvalSettings
+from trainer.loop.config import DatasetConfig, EvalSet
 
 log = logging.getLogger("swerl.trainer.prompts")
 
 
-def load_instance_ids(config: DatasetConfig | EvalSettings, section: str = "dataset") -> list[str]:
-    """``instance_ids`` then the non-empty lines of ``instances_file``, less the ids on the
-    ``deny_file`` deny-list; duplicates are an error, so is a list that the deny-list empties
-    (``section`` names the config section in the messages)."""
-    ids = list(config.instance_ids)
+def load_instance_ids(config: DatasetConfig | EvalSet, section: str = "dataset") -> list[str]:
+    """``toy_prompts``' ids, ``instance_ids``, then the non-empty lines of ``instances_file``,
+    less the ids on the ``deny_file`` deny-list; duplicates are an error, so is a list that the
+    deny-list empties (``section`` names the config section in the messages)."""
+    ids = config.toy_prompts.ids() if config.toy_prompts is not None else []
+    ids += config.instance_ids
     if config.instances_file:
         path = Path(config.instances_file)
         try:

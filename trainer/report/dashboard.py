@@ -80,7 +80,13 @@ def _reward(
     ax.plot(xs, rolling_mean(ys, window), color="black", label=f"rolling mean ({window})")
     held_out = _series(evals, "eval/reward_mean")
     if held_out[0]:
-        ax.plot(*held_out, color="tab:purple", marker="D", label="held-out eval")
+        se = _series(evals, "eval/reward_se")[1] or None  # error bars: one standard error
+        ax.errorbar(*held_out, yerr=se, color="tab:purple", marker="D", capsize=3,
+                    label="held-out eval (+- 1 s.e.)")  # fmt: skip
+    shifted = _series(evals, "eval/shifted/reward_mean")
+    if shifted[0]:
+        ax.plot(*shifted, color="tab:brown", marker="s", linestyle="--",
+                label="shifted held-out eval")  # fmt: skip
     ax.legend(fontsize=7, loc="best")
 
 

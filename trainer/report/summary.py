@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Any
+from typing import Any, NamedTuple
 
 TIME_PARTS = ("wait_rollouts", "build", "train", "publish")
 
@@ -87,8 +87,19 @@ class Summary:
     step_time_mean: float | None
     time_parts: dict[str, float] = field(default_factory=dict)
     phases: dict[str, int] = field(default_factory=dict)
-    # (step, eval/reward_mean, eval/pass_at_n) per held-out evaluation; None: no score
-    evals: list[tuple[int, float | None, float | None]] = field(default_factory=list)
+    # one per held-out evaluation (eval.jsonl)
+    evals: list[EvalPoint] = field(default_factory=list)
+
+
+class EvalPoint(NamedTuple):
+    """One held-out evaluation: its step, ``eval/reward_mean``, ``eval/pass_at_n``,
+    ``eval/reward_se`` and the shifted set's ``eval/shifted/reward_mean`` (None: no score)."""
+
+    step: int
+    reward: float | None
+    pass_at_n: float | None
+    se: float | None = None
+    shifted: float | None = None
 
 
 def _finite(value: Any) -> float | None:
@@ -124,7 +135,13 @@ def summarize(
         time_parts=parts,
         phases=dict(Counter(str(r.get("phase", "?")) for r in rows)),
         evals=[
-            (int(e["step"]), _finite(e.get("eval/reward_mean")), _finite(e.get("eval/pass_at_n")))
+            EvalPoint(
+                int(e["step"]),
+                _finite(e.get("eval/reward_mean")),
+                _finite(e.get("eval/pass_at_n")),
+                _finite(e.get("eval/reward_se")),
+                _finite(e.get("eval/shifted/reward_mean")),
+            )
             for e in evals
             if isinstance(e.get("step"), int)
         ],
@@ -161,6 +178,12 @@ def render_text(s: Summary, source: str = "") -> str:
     rate = f"; {60.0 / s.step_time_mean:.1f} steps/minute" if s.step_time_mean else ""
     lines.append(f"step time: mean {_num(s.step_time_mean)} s ({parts or 'no split'}){rate}")
     if s.evals:
-        scores = ", ".join(f"step {k} {_num(r)} (pass@n {_num(p)})" for k, r, p in s.evals)
+        scores = ", ".join(
+            f"step {e.step} {_num(e.reward)}"
+            + (f" +- {_num(e.se)}" if e.se is not None else "")
+            + f" (pass@n {_num(e.pass_at_n)})"
+            + (f" shifted {_num(e.shifted)}" if e.shifted is not None else "")
+            for e in s.evals
+        )
         lines.append(f"held-out eval (reward mean): {scores}")
     return "\n".join(lines) + "\n"

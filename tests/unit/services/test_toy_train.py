@@ -126,3 +126,16 @@ def test_the_trainer_runs_under_torchrun_only_with_several_ranks(
         main(["--config", str(config), "--run-dir", "/nonexistent/x", "--nproc", "0"])
     assert exit_info.value.code == 2
     assert "--nproc must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_one_run_seed_sets_every_seed_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.toy_train import engine_seed_args, seed_overrides
+
+    for key, value in seed_overrides(5).items():
+        monkeypatch.setenv(key, value)
+    cfg = load_run_config(str(CONFIGS / "toy_li2sao.yaml"))
+    assert (cfg.trainer.seed, cfg.train.dataset.seed) == (5, 5)
+    assert engine_seed_args(5) != engine_seed_args(6)
+    assert engine_seed_args(5)[0] == "--seed" and int(engine_seed_args(5)[1]) >= 0
+    with pytest.raises(StackError, match="--seed must be >= 0"):
+        seed_overrides(-1)

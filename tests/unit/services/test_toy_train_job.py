@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.protocol.toy import toy_prompt_ids
 from services.toy_train_job import JobFileError, split_config, submit_argv
 from trainer.service.spec import write_run_config
 
@@ -21,8 +22,12 @@ def load(name: str) -> dict:
 def test_the_demo_config_becomes_base_ids_and_spec() -> None:
     raw = load("toy_li2sao.yaml")
     base, ids, spec = split_config(raw, None)
-    assert ids == raw["train"]["dataset"]["instance_ids"]
-    assert "instance_ids" not in base["train"]["dataset"]
+    # the training part of request numbers 0-999: broad, and none of the held-out prompts
+    assert len(ids) == len(set(ids)) and 800 < len(ids) < 1000
+    held_out = toy_prompt_ids(0, 1000, "held_out")
+    assert set(ids) | set(held_out) == set(toy_prompt_ids(0, 1000))
+    assert not set(ids) & set(held_out)
+    assert not {"instance_ids", "toy_prompts"} & set(base["train"]["dataset"])
     assert base["train"]["dataset"]["kind"] == "toy"
     assert not {"run_dir", "run_id", "steps"} & set(base["train"])
     assert base["train"]["eval"] == raw["train"]["eval"]  # held-out evaluation stays
@@ -33,7 +38,12 @@ def test_the_demo_config_becomes_base_ids_and_spec() -> None:
         "batch": {"prompts_per_step": boot["prompts"], "samples_per_prompt": boot["group_size"]},
     }
     assert split_config(raw, 3)[2]["steps"] == 3
-    assert raw["train"]["dataset"]["instance_ids"] == ids  # the caller's mapping is untouched
+    assert "toy_prompts" in raw["train"]["dataset"]  # the caller's mapping is untouched
+    assert "seed" not in raw["trainer"]
+    # the run seed sets the trainer's and the prompt order's seeds
+    seeded = split_config(raw, None, 7)[0]
+    assert (seeded["trainer"]["seed"], seeded["train"]["dataset"]["seed"]) == (7, 7)
+    assert split_config(raw, None, 7)[1] == ids  # the prompts do not depend on the seed
 
 
 def test_base_and_spec_make_the_run_config_the_trainer_service_writes(tmp_path: Path) -> None:
@@ -59,8 +69,11 @@ def test_configs_a_job_cannot_carry_are_refused() -> None:
     with pytest.raises(JobFileError, match=r"single\.batch_size 32"):
         split_config(raw, None)
     raw = load("toy_li2sao.yaml")
-    raw["train"]["dataset"]["instance_ids"] = []
-    with pytest.raises(JobFileError, match="instance_ids is empty"):
+    del raw["train"]["dataset"]["toy_prompts"]
+    with pytest.raises(JobFileError, match="no instance_ids or toy_prompts"):
+        split_config(raw, None)
+    raw["train"]["dataset"]["toy_prompts"] = {"start": 5, "stop": 5}
+    with pytest.raises(JobFileError, match=r"toy_prompts.*stop"):
         split_config(raw, None)
     with pytest.raises(JobFileError, match="train: and trainer:"):
         split_config({"train": {}}, None)

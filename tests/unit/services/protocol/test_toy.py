@@ -14,10 +14,12 @@ from services.protocol.toy import (
     ToyTaskError,
     draw_code,
     instance_number,
+    is_held_out,
     observation,
     prompt_messages,
     reward_for_answer,
     toy_instance_ids,
+    toy_prompt_ids,
 )
 
 
@@ -89,3 +91,23 @@ def test_the_answer_must_be_exactly_the_code(answer: str | None, reward: float) 
 def test_grading_against_an_unknown_code_is_an_error() -> None:
     with pytest.raises(ToyTaskError, match="unknown code"):
         reward_for_answer("x", "x")
+
+
+def test_the_held_out_split_is_an_eighth_without_a_digit_pattern() -> None:
+    held = [n for n in range(8000) if is_held_out(n)]
+    assert 800 < len(held) < 1200  # one in HELD_OUT_EVERY = 8, by hash
+    # every last digit occurs among the held-out numbers (n % 8 or n % 10 would not do that)
+    assert {n % 10 for n in held} == set(range(10)) and {n % 8 for n in held} == set(range(8))
+    assert is_held_out(4) and not is_held_out(0)  # fixed: a split never moves between runs
+
+
+def test_toy_prompt_ids_split_a_range_into_disjoint_parts() -> None:
+    train, held = toy_prompt_ids(0, 1000, "train"), toy_prompt_ids(0, 1000, "held_out")
+    assert not set(train) & set(held)
+    assert sorted(train + held, key=instance_number) == toy_prompt_ids(0, 1000)
+    assert toy_prompt_ids(1000, 1003) == ["toy-lookup-1000", "toy-lookup-1001", "toy-lookup-1002"]
+    for bad in [(5, 5), (-1, 3), (0, 10**9 + 1)]:
+        with pytest.raises(ToyTaskError, match="start < stop"):
+            toy_prompt_ids(*bad)
+    with pytest.raises(ToyTaskError, match="part must be"):
+        toy_prompt_ids(0, 3, "test")  # type: ignore[arg-type]

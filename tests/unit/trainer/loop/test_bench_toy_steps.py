@@ -3,23 +3,19 @@ argument checks (the runs themselves take minutes: docs/training.md has measured
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.bench_scripts import load_bench
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "bench" / "bench_toy_steps.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_toy_steps", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_toy_steps")
 
 
 def test_figures_skip_the_warm_up_steps_and_give_steps_per_minute() -> None:

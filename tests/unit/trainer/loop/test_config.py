@@ -58,7 +58,7 @@ def test_defaults_are_the_spec_shapes() -> None:
         ({**MINIMAL, "bootstrap": {"group_size": 1}}, r"bootstrap\.group_size"),
         (
             {"run_dir": "/r", "steps": 1},
-            "dataset needs instance_ids, an instances_file or a mixture",
+            "dataset needs instance_ids, an instances_file, toy_prompts or a mixture",
         ),
         ({**MINIMAL, "dataset": {"instance_ids": ["a"], "kind": "math"}}, r"dataset\.kind"),
         ({**MINIMAL, "dataset": {"instance_ids": ["a"], "kind": "toy"}}, "kind 'toy'"),
@@ -188,3 +188,52 @@ def test_the_held_out_evaluation_is_off_by_default_and_validated() -> None:
         TrainConfig(**MINIMAL, eval_interval=5, eval={"instance_ids": ["h1"], "n_samples": 0})
     with pytest.raises(ValueError, match="eval_interval"):
         TrainConfig(**MINIMAL, eval_interval=-1)
+
+
+TOY = {"run_dir": "/tmp/r", "steps": 3, "publish": True, "eval_interval": 5,
+       "dataset": {"kind": "toy", "toy_prompts": {"stop": 1000, "part": "train"}}}  # fmt: skip
+
+
+def test_toy_prompts_give_the_training_part_and_held_out_sets() -> None:
+    held_out = {"toy_prompts": {"stop": 1000, "part": "held_out"}}
+    cfg = TrainConfig(
+        **TOY, eval={**held_out, "shifted": {"toy_prompts": {"start": 1000, "stop": 1064}}}
+    )
+    train = load_instance_ids(cfg.dataset)
+    held = load_instance_ids(cfg.eval, "eval")
+    assert len(train) + len(held) == 1000 and not set(train) & set(held)
+    assert cfg.eval.shifted is not None
+    assert load_instance_ids(cfg.eval.shifted)[0] == "toy-lookup-1000"
+
+
+@pytest.mark.parametrize(
+    ("train", "needle"),
+    [
+        # held-out prompts that are training prompts, in the main or the shifted set
+        ({**TOY, "eval": {"toy_prompts": {"stop": 1000}}}, "must be held out"),
+        (
+            {
+                **TOY,
+                "eval": {
+                    "instance_ids": ["toy-lookup-1001"],
+                    "shifted": {"toy_prompts": {"stop": 10}},
+                },
+            },
+            "must be held out",
+        ),
+        # toy prompts of a run that is not a toy run
+        ({**TOY, "dataset": {"toy_prompts": {"stop": 5}}}, "toy_prompts needs kind: toy"),
+        (
+            {**TOY, "dataset": {"kind": "toy", "toy_prompts": {"start": 9, "stop": 9}}},
+            r"stop \(9\) must be above start \(9\)",
+        ),
+        (
+            {**TOY, "dataset": {"kind": "toy", "toy_prompts": {"stop": 9, "part": "test"}}},
+            "part",
+        ),
+        ({**TOY, "eval": {}}, "eval_interval needs"),
+    ],
+)
+def test_bad_toy_prompt_sets_are_refused_by_name(train: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        TrainConfig(**train)

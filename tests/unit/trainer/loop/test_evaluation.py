@@ -35,3 +35,17 @@ def test_an_all_aborted_evaluation_has_no_score_rather_than_zero() -> None:
     scores = eval_scores([result("t0", None, OutcomeStatus.ABORTED)], {"t0": "i0"})
     assert math.isnan(scores["eval/reward_mean"]) and math.isnan(scores["eval/pass_at_n"])
     assert scores["eval/aborted"] == 1.0
+
+
+def test_the_standard_error_is_the_binomial_one_over_the_scored_samples() -> None:
+    results = [result(f"t{i}", float(i < 30)) for i in range(120)]  # 30 of 120 solved
+    results.append(result("t999", None, OutcomeStatus.ABORTED))  # not a sample
+    scores = eval_scores(results, {r.task_id: r.task_id for r in results})
+    assert scores["eval/reward_mean"] == 0.25
+    assert scores["eval/reward_se"] == math.sqrt(0.25 * 0.75 / 120)
+    shifted = eval_scores(results[:4], {r.task_id: r.task_id for r in results}, "eval/shifted/")
+    assert set(shifted) == {
+        "eval/shifted/reward_mean", "eval/shifted/reward_se", "eval/shifted/pass_at_n",
+        "eval/shifted/trajectories", "eval/shifted/aborted",
+    }  # fmt: skip
+    assert shifted["eval/shifted/reward_mean"] == 1.0 and shifted["eval/shifted/reward_se"] == 0

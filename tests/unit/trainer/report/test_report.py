@@ -197,4 +197,7 @@ def test_the_held_out_evaluations_are_in_the_summary_and_the_dashboard(tmp_path:
     without = write_run(tmp_path / "other", rows_with_switch())
     assert main([str(without)]) == 0
     assert "held-out" not in (without / "report.txt").read_text()
-    assert summarize(rows_with_switch(), 5, evals).evals == [(4, 0.25, 0.5), (8, None, None)]
+    assert summarize(rows_with_switch(), 5, evals).evals == [
+        (4, 0.25, 0.5, None, None),
+        (8, None, None, None, None),
+    ]
