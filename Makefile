@@ -62,8 +62,12 @@ format:  ## apply ruff fixes and formatting
 	@.venv/bin/ruff check --fix .
 	@.venv/bin/ruff format .
 
-bench: setup  ## run every benchmark (prints side-by-side ratios)
-	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+# Benchmarks whose full size takes hours (several whole training runs) run their --quick form here.
+BENCH_QUICK := bench_time_to_reward bench_demo_reliability
+bench: setup  ## run every benchmark (prints side-by-side ratios; the long ones --quick)
+	@for b in bench/bench_*.py; do n=$$(basename $$b .py); a=""; \
+	  case " $(BENCH_QUICK) " in *" $$n "*) a=--quick;; esac; \
+	  echo "== $$b $$a"; $(PY) $$b $$a || exit 1; done
 
 clean:  ## stop the private dockerd and remove build outputs (caches stay)
 	@deploy/dev/dockerd.sh stop || true

@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     .venv/bin/python bench/bench_demo_reliability.py                  # seeds 0-4, 50 steps
     .venv/bin/python bench/bench_demo_reliability.py --seeds 5,6 --json out.json
+    .venv/bin/python bench/bench_demo_reliability.py --quick          # seed 0 only
 
 For each seed, one after the other on this machine, ``python -m services.toy_train_job
 --config trainer/configs/toy_li2sao.yaml --seed S`` runs exactly what ``make demo`` runs first
@@ -106,12 +107,15 @@ def table(rows: dict[int, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    p.add_argument("--seeds", default="0,1,2,3,4", help="run seeds, comma-separated (0-4)")
+    p.add_argument("--seeds", default=None, help="run seeds, comma-separated (0,1,2,3,4)")
+    p.add_argument("--quick", action="store_true", help="seed 0 only (--seeds wins)")
     p.add_argument("--steps", type=int, default=None, help="override train.steps (50)")
     p.add_argument("--bar", type=float, default=0.7, help="last-5 and held-out bar (0.7)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     p.add_argument("--keep", type=Path, default=None, help="keep the runs in this directory")
     args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = "0" if args.quick else "0,1,2,3,4"
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:

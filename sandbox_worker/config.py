@@ -47,6 +47,38 @@ class SimulatedRunnerConfig(StrictModel):
     probe: bool = False
 
 
+class ToyToolLatencyConfig(StrictModel):
+    """Simulated latency of the toy task's ``lookup`` tool (docs/toy-task.md, "Latency model").
+
+    Off by default (``median_s`` 0: no wait). On, every trajectory waits before its second turn
+    for a time drawn from a lognormal with this median and 99th percentile (``p99_s``; None:
+    10 x the median, the "SWE-like" shape: median 3 s, p99 30 s), deterministic per task id and
+    attempt, capped at ``max_s``. The default cap (60 s) keeps a trajectory inside the toy
+    configs' ``wall_time_s`` (120 s); a wait that outlives the wall time ends as a timeout.
+    """
+
+    median_s: float = Field(0.0, ge=0.0, le=3600.0)
+    p99_s: float | None = Field(None, gt=0.0, le=86_400.0)
+    max_s: float = Field(60.0, gt=0.0, le=86_400.0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.median_s > 0.0
+
+    @property
+    def p99(self) -> float:
+        """The 99th percentile in effect (10 x the median when ``p99_s`` is not set)."""
+        return self.p99_s if self.p99_s is not None else 10.0 * self.median_s
+
+    @model_validator(mode="after")
+    def _p99_above_median(self) -> ToyToolLatencyConfig:
+        if self.enabled and self.p99 < self.median_s:
+            raise ValueError(
+                f"toy_tool_latency.p99_s ({self.p99:g}) must be >= median_s ({self.median_s:g})"
+            )
+        return self
+
+
 class SandboxLimitsConfig(StrictModel):
     """CPU, memory, pids, disk and inode limits of one sandbox (``SandboxLimits`` in config
     form). ``disk_mb`` / ``inodes`` bound what the sandbox holds in its writable places
@@ -163,6 +195,8 @@ class TrajectoryRunnerConfig(StrictModel):
     adapter_attempts: int = Field(3, ge=1, le=20)  # tries of each open / close call
     # The toy runner's chat completions (kind "toy"): longest one call may take.
     toy_call_timeout_s: float = Field(120.0, gt=0.0)
+    # The toy task's simulated tool latency (off by default; ToyToolLatencyConfig).
+    toy_tool_latency: ToyToolLatencyConfig = Field(default_factory=ToyToolLatencyConfig)
     # The longest agent patch graded (bytes): a longer one is reward 0 with the reason
     # patch_too_large (never truncated, never a failure at close). At most 4 MiB, so that its
     # JSON in the close body stays under the adapter's close limit (adapter.max_close_body_bytes).

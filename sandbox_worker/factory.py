@@ -13,8 +13,8 @@
     wired from ``cfg.rollout``: the sandbox backend with one shared relay hub, the agent-server
     bundle (this process's own Python and venv, mounted read-only into sandboxes), the adapter
     client, the task instances and the image naming rule;
-  - ``toy``: :class:`sandbox_worker.toy.ToyTrajectoryRunner` (no container): the adapter client
-    and the adapter's per-trajectory chat URL.
+  - ``toy``: :class:`sandbox_worker.toy.ToyTrajectoryRunner` (no container): the adapter client,
+    the adapter's per-trajectory chat URL and the tool latency model (``toy_tool_latency``).
 
   A task of a kind this worker does not run is aborted with a reason naming ``worker.kinds``,
   final (no retry).
@@ -207,7 +207,7 @@ def build_runner(
         )
     if "toy" in cfg.kinds:
         chat = ChatEndpoint(rc.adapter_url, timeout_s=rc.toy_call_timeout_s)
-        runners["toy"] = ToyTrajectoryRunner(adapter, chat)
+        runners["toy"] = ToyTrajectoryRunner(adapter, chat, latency=rc.toy_tool_latency)
     return KindRouter(runners), cleaner
 
 

@@ -11,28 +11,36 @@ refresh and policy lag are exercised on the real path. For one task:
    id and attempt (:func:`services.protocol.toy.draw_code`);
 2. **turn 1**: system prompt + user message, the ``lookup`` tool offered; the answer must be
    exactly one tool call named ``lookup`` (as the adapter parsed it from the model's text);
-3. **observation**: the tool result holds the code on 32 lines;
+3. **observation**: the tool result holds the code on 32 lines; with a latency model
+   (``worker.rollout.toy_tool_latency``, off by default) the tool first takes a time drawn
+   per task from a long-tailed lognormal (:func:`tool_latency_s`), so that agent steps, not
+   the train step, dominate a run, as with SWE agents;
 4. **turn 2**: the answer; reward 1 if it is exactly the code, else 0;
 5. **close** the record with the outcome.
 
 Endings: a well-formed episode is ``completed`` with reward 1 or 0. A first turn without a
 well-formed ``lookup`` call (plain text, another tool, several calls, a cut-off call) or a second
 turn that calls a tool instead of answering is the *policy's* fault: ``error`` with reward 0,
-trained on. ``limits.max_steps`` < 2 or an exhausted ``limits.wall_time_s`` before a turn is
-``timeout`` with reward 0. The adapter or engine failing (transport error, a non-200 answer, an
-unreadable body) and a cancel are ``aborted``: excluded from training, never a 0.
+trained on. ``limits.max_steps`` < 2 or an exhausted ``limits.wall_time_s`` before a turn (or
+during the tool's latency) is ``timeout`` with reward 0. The adapter or engine failing
+(transport error, a non-200 answer, an unreadable body) and a cancel are ``aborted``: excluded
+from training, never a 0.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import httpx
 
 from sandbox_worker.adapter_client import TrajectoryRecords
+from sandbox_worker.config import ToyToolLatencyConfig
 from sandbox_worker.outcomes import aborted, graded
 from sandbox_worker.records import OpenFailedError, close_record, open_record, trajectory_meta
 from sandbox_worker.runner import CANCELLED, RunContext
@@ -53,6 +61,30 @@ NO_TOOL_CALL = "no_tool_call"  # turn 1 is not one well-formed lookup call
 TOOL_CALL_AS_ANSWER = "tool_call_as_answer"  # turn 2 called a tool instead of answering
 OUT_OF_STEPS = "out_of_steps"  # limits.max_steps < 2
 OUT_OF_TIME = "out_of_time"  # limits.wall_time_s spent before a turn
+
+
+# The standard normal quantile of 0.99: a lognormal's sigma is ln(p99 / median) / Z99.
+Z99 = NormalDist().inv_cdf(0.99)
+
+
+def latency_sigma(cfg: ToyToolLatencyConfig) -> float:
+    """The lognormal's sigma for the configured median and p99 (0 when off)."""
+    if not cfg.enabled:
+        return 0.0
+    return math.log(cfg.p99 / cfg.median_s) / Z99
+
+
+def tool_latency_s(task_id: str, attempt: int, cfg: ToyToolLatencyConfig) -> float:
+    """The ``lookup`` tool's latency of one trajectory in seconds: 0 when the model is off;
+    else ``median * exp(sigma * z)``, capped at ``max_s``, with ``z`` the standard normal
+    quantile of a uniform drawn as SHA-256 of ``"<task_id>#<attempt>#latency"`` (like the
+    code's draw: reproducible, independent of the code, fresh per attempt)."""
+    if not cfg.enabled:
+        return 0.0
+    digest = hashlib.sha256(f"{task_id}#{attempt}#latency".encode()).digest()
+    u = (int.from_bytes(digest[:8], "big") + 0.5) / 2.0**64
+    z = NormalDist().inv_cdf(u)
+    return min(cfg.max_s, cfg.median_s * math.exp(latency_sigma(cfg) * z))
 
 
 class LLMCallError(RuntimeError):
@@ -162,9 +194,16 @@ def sampling_body(task: RolloutTask) -> dict[str, Any]:
 class ToyTrajectoryRunner:
     """Plays toy tasks against the adapter (see the module docstring); thread-safe."""
 
-    def __init__(self, adapter: TrajectoryRecords, chat: ChatEndpoint) -> None:
+    def __init__(
+        self,
+        adapter: TrajectoryRecords,
+        chat: ChatEndpoint,
+        *,
+        latency: ToyToolLatencyConfig | None = None,
+    ) -> None:
         self.adapter = adapter
         self.chat = chat
+        self.latency = latency or ToyToolLatencyConfig()
 
     def run(self, task: RolloutTask, ctx: RunContext) -> Outcome:
         started = time.monotonic()
@@ -210,6 +249,7 @@ class ToyTrajectoryRunner:
             return self._graded(ep, OutcomeStatus.ERROR, NO_TOOL_CALL, 0.0)
         if ep.task.limits.max_steps < 2:
             return self._graded(ep, OutcomeStatus.TIMEOUT, OUT_OF_STEPS, 0.0)
+        self._tool_wait(ep)
         messages += [
             {
                 "role": "assistant",
@@ -226,6 +266,20 @@ class ToyTrajectoryRunner:
         return self._graded(
             ep, OutcomeStatus.COMPLETED, ANSWERED, reward_for_answer(answer, ep.code)
         )
+
+    def _tool_wait(self, ep: _Episode) -> None:
+        """The ``lookup`` tool's simulated latency (nothing when the model is off): the drawn
+        time is ``durations["tool"]``; a cancel ends the wait at once (aborted), the wall-time
+        deadline ends it as a timeout."""
+        delay = tool_latency_s(ep.task.task_id, ep.task.attempt, self.latency)
+        if delay <= 0.0:
+            return
+        ep.durations["tool"] = round(delay, 3)
+        left = ep.deadline - time.monotonic()
+        if ep.ctx.cancel.wait(max(0.0, min(delay, left))):
+            raise _Abort(ep.ctx.cancel.reason or CANCELLED)
+        if delay >= left:
+            raise _OutOfTime
 
     def _turn(self, ep: _Episode, messages: list[dict[str, Any]], name: str) -> dict[str, Any]:
         """One chat completion with the ``lookup`` tool offered (cancel and time checked)."""

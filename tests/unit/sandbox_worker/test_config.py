@@ -51,3 +51,26 @@ def test_adapter_credential_and_sandboxed_condenser_rules() -> None:
     with pytest.raises(ValidationError, match=r"condenser\.tracked"):
         cfg(openhands={"condenser": {"enabled": True, "tracked": False}})
     assert cfg(openhands={"condenser": {"enabled": True}}).rollout.openhands.condenser.tracked
+
+
+def test_toy_tool_latency_is_off_by_default_and_validated() -> None:
+    from services.config import load_config
+
+    latency = cfg().rollout.toy_tool_latency
+    assert not latency.enabled and latency.median_s == 0.0
+    on = cfg(toy_tool_latency={"median_s": 3}).rollout.toy_tool_latency
+    assert on.enabled and on.p99 == 30.0  # no p99: 10 x the median ("SWE-like")
+    assert on.max_s == 60.0  # inside the toy configs' wall_time_s (120 s)
+    with pytest.raises(ValidationError, match="p99_s"):
+        cfg(toy_tool_latency={"median_s": 3, "p99_s": 2})
+    with pytest.raises(ValidationError, match="median_s"):
+        cfg(toy_tool_latency={"median_s": -1})
+    with pytest.raises(ValidationError, match="extra"):
+        cfg(toy_tool_latency={"mean_s": 3})
+    # the environment form a training run's worker inherits
+    env = {
+        "SWERL_WORKER__ROLLOUT__TOY_TOOL_LATENCY__MEDIAN_S": "0.5",
+        "SWERL_WORKER__ROLLOUT__TOY_TOOL_LATENCY__P99_S": "5",
+    }
+    loaded = load_config(WorkerConfig, section="worker", environ=env).rollout.toy_tool_latency
+    assert (loaded.median_s, loaded.p99) == (0.5, 5.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -12,9 +13,10 @@ from typing import Any
 import pytest
 
 from sandbox_worker.adapter_client import AdapterUnavailableError
+from sandbox_worker.config import ToyToolLatencyConfig
 from sandbox_worker.runner import CancelToken
 from sandbox_worker.toy import ChatEndpoint, ToyTrajectoryRunner
-from sandbox_worker.toy.runner import lookup_call
+from sandbox_worker.toy.runner import latency_sigma, lookup_call, tool_latency_s
 from services.processes import free_port
 from services.protocol import AgentLimits, RolloutTask, SamplingConfig
 from services.protocol.toy import CODES, SYSTEM_PROMPT, draw_code
@@ -238,3 +240,103 @@ def test_lookup_call_accepts_exactly_one_well_formed_lookup(
     message: dict[str, Any], ok: bool
 ) -> None:
     assert (lookup_call(message) is not None) is ok, json.dumps(message)
+
+
+# -- the tool latency model ----------------------------------------------------------------
+
+
+def latency(**kw: Any) -> ToyToolLatencyConfig:
+    return ToyToolLatencyConfig(**kw)
+
+
+def test_tool_latency_is_zero_when_off_and_deterministic_per_task() -> None:
+    assert tool_latency_s("b1:0:0", 1, latency()) == 0.0
+    on = latency(median_s=3.0, p99_s=30.0)
+    first = tool_latency_s("b1:0:0", 1, on)
+    assert first > 0.0 and tool_latency_s("b1:0:0", 1, on) == first  # reproducible
+    assert tool_latency_s("b1:0:0", 2, on) != first  # a retry draws afresh
+    assert len({tool_latency_s(f"b1:0:{s}", 1, on) for s in range(20)}) == 20
+    # independent of the code's draw: each code sees short and long waits
+    by_code: dict[str, list[float]] = {c: [] for c in CODES}
+    for s in range(400):
+        by_code[draw_code(f"t{s}", 1)].append(tool_latency_s(f"t{s}", 1, on))
+    assert all(min(v) < 3.0 < max(v) for v in by_code.values())
+
+
+def test_tool_latency_quantiles_match_the_configured_median_and_p99() -> None:
+    on = latency(median_s=3.0, p99_s=30.0, max_s=1000.0)
+    draws = sorted(tool_latency_s(f"q:{i}", 1, on) for i in range(20_000))
+    median, p99 = draws[len(draws) // 2], draws[int(0.99 * len(draws))]
+    assert 2.8 < median < 3.2, median
+    assert 26.0 < p99 < 34.0, p99
+    assert latency_sigma(on) == pytest.approx(0.99, abs=0.01)  # ln(10) / 2.326
+    # the cap holds every draw; no p99 given: 10 x the median
+    capped = latency(median_s=3.0, max_s=5.0)
+    assert max(tool_latency_s(f"q:{i}", 1, capped) for i in range(2_000)) == 5.0
+    assert latency_sigma(capped) == latency_sigma(on)
+
+
+def slow_task(task_id: str) -> RolloutTask:
+    return toy_task(task_id=task_id, limits=AgentLimits(max_steps=2, wall_time_s=30))
+
+
+def test_the_tool_latency_is_waited_before_the_second_turn_and_recorded(
+    copier: FakeLLM, adapter: FakeAdapter
+) -> None:
+    on = latency(median_s=0.2, p99_s=0.4)
+    task = slow_task("b1:0:0")
+    runner = ToyTrajectoryRunner(
+        adapter, ChatEndpoint(f"http://127.0.0.1:{copier.port}"), latency=on
+    )
+    t0 = time.monotonic()
+    outcome = runner.run(task, make_ctx())
+    drawn = tool_latency_s(task.task_id, task.attempt, on)
+    assert time.monotonic() - t0 >= drawn
+    assert outcome.status is OutcomeStatus.COMPLETED and outcome.reward == 1.0
+    assert outcome.durations["tool"] == round(drawn, 3)
+    # off: no wait, no "tool" duration
+    assert "tool" not in play(copier, adapter, task).durations
+
+
+def test_a_cancel_ends_the_tool_wait_promptly(copier: FakeLLM, adapter: FakeAdapter) -> None:
+    on = latency(median_s=20.0, p99_s=40.0)  # every draw far longer than the test
+    runner = ToyTrajectoryRunner(
+        adapter, ChatEndpoint(f"http://127.0.0.1:{copier.port}"), latency=on
+    )
+    cancel = CancelToken()
+    timer = threading.Timer(0.3, cancel.cancel, args=("worker stopping",))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        outcome = runner.run(slow_task("b1:0:0"), make_ctx(cancel=cancel))
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 5.0
+    assert outcome.status is OutcomeStatus.ABORTED and outcome.abort_reason == "worker stopping"
+    assert len(copier.requests) == 1  # the tool call, never the answer
+
+
+def test_a_tool_wait_past_the_wall_time_is_a_timeout(copier: FakeLLM, adapter: FakeAdapter) -> None:
+    on = latency(median_s=20.0, p99_s=40.0)
+    runner = ToyTrajectoryRunner(
+        adapter, ChatEndpoint(f"http://127.0.0.1:{copier.port}"), latency=on
+    )
+    task = toy_task(limits=AgentLimits(max_steps=2, wall_time_s=1))
+    t0 = time.monotonic()
+    outcome = runner.run(task, make_ctx())
+    assert time.monotonic() - t0 < 5.0
+    assert outcome.status is OutcomeStatus.TIMEOUT and outcome.reward == 0.0
+    assert outcome.test_report["ending"] == "out_of_time" and len(copier.requests) == 1
+
+
+def test_the_factory_wires_the_configured_latency_into_the_toy_runner() -> None:
+    from sandbox_worker.config import WorkerConfig
+    from sandbox_worker.factory import build_runner
+
+    cfg = WorkerConfig(
+        backend="bwrap", kinds=["toy"], rollout={"toy_tool_latency": {"median_s": 3}}
+    )
+    router, _ = build_runner(cfg)
+    runner = router.runner_for("toy")
+    assert isinstance(runner, ToyTrajectoryRunner)
+    assert runner.latency.median_s == 3.0 and runner.latency.p99 == 30.0
