@@ -1,8 +1,11 @@
-"""Chat-template rendering and tokenisation with the model's own Hugging Face tokenizer.
+"""Chat-template rendering and tokenisation with the model's own Hugging Face tokenizer files.
 
 The adapter renders prompts exactly as the model was trained to see them (the tokenizer's chat
 template), and turns text into ids with the same tokenizer, never adding BOS or other special
-tokens implicitly: every special token comes from the template text itself.
+tokens implicitly: every special token comes from the template text itself. Neither needs
+transformers (nor torch): :mod:`adapter.chat_template` renders the template byte-identically to
+``apply_chat_template`` and :mod:`adapter.text_tokenizer` loads ``tokenizer.json`` with the
+``tokenizers`` library, giving the ids transformers' fast tokenizer gives.
 
 Prompts are bounded before they are tokenised (:meth:`Renderer.encode_prompt`): every token of
 the vocabulary stands for at most :attr:`Renderer.bytes_per_token` bytes of text, so a text of
@@ -21,7 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adapter.chat_template import ChatTemplate, load_chat_template
 from adapter.errors import APIError
+from adapter.text_tokenizer import TextTokenizer
 
 # Texts with more characters than this are tokenised in a tokenizer process when one is attached
 # (freeing the Encoding of ~32k tokens holds the GIL for a few ms; of 500k tokens, ~100 ms).
@@ -67,13 +72,15 @@ class Renderer:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "tokenizer_config.json").is_file():
             raise FileNotFoundError(f"{self.model_dir} has no tokenizer_config.json")
-        from transformers import AutoTokenizer  # heavy (imports torch): only once it is needed
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        template = self.tokenizer.chat_template
+        self.tokenizer = TextTokenizer(self.model_dir)
+        template = load_chat_template(self.model_dir, self.tokenizer.config)
         if not isinstance(template, str) or not template:
-            raise ValueError(f"the tokenizer of {self.model_dir} has no (single) chat template")
+            raise ValueError(
+                f"the tokenizer of {self.model_dir} has no (single) chat template: add "
+                "chat_template.jinja (or chat_template in tokenizer_config.json)"
+            )
         self.chat_template: str = template
+        self._template = ChatTemplate(template, self.tokenizer.special_tokens_map)
         self.template_kwargs = dict(chat_template_kwargs or {})
         eos = self.tokenizer.eos_token
         self.end_of_turn: str = end_of_turn or (eos if isinstance(eos, str) else "")
@@ -81,11 +88,7 @@ class Renderer:
             raise ValueError("the tokenizer has no eos token: set adapter.end_of_turn")
         self.context_length = context_length or self._model_context_length()
         self.stop_token_ids = self._stop_token_ids()
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        self._backend = backend if getattr(self.tokenizer, "is_fast", False) else None
-        if self._backend is not None:  # settings changed only here, never while encoding
-            self._backend.no_truncation()
-            self._backend.no_padding()
+        self._backend: Any = self.tokenizer.backend  # truncation and padding already off
         self.max_token_bytes = self._longest_token_bytes()
         self.bytes_per_token: float = max_bytes_per_token or float(self.max_token_bytes)
         self.large_text_encoder: LargeTextEncoder | None = None
@@ -95,15 +98,12 @@ class Renderer:
         plus one byte for a space a decoder strips from a lone token (Metaspace, WordPiece).
         A partial UTF-8 sequence decodes to U+FFFD (3 bytes), never less than it stands for."""
         ids = [[i] for i in range(len(self.tokenizer))]
-        if self._backend is not None:
-            texts = self._backend.decode_batch(ids, skip_special_tokens=False)
-        else:
-            texts = [self.tokenizer.decode(i, skip_special_tokens=False) for i in ids]
+        texts = self._backend.decode_batch(ids, skip_special_tokens=False)
         return max(len(t.encode("utf-8", "surrogatepass")) for t in texts) + 1
 
     def tokenizer_json(self) -> str | None:
-        """The fast tokenizer's full definition (what tokenizer processes load), if any."""
-        return self._backend.to_str() if self._backend is not None else None
+        """The tokenizer's full definition (what tokenizer processes load)."""
+        return self.tokenizer.to_str()
 
     def _model_context_length(self) -> int:
         config = self.model_dir / "config.json"
@@ -112,7 +112,7 @@ class Renderer:
             for key in ("max_position_embeddings", "max_sequence_length", "seq_length"):
                 if isinstance(data.get(key), int):
                     return int(data[key])
-        limit = getattr(self.tokenizer, "model_max_length", None)
+        limit = self.tokenizer.model_max_length
         if isinstance(limit, int) and 0 < limit < 10**9:
             return limit
         raise ValueError("cannot tell the context length: set adapter.context_length")
@@ -126,8 +126,9 @@ class Renderer:
                 ids.add(value)
             elif isinstance(value, list):
                 ids.update(int(v) for v in value)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
+        eos_id = self.tokenizer.eos_token_id
+        if eos_id is not None:
+            ids.add(int(eos_id))
         return frozenset(ids)
 
     def render(
@@ -137,11 +138,10 @@ class Renderer:
         add_generation_prompt: bool,
     ) -> str:
         try:
-            text = self.tokenizer.apply_chat_template(
+            text = self._template.render(
                 messages,
                 tools=tools or None,
                 add_generation_prompt=add_generation_prompt,
-                tokenize=False,
                 **self.template_kwargs,
             )
         except APIError:
@@ -155,10 +155,8 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
-        if self._backend is not None:  # one call that releases the GIL while it encodes
-            ids: list[int] = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
-            return ids
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        # one call that releases the GIL while it encodes
+        ids: list[int] = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         return ids
 
     def encode_prompt(self, text: str, known_tokens: int = 0) -> list[int]:
@@ -179,13 +177,10 @@ class Renderer:
             return []
         if self.large_text_encoder is not None and len(text) > PROCESS_MIN_CHARS:
             n, ids = self.large_text_encoder(text, limit)
-        elif self._backend is not None:
+        else:
             encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
             n = len(encoding)
             ids = encoding.ids if n < limit else None
-        else:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            n = len(ids)
         if ids is None or n >= limit:
             raise ContextLengthError(f"the prompt is {known_tokens + n} tokens", context)
         return ids

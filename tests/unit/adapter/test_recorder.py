@@ -1,11 +1,13 @@
 """Token-exact incremental recording (adapter.recorder) on the tiny model's real tokenizer.
 
 Expected token ids are computed here from text the test writes out by hand (the Qwen chat
-format) with the tokenizer, never from the recorder's own rendering.
+format) with transformers' tokenizer (the reference: the adapter's own tokenizer and template
+renderer are torch-free reimplementations), never from the recorder's own rendering.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,18 @@ def renderer(tiny_model_dir: Path) -> Renderer:
 @pytest.fixture(scope="module")
 def coder_renderer(tiny_coder_dir: Path) -> Renderer:
     return Renderer(tiny_coder_dir)
+
+
+@functools.cache
+def _reference(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def hf(renderer: Renderer) -> Any:
+    """transformers' tokenizer of ``renderer``'s model: the reference for ids and templates."""
+    return _reference(renderer.model_dir)
 
 
 def msgs(raw: list[dict[str, Any]]) -> list[ChatMessage]:
@@ -86,7 +100,7 @@ OBS_TEXT = (
 
 def first_turn(renderer: Renderer, rec: Recorder) -> tuple[TurnPlan, SegmentState, list[int]]:
     p = plan(rec, None, FIRST)
-    out = [*renderer.encode(CALL_TEXT), renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    out = [*renderer.encode(CALL_TEXT), hf(renderer).convert_tokens_to_ids("<|im_end|>")]
     committed = rec.commit(None, p, result(out), ChatMessage.model_validate(ASSISTANT))
     return p, committed.state, out
 
@@ -94,15 +108,13 @@ def first_turn(renderer: Renderer, rec: Recorder) -> tuple[TurnPlan, SegmentStat
 def test_first_request_opens_segment_with_the_rendered_prompt(renderer: Renderer) -> None:
     rec = Recorder(renderer)
     p = plan(rec, None, FIRST)
-    expected = renderer.tokenizer.apply_chat_template(
+    expected = hf(renderer).apply_chat_template(
         FIRST, tools=TOOLS, add_generation_prompt=True, tokenize=False
     )
     assert expected.endswith("<|im_start|>user\nList the files.<|im_end|>\n<|im_start|>assistant\n")
     assert p.reason is SegmentReason.INITIAL
     assert (
-        p.input_ids
-        == p.prompt_ids
-        == renderer.tokenizer(expected, add_special_tokens=False)["input_ids"]
+        p.input_ids == p.prompt_ids == hf(renderer)(expected, add_special_tokens=False)["input_ids"]
     )
     assert p.observation_ids == []
 
@@ -114,7 +126,7 @@ def test_continuation_appends_only_the_new_tokens(renderer: Renderer) -> None:
     p1 = plan(rec, state, [*FIRST, ASSISTANT, TOOL_RESULT])
     assert p1.reason is None
     assert p1.segment_index == 0
-    assert p1.observation_ids == renderer.tokenizer(OBS_TEXT, add_special_tokens=False)["input_ids"]
+    assert p1.observation_ids == hf(renderer)(OBS_TEXT, add_special_tokens=False)["input_ids"]
     assert p1.input_ids == p0.input_ids + out + p1.observation_ids
     assert state.token_ids.tolist() == before  # planning changes nothing
 
@@ -122,7 +134,7 @@ def test_continuation_appends_only_the_new_tokens(renderer: Renderer) -> None:
 def test_recorded_segment_is_exactly_prompt_outputs_and_observations(renderer: Renderer) -> None:
     rec = Recorder(renderer)
     p0 = plan(rec, None, FIRST)
-    eos = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    eos = hf(renderer).convert_tokens_to_ids("<|im_end|>")
     out0 = [*renderer.encode(CALL_TEXT), eos]
     c0 = rec.commit(None, p0, result(out0, version=3), ChatMessage.model_validate(ASSISTANT))
     p1 = plan(rec, c0.state, [*FIRST, ASSISTANT, TOOL_RESULT])
@@ -143,12 +155,12 @@ def test_recorded_segment_is_exactly_prompt_outputs_and_observations(renderer: R
     assert flat["action_mask"] == [1] * len(out0) + [0] * len(p1.observation_ids) + [1] * len(out1)
     # The generated text is what the template renders for the returned messages, so the whole
     # segment decodes to the chat-template rendering of the full conversation.
-    full = renderer.tokenizer.apply_chat_template(
+    full = hf(renderer).apply_chat_template(
         [*FIRST, ASSISTANT, TOOL_RESULT, {"role": "assistant", "content": "Done."}],
         tools=TOOLS,
         tokenize=False,
     )
-    assert renderer.tokenizer.decode(seg.token_ids()) + "\n" == full
+    assert hf(renderer).decode(seg.token_ids()) + "\n" == full
     assert c1.state.token_ids.tolist() == seg.token_ids()
     assert c0.counters == {
         "turns": 1, "generated_tokens": len(out0), "observation_tokens": 0, "segments": 1,
@@ -167,7 +179,7 @@ def test_truncated_output_gets_the_end_of_turn_marker_as_observation(renderer: R
     p1 = plan(rec, c0.state, [*FIRST, returned.model_dump(exclude_none=True), user])
     text = "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
     assert p1.reason is None
-    assert p1.observation_ids == renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert p1.observation_ids == hf(renderer)(text, add_special_tokens=False)["input_ids"]
 
 
 def test_echo_with_other_whitespace_and_key_order_continues(renderer: Renderer) -> None:
@@ -190,10 +202,10 @@ def test_rewritten_assistant_opens_a_new_segment(renderer: Renderer) -> None:
     p1 = plan(rec, state, new)
     assert p1.reason is SegmentReason.HISTORY_MISMATCH
     assert p1.segment_index == 1
-    whole = renderer.tokenizer.apply_chat_template(
+    whole = hf(renderer).apply_chat_template(
         new, tools=TOOLS, add_generation_prompt=True, tokenize=False
     )
-    assert p1.prompt_ids == renderer.tokenizer(whole, add_special_tokens=False)["input_ids"]
+    assert p1.prompt_ids == hf(renderer)(whole, add_special_tokens=False)["input_ids"]
     committed = rec.commit(state, p1, result([5, 6]), ChatMessage(role="assistant", content="x"))
     assert committed.counters["history_mismatch"] == 1
     assert committed.counters["segments"] == 1
@@ -229,7 +241,7 @@ def test_coder_template_continuation(coder_renderer: Renderer) -> None:
         "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n"
         "</function>\n</tool_call>"
     )
-    eos = coder_renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    eos = hf(coder_renderer).convert_tokens_to_ids("<|im_end|>")
     out = [*coder_renderer.encode(call), eos]
     c0 = rec.commit(None, p0, result(out), ChatMessage.model_validate(ASSISTANT))
     p1 = plan(rec, c0.state, [*FIRST, ASSISTANT, TOOL_RESULT], as_object=True)
@@ -238,9 +250,7 @@ def test_coder_template_continuation(coder_renderer: Renderer) -> None:
         "<|im_start|>assistant\n"
     )
     assert p1.reason is None
-    assert (
-        p1.observation_ids == coder_renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
-    )
+    assert p1.observation_ids == hf(coder_renderer)(text, add_special_tokens=False)["input_ids"]
 
 
 def test_commit_rejects_mismatched_logprobs(renderer: Renderer) -> None:
