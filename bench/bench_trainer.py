@@ -100,7 +100,11 @@ from trainer.config import BatchConfig, TrainerConfig  # noqa: E402
 from trainer.data import TrainBatch, build_batch, plan_micro_batches  # noqa: E402
 
 GROUP_SIZE = 8
-BACKENDS = ("torch", "megatron")
+BACKENDS = ("torch", "megatron", "megatron-local")
+# the megatron backend with megatron-core's local (unfused, dense-mask) core attention in place
+# of the default (PyTorch's fused SDPA per packed row without TransformerEngine): issue 34's
+# before / after, side by side
+LOCAL_ATTENTION_ARM = "megatron-local"
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {},
     # the tiny model's builder scaled up: 6 x (0.79M attention + 2.36M MLP) + 1.05M embeddings
@@ -241,13 +245,21 @@ def open_backend(
 ) -> TrainerBackend | str:
     """The backend, or why it cannot run here: never a stand-in. A name the trainer config does
     not accept is ``not built``; a backend that exists but fails to start says so."""
+    backend = "megatron" if name == LOCAL_ATTENTION_ARM else name
     try:
-        config = trainer_config(name, model, device, micro_batch_tokens, precision)
+        config = trainer_config(backend, model, device, micro_batch_tokens, precision)
     except ValidationError as exc:
         return f"not built: trainer.backend={name!r} is refused ({exc.errors()[0]['msg']})"
     if name == "torch":
         return create_backend(config)  # the reference column: its failure stops the bench
     try:
+        if name == LOCAL_ATTENTION_ARM:
+            from trainer.backends.megatron.backend import MegatronBackend
+
+            class LocalAttentionMegatron(MegatronBackend):
+                attention = "local"
+
+            return LocalAttentionMegatron(config)
         return create_backend(config)
     except (BackendError, ImportError, RuntimeError) as exc:
         return f"cannot run here: {str(exc).strip()[:300]}"
@@ -416,7 +428,7 @@ def print_step(summary: dict[str, Any], models: Sequence[str]) -> None:
         f"best / median, seconds min / median, of {summary['reps']} interleaved rounds"
     )
     head = f"{'model':<11}{'rows':>5}{'tokens':>8}"
-    head += "".join(f"{b + ' tok/s':>20}" for b in BACKENDS)
+    head += "".join(f"{b + ' tok/s':>22}" for b in BACKENDS)
     head += f"{'build s':>17}{'objective s':>17}{'share':>15}"
     print(head)
     for name in models:
@@ -426,9 +438,9 @@ def print_step(summary: dict[str, Any], models: Sequence[str]) -> None:
             cell = e["backends"][b]
             if cell["status"] == "ok":
                 tps = cell["tokens_per_s"]
-                line += f"{tps['best']:>11.0f} /{tps['median']:>7.0f}"
+                line += f"{tps['best']:>13.0f} /{tps['median']:>7.0f}"
             else:
-                line += f"{'not built':>20}"
+                line += f"{'not built':>22}"
         line += f"{e['build_s']['min']:>9.4f} /{e['build_s']['median']:>6.4f}"
         line += f"{e['objective_s']['min']:>9.4f} /{e['objective_s']['median']:>6.4f}"
         share = e["overhead_share"]
@@ -451,9 +463,11 @@ def print_step(summary: dict[str, Any], models: Sequence[str]) -> None:
             print(f"{b}: tokens/s {last} / {first} = {speed[0]:.3f} (best) {speed[1]:.3f} (median)")
     for m in models:
         cells = summary[m]["backends"]
-        if all(cells[b]["status"] == "ok" for b in BACKENDS):
-            ratio = cells["megatron"]["step_s"]["min"] / cells["torch"]["step_s"]["min"]
-            print(f"{m}: megatron / torch step time {ratio:.2f}x (min)")
+        for b in BACKENDS[1:]:
+            if cells["torch"]["status"] == "ok" and cells[b]["status"] == "ok":
+                ratio = cells[b]["step_s"]["min"] / cells["torch"]["step_s"]["min"]
+                median = cells[b]["step_s"]["median"] / cells["torch"]["step_s"]["median"]
+                print(f"{m}: {b} / torch step time {ratio:.2f}x (min) {median:.2f}x (median)")
 
 
 def _status_kib(field: str) -> int:

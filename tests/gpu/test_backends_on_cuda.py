@@ -98,7 +98,7 @@ def test_megatron_steps_like_torch_on_the_device(model: Path) -> None:
     assert torch_w.keys() == mega_w.keys() == start.keys()
     moved = 0
     for name, tensor in torch_w.items():
-        adam_parity(tensor, mega_w[name], start[name], eps_tol=2e-4)  # test_moe.py's bound
+        adam_parity(tensor, mega_w[name], start[name], eps_tol=3e-4)  # test_moe.py's bound
         moved += int((tensor - start[name]).abs().gt(0.5 * LR).sum())
     assert moved > 10_000  # the step did move the weights
 

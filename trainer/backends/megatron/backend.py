@@ -85,6 +85,7 @@ from trainer.data import PackedInputs, TrainBatch
 
 if TYPE_CHECKING:
     from trainer.backends.megatron.pipeline import Head
+    from trainer.backends.megatron.sdpa_attention import AttentionChoice
 
 # Files of the source model directory copied into an export beside the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -189,6 +190,9 @@ class MegatronBackend(TorchBackend):
     """Actor + critic as megatron-core models; see the module docstring."""
 
     backend_name = "megatron"
+    # the models' core attention (trainer.backends.megatron.sdpa_attention.resolve_attention):
+    # "auto" is PyTorch's fused SDPA per packed row where TransformerEngine is not importable
+    attention: AttentionChoice = "auto"
 
     def __init__(self, config: TrainerConfig, model_dir: str | Path | None = None) -> None:
         from trainer.backends.megatron import convert
@@ -260,7 +264,7 @@ class MegatronBackend(TorchBackend):
         config, hf_config = self.config, self.hf_config
 
         def gpt(recompute: bool = config.activation_checkpointing) -> nn.Module:
-            model = build_gpt(hf_config, recompute=recompute)
+            model = build_gpt(hf_config, recompute=recompute, attention=self.attention)
             convert.load_into(model, weights)
             if recompute:  # the recomputed layer must compute what its forward computed
                 layers_under_autocast(model, self._autocast)

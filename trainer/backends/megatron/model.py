@@ -12,8 +12,11 @@ Packed lanes (:func:`trainer.data.pack_inputs`): rows share a forward sequence w
 restarting at 0 per row. Megatron's plain ``rope`` derives positions from the sequence index
 only, so positions go in through its M-RoPE (``mrope``) with one section holding every rotary
 frequency: with the same position ids on the three M-RoPE axes that is exactly 1-D RoPE at the
-given per-token positions. The attention mask is explicit and block-diagonal causal (a token
-sees the earlier tokens of its own row), the same view a packed row gets in the torch backend.
+given per-token positions. Attention is block-diagonal causal (a token sees the earlier tokens
+of its own row), the same view a packed row gets in the torch backend: without
+TransformerEngine the core attention is PyTorch's fused SDPA once per row, the rows passed as
+``cu_seqlens`` (:mod:`trainer.backends.megatron.sdpa_attention`); with megatron's local
+attention (``attention="local"``) the mask is explicit and dense.
 Under context parallel each rank runs the model on its slice of the lanes
 (:class:`~trainer.backends.megatron.cp_layout.ShardedInputs`: its columns, its queries' mask
 rows) with :class:`~trainer.backends.megatron.cp_attention.AllGatherContextAttention` as the
@@ -35,7 +38,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -46,6 +49,9 @@ from trainer.backends.base import BackendError
 from trainer.backends.critic import ValueModel
 from trainer.backends.megatron.cp_layout import ShardedInputs, packed_attention_mask, pad_lanes
 from trainer.data import PackedInputs
+
+if TYPE_CHECKING:  # the module imports megatron-core: loaded where a model is built
+    from trainer.backends.megatron.sdpa_attention import AttentionChoice
 
 Inputs = PackedInputs | ShardedInputs  # a micro-batch's lanes, or one CP rank's part of them
 
@@ -243,18 +249,24 @@ def _sequence_parallel_spec(spec: Any, config: Any) -> Any:
 
 
 def build_gpt(
-    hf_config: Any, dtype: torch.dtype = torch.float32, recompute: bool = False
+    hf_config: Any,
+    dtype: torch.dtype = torch.float32,
+    recompute: bool = False,
+    attention: AttentionChoice = "auto",
 ) -> nn.Module:
     """An (uninitialised) ``GPTModel`` of ``hf_config``'s shape, this pipeline stage's part
     (the embedding on the first stage, the final norm and output layer on the last, the
     stage's share of the layers; ``recompute``: :func:`transformer_config`'s); load weights with
     :func:`trainer.backends.megatron.convert.hf_to_megatron` (and
-    :func:`~trainer.backends.megatron.convert.pipeline_stage`)."""
+    :func:`~trainer.backends.megatron.convert.pipeline_stage`). ``attention``: the core
+    attention (:func:`~trainer.backends.megatron.sdpa_attention.resolve_attention`; ``"auto"``
+    is PyTorch's fused SDPA without TransformerEngine); context parallel keeps its own."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from trainer.backends.megatron import cpu_compat
+    from trainer.backends.megatron.sdpa_attention import SdpaAttention, resolve_attention
 
     config = transformer_config(hf_config, dtype, recompute)
     experts = num_experts(hf_config) if is_moe(hf_config) else None
@@ -268,6 +280,9 @@ def build_gpt(
         from trainer.backends.megatron.cp_attention import AllGatherContextAttention
 
         spec.submodules.self_attention.submodules.core_attention = AllGatherContextAttention
+    sdpa = not context_parallel and resolve_attention(attention) == "sdpa"
+    if sdpa:
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     if config.sequence_parallel:
         spec = _sequence_parallel_spec(spec, config)
     with cpu_compat.building():
@@ -282,6 +297,7 @@ def build_gpt(
             position_embedding_type="mrope",
             rotary_base=_rope_theta(hf_config),
         )
+    model.packed_rows_as_segments = sdpa  # decoder_states: cu_seqlens, not a dense mask
     if getattr(model, "rotary_pos_emb", None) is not None:
         if context_parallel:
             # each CP rank passes its own columns' positions: no slicing of a whole-lane table
@@ -416,8 +432,13 @@ def decoder_states(model: nn.Module, inputs: Inputs) -> Tensor:
         from megatron.core import parallel_state
 
         ids, positions = pad_lanes(inputs, parallel_state.get_tensor_model_parallel_world_size())
+    segments = None
     if isinstance(inputs, ShardedInputs):  # this CP rank's columns, its queries' mask rows
         mask = inputs.attention_mask
+    elif getattr(model, "packed_rows_as_segments", False):  # the SDPA core attention's rows
+        from trainer.backends.megatron.sdpa_attention import lane_segments
+
+        mask, segments = None, lane_segments(positions)
     else:
         mask = packed_attention_mask(positions)
     embedded = None
@@ -425,7 +446,12 @@ def decoder_states(model: nn.Module, inputs: Inputs) -> Tensor:
         # [w, lanes, h]; under sequence parallel this TP rank's w / TP columns
         embedded = model.embedding(input_ids=ids, position_ids=positions)
     rotary = model.rotary_pos_emb(positions[None].expand(3, -1, -1), model.mrope_section)
-    out = model.decoder(hidden_states=embedded, attention_mask=mask, rotary_pos_emb=rotary)
+    out = model.decoder(
+        hidden_states=embedded,
+        attention_mask=mask,
+        rotary_pos_emb=rotary,
+        packed_seq_params=segments,
+    )
     if not split:
         return out
     from megatron.core.tensor_parallel import gather_from_sequence_parallel_region

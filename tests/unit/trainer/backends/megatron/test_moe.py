@@ -63,10 +63,11 @@ def test_the_moe_backend_scores_and_steps_like_the_torch_backend(tiny_moe_dir: P
     torch_w, mega_w = dict(torch_b.named_weights()), dict(mega.named_weights())
     assert torch_w.keys() == mega_w.keys() == start.keys()
     for name, tensor in torch_w.items():
-        # 2e-4 (2% of lr) where Adam's epsilon dominates: the MoE sums expert outputs in another
-        # order, and a gradient of ~1e-8 from cancelling terms differs by a few percent (the
-        # gradients themselves agree: the next test)
-        adam_parity(tensor, mega_w[name], start[name], eps_tol=2e-4)
+        # 3e-4 (3% of lr) where Adam's epsilon dominates: the MoE sums expert outputs in another
+        # order and the CPU attention is PyTorch's fused kernel per packed row (sdpa_attention.py;
+        # 2.67e-4 seen, 2e-4 held with the dense-mask softmax), so a gradient of ~1e-8 from
+        # cancelling terms differs by a few percent (the gradients themselves agree: next test)
+        adam_parity(tensor, mega_w[name], start[name], eps_tol=3e-4)
     for name in (ROUTER, "model.layers.1.mlp.experts.2.down_proj.weight"):
         assert float((mega_w[name] - start[name]).abs().max()) > 0.5 * LR, name  # they moved
     assert torch.allclose(torch_b.critic.value_head.weight, mega.critic.value_head.weight,

@@ -148,7 +148,9 @@ def test_two_pipeline_stages_and_two_expert_ranks_score_like_one_process(
     close_metrics(metrics, ep["metrics"])
     moved = 0
     for name, tensor in one_moe.named_weights():
-        adam_parity(tensor, ep["stepped"][name], hf[name])
+        # 2e-4 where Adam's epsilon dominates: expert sums in another order and the fused
+        # attention kernel per packed row round a ~1e-8 gradient differently (1.23e-4 seen)
+        adam_parity(tensor, ep["stepped"][name], hf[name], eps_tol=2e-4)
         moved += int((tensor - hf[name]).abs().gt(0.5 * LR).sum())
     assert moved > 10_000
     head = one_moe.critic.value_head.weight
