@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -32,7 +33,7 @@ import redis
 
 from services.api.claims import Claim, JobClaims, LeaseKeeper
 from services.api.schemas import JobKind, JobState, Progress
-from services.api.store import JobStore
+from services.api.store import ANNOUNCE_INTERVAL_S, JobStore
 from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep
 
 PR_SET_PDEATHSIG = 1
@@ -73,6 +74,7 @@ class ProcessJobService:
         self.holder = holder
         self.stop_event = threading.Event()
         self.log = logging.getLogger(self.log_name)
+        self._announced = -float("inf")  # time.monotonic() of the last announce
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -81,6 +83,7 @@ class ProcessJobService:
         failures = 0
         while not self.stop_event.is_set():
             try:
+                self.announce()
                 if not self.ready_to_claim():
                     self.stop_event.wait(self.cfg.poll_interval_s)
                     continue
@@ -107,6 +110,24 @@ class ProcessJobService:
         except Exception as exc:
             self.log.exception("job %s failed in the %s", job.job_id, self.name)
             self.finish(job.job_id, JobState.FAILED, f"{self.name} error: {exc}")
+
+    def announce(self) -> None:
+        """Tell the job API that this service serves its kind and group (at most every
+        ``ANNOUNCE_INTERVAL_S``): a train job for a group no trainer announced is accepted
+        with a warning (:meth:`JobStore.serving`)."""
+        now = time.monotonic()
+        if now - self._announced < ANNOUNCE_INTERVAL_S:
+            return
+        self.store.announce(self.kind, self.cfg.group, self.holder)
+        self._announced = now
+
+    def _announce_while_busy(self) -> None:
+        """:meth:`announce` while a job runs (busy still serves the group); a Redis outage
+        here must not stop the job's process (the lease decides that)."""
+        try:
+            self.announce()
+        except redis.RedisError as exc:
+            self.log.debug("cannot announce the service (%s)", exc)
 
     def finish(self, job_id: str, state: JobState, message: str) -> None:
         """End the job (if this service still holds it) and log why."""
@@ -162,6 +183,7 @@ class ProcessJobService:
         self, job_id: str, proc: subprocess.Popen[bytes], lease: LeaseKeeper, log_path: Path
     ) -> None:
         while proc.poll() is None:
+            self._announce_while_busy()
             if lease.lost.is_set():
                 self.log.warning("lost the lease of job %s: stopping its %s", job_id,
                                  self.process_noun)  # fmt: skip

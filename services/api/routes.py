@@ -3,7 +3,9 @@ them in its thread pool, so their (synchronous, short) Redis calls never block t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -12,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.api.auth import Principal
 from services.api.config import Scope
+from services.api.paths import Access, PathRefused
 from services.api.schemas import (
     ErrorBody,
     EvalSpec,
@@ -26,7 +29,10 @@ from services.api.schemas import (
     Spec,
     TrainSpec,
 )
-from services.api.service import ApiService
+from services.api.service import ApiError, ApiService
+from services.api.store import SERVING_WINDOW_S
+from services.datasets import DatasetError
+from services.datasets.loader import load_instances_collect
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
 
 JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
@@ -74,11 +80,67 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 router = APIRouter()
 
 
+# Who claims a job of each kind whose absence a submission warns about (rollout jobs are
+# claimed by the API's own runner threads).
+SERVED_BY = {
+    JobKind.TRAIN: "trainer service (python -m trainer serve, compose profile train)",
+    JobKind.EVAL: "evaluator service (python -m services.eval serve)",
+}
+SHOWN_UNKNOWN = 5  # unknown instance ids named in the error
+
+
 def _submit(
     request: Request, kind: JobKind, spec: Spec, who: Principal, key: str | None
 ) -> JSONResponse:
     job, created = service(request).submit(kind, spec, who, key)
+    group = spec.trainer_group if isinstance(spec, TrainSpec) else "default"
+    job.warnings = unserved_warnings(service(request), kind, group)
     return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+def unserved_warnings(svc: ApiService, kind: JobKind, group: str) -> list[str]:
+    """A warning when no service of ``kind`` and ``group`` announced itself lately (the job is
+    accepted: one may start later, and it then claims the job)."""
+    if kind not in SERVED_BY or svc.store.serving(kind, group):
+        return []
+    what = f"{SERVED_BY[kind]} of group {group!r}" if kind is JobKind.TRAIN else SERVED_BY[kind]
+    return [
+        f"no {what} has been seen in the last {SERVING_WINDOW_S:.0f} s: the job stays queued "
+        "until one starts" + (" (or resubmit with the group of a running trainer)"
+                               if kind is JobKind.TRAIN else "")
+    ]  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def _dataset_ids(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """Every instance id in a dataset file (of good rows and bad ones: the evaluator names
+    bad rows itself); cached while the file is unchanged."""
+    instances, errors = load_instances_collect(path)
+    ids = {inst.instance_id for inst in instances}
+    return frozenset(ids | {e.instance_id for e in errors if e.instance_id})
+
+
+def check_eval_instances(svc: ApiService, spec: EvalSpec) -> None:
+    """An eval job's ``instance_ids`` must be in its dataset, when the API can read the file
+    (it may live only on the evaluator's host: then the evaluator checks); 422 naming the
+    unknown ids. The path is checked against the roots first: nothing outside them is read."""
+    if not spec.instance_ids:
+        return
+    try:
+        path = svc.paths.check(spec.dataset, Access.INPUT, "body.dataset")
+        stat = os.stat(path)
+        known = _dataset_ids(path, stat.st_mtime_ns, stat.st_size)
+    except (PathRefused, OSError, DatasetError):
+        return  # refused by the submission's own path check, or not readable here
+    unknown = [i for i in dict.fromkeys(spec.instance_ids) if i not in known]
+    if unknown:
+        shown = ", ".join(map(repr, unknown[:SHOWN_UNKNOWN]))
+        more = f" and {len(unknown) - SHOWN_UNKNOWN} more" if len(unknown) > SHOWN_UNKNOWN else ""
+        raise ApiError(
+            422, "unknown_instances", f"body.instance_ids: {len(unknown)} id(s) not in the "
+            f"dataset {spec.dataset}: {shown}{more}; give ids of that file (its instance_id "
+            "field) or the dataset that holds them", "body.instance_ids",
+        )  # fmt: skip
 
 
 @router.post("/v1/jobs/train", status_code=201, response_model=Job, responses=SUBMIT_RESPONSES)
@@ -102,6 +164,7 @@ def submit_eval(
     request: Request, spec: EvalSpec, who: Submitter, key: IdemKey = None
 ) -> JSONResponse:
     """Queue an evaluation for an evaluator service (python -m services.eval serve)."""
+    check_eval_instances(service(request), spec)
     return _submit(request, JobKind.EVAL, spec, who, key)
 
 

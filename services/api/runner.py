@@ -25,7 +25,7 @@ from typing import Any
 
 from services.api.claims import Claim, JobClaims
 from services.api.config import ApiConfig
-from services.api.schemas import JobKind, JobState, Progress, RolloutSpec
+from services.api.schemas import JobKind, JobState, Progress, RolloutSpec, TrajectoryCounts
 from services.api.store import JobStore
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
@@ -35,6 +35,9 @@ from services.queue.submitter import SubmitterQueue
 
 log = logging.getLogger("swerl.api.runner")
 GROUP = "default"  # rollout jobs form one group: any runner takes any job
+ABORTED = "aborted"  # the one status without a reward: an infrastructure failure
+REASONS_SHOWN = 2  # the most common abort reasons a job's final message quotes
+REASON_CHARS = 300
 
 
 def result_row(result: TaskResult, spec: RolloutSpec) -> dict[str, Any]:
@@ -59,16 +62,29 @@ def result_row(result: TaskResult, spec: RolloutSpec) -> dict[str, Any]:
 
 
 class Tally:
-    """The metrics summary of a rollout job: counts by status, mean reward, resolved rate."""
+    """The metrics summary of a rollout job: counts by status, how the trajectories ended
+    (:class:`TrajectoryCounts`), mean reward, resolved rate, and why trajectories aborted."""
 
     def __init__(self) -> None:
         self.statuses: Counter[str] = Counter()
         self.rewards: list[float] = []
+        self.abort_reasons: Counter[str] = Counter()
 
     def add(self, row: dict[str, Any]) -> None:
         self.statuses[row["status"]] += 1
         if row["reward"] is not None:
             self.rewards.append(float(row["reward"]))
+        elif row["status"] == ABORTED:
+            self.abort_reasons[str(row.get("abort_reason") or "no reason given")] += 1
+
+    def counts(self) -> TrajectoryCounts:
+        """Graded (a reward, 0 included) versus aborted (infrastructure, no reward)."""
+        return TrajectoryCounts(
+            total=sum(self.statuses.values()),
+            graded=len(self.rewards),
+            resolved=sum(r > 0 for r in self.rewards),
+            aborted=self.statuses[ABORTED],
+        )
 
     def summary(self) -> dict[str, float]:
         out: dict[str, float] = {f"n_{k}": float(v) for k, v in sorted(self.statuses.items())}
@@ -76,6 +92,32 @@ class Tally:
             out["mean_reward"] = sum(self.rewards) / len(self.rewards)
             out["resolved_rate"] = sum(r > 0 for r in self.rewards) / len(self.rewards)
         return out
+
+    def reasons(self) -> str:
+        """The most common abort reasons, with their counts."""
+        top = self.abort_reasons.most_common(REASONS_SHOWN)
+        shown = "; ".join(f"{n}x {reason[:REASON_CHARS]}" for reason, n in top)
+        rest = len(self.abort_reasons) - len(top)
+        return shown + (f"; {rest} other reason(s) in the results" if rest > 0 else "")
+
+
+def final_state(tally: Tally, cancelled: bool) -> tuple[JobState, str]:
+    """How a rollout job ends and the message that says why: cancelled when asked; failed
+    when no trajectory was graded (every one aborted: an infrastructure failure, or nothing
+    came back); otherwise succeeded, with the counts (a reward of 0 is a normal result)."""
+    counts = tally.counts()
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(tally.statuses.items()))
+    if cancelled:
+        return JobState.CANCELLED, f"cancelled ({statuses or 'no results'})"
+    if counts.total == 0:
+        return JobState.FAILED, "no trajectory results came back"
+    graded = f"{counts.graded} graded ({counts.resolved} resolved)"
+    if counts.aborted == 0:
+        return JobState.SUCCEEDED, f"{counts.total} trajectories: {graded}; {statuses}"
+    aborted = f"{counts.aborted} aborted by infrastructure failures (not graded): {tally.reasons()}"
+    if counts.graded == 0:
+        return JobState.FAILED, f"all {counts.total} trajectories failed: {aborted}"
+    return JobState.SUCCEEDED, f"{counts.total} trajectories: {graded}, {aborted}"
 
 
 class RolloutJobRunner:
@@ -197,10 +239,6 @@ class RolloutJobRunner:
         self._end(job_id, holder, tally, cancelled)
 
     def _end(self, job_id: str, holder: str, tally: Tally, cancelled: bool) -> None:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(tally.statuses.items()))
-        if cancelled:
-            state, message = JobState.CANCELLED, f"cancelled ({counts or 'no results'})"
-        else:
-            state, message = JobState.SUCCEEDED, f"{sum(tally.statuses.values())} results: {counts}"
+        state, message = final_state(tally, cancelled)
         if self.claims.finish(job_id, holder, state, message):
-            self.store.log(job_id, message)
+            self.store.log(job_id, message, "ERROR" if state is JobState.FAILED else "INFO")

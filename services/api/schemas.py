@@ -7,6 +7,7 @@ Path fields (:func:`path_ref`) are confined to the configured roots at submissio
 
 from __future__ import annotations
 
+import difflib
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from services.datasets.mixture import is_mixture_spec, parse_mixture
 from services.datasets.predictions import GOLD
 from services.protocol.ids import Ident, InstanceKey
 from services.protocol.tasks import AgentLimits, SamplingConfig
+from services.protocol.trajectory import OutcomeStatus
 
 # A free-text reference (model name, path, dataset name): printable, no control characters.
 REF_PATTERN = r"^[^\x00-\x1f\x7f]+$"
@@ -61,6 +63,24 @@ class BatchShape(Spec):
     samples_per_prompt: int = Field(8, ge=1, le=1024)
 
 
+# The trainer's algorithm registry (trainer.algorithms.ALGORITHM_REGISTRY, baselines
+# included), named here because the API may not import the trainer (torch); a unit test keeps
+# the two equal.
+ALGORITHM_NAMES: tuple[str, ...] = ("dapo", "grpo", "gspo", "li2sao", "lisao", "pact", "srppo")
+
+
+def check_algorithm(name: str) -> str:
+    """``name`` if the trainer knows it; else a ValueError listing the known ones (and the
+    closest, for a typo)."""
+    if name in ALGORITHM_NAMES:
+        return name
+    close = difflib.get_close_matches(name, ALGORITHM_NAMES, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(
+        f"unknown algorithm {name!r}: {hint}the trainer knows {', '.join(ALGORITHM_NAMES)}"
+    )
+
+
 class TrainSpec(Spec):
     """A training run, executed by a trainer service of ``trainer_group``."""
 
@@ -73,6 +93,11 @@ class TrainSpec(Spec):
     checkpoint_dir: str = path_ref(Access.OUTPUT)  # written (and read back on resume)
     resume: bool = False
     trainer_group: Ident = "default"
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, value: str) -> str:
+        return check_algorithm(value)
 
     @field_validator("dataset")
     @classmethod
@@ -140,6 +165,31 @@ class Progress(BaseModel):
     phase: str | None = None  # train (Li2SAO): the phase; others: what the job waits for
 
 
+class TrajectoryCounts(BaseModel):
+    """How a rollout job's trajectories ended. ``graded``: a reward was computed, 0 included
+    (a wrong answer, an agent error or a timeout is the policy's normal result); ``aborted``:
+    an infrastructure failure (no reward, excluded from training): the job's failed
+    trajectories. ``resolved``: graded with a reward above 0."""
+
+    total: int = 0
+    graded: int = 0
+    resolved: int = 0
+    aborted: int = 0
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, float]) -> TrajectoryCounts | None:
+        """The counts behind a rollout runner's metrics summary (``n_<status>`` per outcome
+        status, ``resolved_rate`` of the graded ones), or None before any result."""
+        by_status = {s: int(metrics.get(f"n_{s.value}", 0)) for s in OutcomeStatus}
+        total = sum(by_status.values())
+        if not total:
+            return None
+        aborted = by_status[OutcomeStatus.ABORTED]
+        graded = total - aborted
+        resolved = round(float(metrics.get("resolved_rate", 0.0)) * graded)
+        return cls(total=total, graded=graded, resolved=resolved, aborted=aborted)
+
+
 class Job(BaseModel):
     """A job as the API shows it."""
 
@@ -156,6 +206,10 @@ class Job(BaseModel):
     progress: Progress = Field(default_factory=Progress)
     metrics: dict[str, float] = Field(default_factory=dict)
     message: str = ""  # why it is in its state (an error, what it waits for)
+    # rollout jobs: how the trajectories so far ended (aborted: infrastructure failures)
+    trajectories: TrajectoryCounts | None = None
+    # in a submission's answer only: what may keep the job from running (no trainer seen)
+    warnings: list[str] = Field(default_factory=list)
 
 
 class JobPage(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from services.api.lua import APPEND_RESULTS, CANCEL, SUBMIT
-from services.api.schemas import Job, JobKind, JobState, LogLine, Progress
+from services.api.schemas import Job, JobKind, JobState, LogLine, Progress, TrajectoryCounts
 
 # What a queued job waits for, by kind.
 WAITING_FOR = {
@@ -25,6 +25,11 @@ WAITING_FOR = {
     JobKind.ROLLOUT: "waiting for a rollout job runner",
     JobKind.EVAL: "waiting for an evaluator service (python -m services.eval serve)",
 }
+# A service that claims jobs of a kind and group announces itself at least this often
+# (:meth:`JobStore.announce`); one not heard from for SERVING_WINDOW_S is taken as gone.
+ANNOUNCE_INTERVAL_S = 10.0
+SERVING_WINDOW_S = 60.0
+SERVING_FORGET_S = 7 * 86_400.0  # entries older than this are dropped at the next announce
 
 
 class IdempotencyConflict(ValueError):
@@ -55,6 +60,8 @@ def _float(value: str | None) -> float | None:
 
 def job_from_hash(h: dict[str, str]) -> Job:
     progress = json.loads(h.get("progress") or "{}")
+    metrics = json.loads(h.get("metrics") or "{}")
+    rollout = h["kind"] == JobKind.ROLLOUT
     return Job(
         id=h["id"],
         kind=JobKind(h["kind"]),
@@ -67,8 +74,9 @@ def job_from_hash(h: dict[str, str]) -> Job:
         finished_at=_float(h.get("finished_at")),
         attempt=int(h.get("attempt") or 0),
         progress=Progress.model_validate(progress),
-        metrics=json.loads(h.get("metrics") or "{}"),
+        metrics=metrics,
         message=h.get("message", ""),
+        trajectories=TrajectoryCounts.from_metrics(metrics) if rollout else None,
     )
 
 
@@ -169,6 +177,23 @@ class JobStore:
     def count(self, kind: JobKind | None = None, state: JobState | None = None) -> int:
         index = self.key("idx", kind.value if kind else "*", state.value if state else "*")
         return int(self.redis.zcard(index))
+
+    # -- who serves a kind and group (train: trainer groups) --------------------------------
+    def announce(self, kind: JobKind, group: str, holder: str, now: float | None = None) -> None:
+        """``holder`` (a trainer, evaluator or rollout job runner) claims jobs of ``kind`` and
+        ``group``: call it at least every :data:`ANNOUNCE_INTERVAL_S`, busy or idle."""
+        now = time.time() if now is None else now
+        key = self.key("serving", kind.value, group)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(key, {holder: now})
+        pipe.zremrangebyscore(key, "-inf", now - SERVING_FORGET_S)
+        pipe.execute()
+
+    def serving(self, kind: JobKind, group: str, within_s: float = SERVING_WINDOW_S) -> list[str]:
+        """The holders that announced ``kind`` and ``group`` in the last ``within_s``."""
+        key = self.key("serving", kind.value, group)
+        rows = self.redis.zrangebyscore(key, time.time() - within_s, "+inf")
+        return [_text(r) or "" for r in rows]
 
     # -- results ----------------------------------------------------------------------------
     def append_results(

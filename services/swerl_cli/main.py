@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from typing import Any
 
 from services.datasets import DatasetError
@@ -28,7 +29,7 @@ from services.swerl_cli.eval_options import (
     add_eval_arguments,
 )
 from services.swerl_cli.jobfile import load_job_file
-from services.swerl_cli.render import detail, progress_bar, table
+from services.swerl_cli.render import detail, progress_bar, table, trajectory_line
 
 DEFAULT_API = "http://127.0.0.1:8300"
 RAW = argparse.RawDescriptionHelpFormatter
@@ -84,7 +85,16 @@ def _submit_options(p: argparse.ArgumentParser, default: Any = None) -> None:
     p.add_argument("--idempotency-key", default=default, metavar="KEY",
                    help="retry-safe: the same key returns the same job")  # fmt: skip
     p.add_argument("--wait", action="store_true", default=default or False,
-                   help="show progress until the job ends")  # fmt: skip
+                   help="show progress until the job ends (exit 6 if it failed or any "
+                   "trajectory aborted)")  # fmt: skip
+    _allow_failed_option(p, default)
+
+
+def _allow_failed_option(p: argparse.ArgumentParser, default: Any = None) -> None:
+    p.add_argument("--allow-failed-trajectories", action="store_true",
+                   default=default or False,
+                   help="with --wait/--watch: exit 0 when the job succeeded although some "
+                   "trajectories aborted (infrastructure failures)")  # fmt: skip
 
 
 def _submit_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -170,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only jobs in this state")  # fmt: skip
     s.add_argument("--limit", type=int, default=20, help="jobs in the table (20)")
     s.add_argument("-w", "--watch", action="store_true", help="live progress until it ends")
+    _allow_failed_option(s)
     lg = sub.add_parser("logs", help="a job's log lines", description="Print a job's log lines.")
     lg.add_argument("job", help="a job id")
     lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
@@ -237,7 +248,9 @@ def spec_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     raise CliError(EXIT_USAGE, "say what to submit: swerl submit train|rollout|eval ... or -f FILE")
 
 
-def watch(api: ApiClient, job_id: str, poll_s: float = 1.0) -> int:
+def watch(
+    api: ApiClient, job_id: str, poll_s: float = 1.0, allow_failed_trajectories: bool = False
+) -> int:
     """Show the job's progress until it ends; the exit status says how it ended."""
     live = sys.stdout.isatty()
     last = ""
@@ -252,15 +265,36 @@ def watch(api: ApiClient, job_id: str, poll_s: float = 1.0) -> int:
                 print()
             if job.get("message"):
                 print(job["message"])
-            return EXIT_OK if job["state"] == "succeeded" else EXIT_JOB_FAILED
+            return ended(job, allow_failed_trajectories)
         time.sleep(poll_s)
+
+
+def ended(job: dict[str, Any], allow_failed_trajectories: bool = False) -> int:
+    """The exit status of a finished job (printing its trajectory counts): 6 unless it
+    succeeded with no aborted trajectory, or ``allow_failed_trajectories`` forgives those."""
+    line = trajectory_line(job)
+    if line:
+        print(line)
+    if job["state"] != "succeeded":
+        return EXIT_JOB_FAILED
+    aborted = int((job.get("trajectories") or {}).get("aborted") or 0)
+    if aborted and not allow_failed_trajectories:
+        print(f"swerl: {aborted} trajectories failed (infrastructure aborts; their reasons are "
+              "in the message above and in `swerl results`): exit 6; "
+              "--allow-failed-trajectories accepts them", file=sys.stderr)  # fmt: skip
+        return EXIT_JOB_FAILED
+    return EXIT_OK
 
 
 def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
     kind, spec = spec_from_args(args)
     job = api.submit(kind, spec, args.idempotency_key)
     print(json.dumps(job, indent=2) if args.json else f"{job['id']} {job['state']}")
-    return watch(api, job["id"]) if args.wait else EXIT_OK
+    for warning in job.get("warnings") or ():
+        print(f"swerl: warning: {warning}", file=sys.stderr)
+    if not args.wait:
+        return EXIT_OK
+    return watch(api, job["id"], allow_failed_trajectories=args.allow_failed_trajectories)
 
 
 def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
@@ -271,7 +305,7 @@ def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
         print(json.dumps(jobs, indent=2) if args.json else table(jobs))
         return EXIT_OK
     if args.watch:
-        return watch(api, args.job)
+        return watch(api, args.job, allow_failed_trajectories=args.allow_failed_trajectories)
     job = api.job(args.job)
     print(json.dumps(job, indent=2) if args.json else detail(job))
     return EXIT_OK
@@ -297,8 +331,11 @@ def cmd_logs(api: ApiClient, args: argparse.Namespace, poll_s: float = 1.0) -> i
 
 
 def cmd_results(api: ApiClient, args: argparse.Namespace) -> int:
-    for line in api.results(args.job, args.follow):
-        print(line, flush=True)
+    """Print the results as they come; a reader that stops early (``| head``) closes the stream
+    (:func:`main` turns its ``BrokenPipeError`` into a quiet exit 0)."""
+    with closing(api.results(args.job, args.follow)) as lines:
+        for line in lines:
+            print(line, flush=True)
     return EXIT_OK
 
 
@@ -336,6 +373,19 @@ PASSTHROUGH = {
 }
 
 
+def _silence_stdout() -> None:
+    """stdout's reader is gone: point file descriptor 1 at /dev/null, so the interpreter's last
+    flush of what is still buffered does not fail a second time ("Exception ignored ...
+    BrokenPipeError", exit 120; the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # not a file descriptor (an in-process caller)
+        pass
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -348,7 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_local(LOCAL_COMMANDS[args.command], argv, args.command)
     api = ApiClient(args.api, args.token)
     try:
-        return COMMANDS[args.command](api, args)
+        code = COMMANDS[args.command](api, args)
+        sys.stdout.flush()  # a reader that left early fails here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `swerl results JOB | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
     except CliError as exc:
         print(f"swerl: error: {exc.message}", file=sys.stderr)
         return exc.code

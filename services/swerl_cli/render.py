@@ -22,6 +22,20 @@ def progress_bar(job: dict[str, Any]) -> str:
     return f"[{bar}] {done}/{total or '?'} {job['state']}{phase}{shown}"
 
 
+def trajectory_line(job: dict[str, Any]) -> str:
+    """How a rollout job's trajectories ended ("" for jobs without counts): graded ones (a
+    reward, 0 included) and aborted ones (infrastructure failures, the failed trajectories)."""
+    counts = job.get("trajectories") or {}
+    if not counts:
+        return ""
+    total, graded = int(counts.get("total") or 0), int(counts.get("graded") or 0)
+    resolved, aborted = int(counts.get("resolved") or 0), int(counts.get("aborted") or 0)
+    return (
+        f"trajectories: {total} total, {graded} graded ({resolved} resolved), "
+        f"{aborted} failed (aborted by infrastructure)"
+    )
+
+
 def _age(ts: float | None) -> str:
     if not ts:
         return "-"
@@ -68,6 +82,8 @@ def detail(job: dict[str, Any]) -> str:
     prog = job.get("progress") or {}
     if prog.get("current_step") is not None:
         lines.append(f"step       {prog['current_step']}")
+    if line := trajectory_line(job):
+        lines.append(line.replace("trajectories: ", "trajectories ", 1))
     if job.get("metrics"):
         mets = ", ".join(f"{k}={v:.4g}" for k, v in sorted(job["metrics"].items()))
         lines.append(f"metrics    {mets}")

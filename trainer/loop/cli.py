@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
@@ -18,7 +19,7 @@ from services.config import ConfigError, load_config
 from services.manager.client import RolloutManager
 from services.manager.config import ManagerConfig
 from trainer.config import TrainerConfig
-from trainer.loop.config import TrainConfig, resolve_schedule
+from trainer.loop.config import DatasetConfig, EvalSet, TrainConfig, resolve_schedule
 from trainer.publish import PublishConfig
 
 if TYPE_CHECKING:
@@ -104,6 +105,54 @@ def load_run_config(
     return RunConfig(train, trainer, manager, publish)
 
 
+MODEL_FIX = "set trainer.model (or $SWERL_TRAINER__MODEL) to a Hugging Face model directory"
+
+
+def model_problems(model: str) -> list[str]:
+    """``trainer.model`` as the backends will read it: a local directory with a config.json."""
+    if not model:
+        return [f"trainer.model is not set: {MODEL_FIX}"]
+    path = Path(model)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        return [f"trainer.model {model} {what}: {MODEL_FIX}"]
+    if not (path / "config.json").is_file():
+        return [f"trainer.model {model} has no config.json (not a Hugging Face model "
+                f"directory): {MODEL_FIX}"]  # fmt: skip
+    return []
+
+
+def _id_problems(ids: DatasetConfig | EvalSet, section: str) -> list[str]:
+    """The instance-id files of one set (instances_file, deny_file), read as the run reads them."""
+    from trainer.loop.prompts import load_instance_ids
+
+    try:
+        load_instance_ids(ids, section)
+    except ValueError as exc:
+        return [f"{exc} (fix the path or the file in the config)"]
+    return []
+
+
+def path_problems(cfg: RunConfig) -> list[str]:
+    """What on this host the run would trip over only after it started (the model directory,
+    the instance-id files of the dataset and of the held-out sets), each naming its key and
+    the fix; a mixture's files are read by :func:`load_run_config` already."""
+    problems = model_problems(cfg.trainer.model)
+    if not cfg.train.dataset.mixture:
+        problems += _id_problems(cfg.train.dataset, "train.dataset")
+    sets = [("train.eval", cfg.train.eval), ("train.eval.shifted", cfg.train.eval.shifted)]
+    for section, held_out in sets:
+        if cfg.train.eval_interval and held_out is not None and not held_out.is_empty():
+            problems += _id_problems(held_out, section)
+    return problems
+
+
+def _report(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -111,16 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    problems = path_problems(cfg)
     if args.print_config:
+        if problems:
+            return _report(problems)
         print(cfg.dump(), end="")
         return 0
     from trainer.loop.ranks import RankError, init_ranks
 
     try:
         ranks = init_ranks(cfg.trainer.device)
-    except RankError as exc:
+    except RankError as exc:  # the launcher's environment first: it is wrong for any config
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if problems:
+        return _report(problems)
     configure_logging(args.log_level)
     if ranks is None:
         return _drive(cfg, args.resume, None)

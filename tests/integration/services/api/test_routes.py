@@ -18,6 +18,7 @@ from services.api.schemas import JobKind, JobState
 from services.api.store import JobStore
 from tests.support.api_server import ApiServer, bearer, start_api
 from tests.support.execution import open_record
+from tests.support.paths import REPO_ROOT
 from tests.support.redis import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -29,11 +30,14 @@ ROOTS = {"SWERL_API__PATHS__INPUTS": f"[{DATA}]", "SWERL_API__PATHS__OUTPUTS": f
 TRAIN = {"model": f"{DATA}/tiny", "dataset": f"{DATA}/ids.txt", "steps": 10,
          "checkpoint_dir": f"{OUT}/ck"}  # fmt: skip
 EVAL = {"checkpoint": f"{OUT}/ck", "dataset": f"{DATA}/d.jsonl"}
+# A dataset the API can read (an input root too): eval instance ids are checked against it.
+MINI = REPO_ROOT / "tests" / "data"
+ROOTS_WITH_MINI = {**ROOTS, "SWERL_API__PATHS__INPUTS": f"[{DATA}, {MINI}]"}
 
 
 @pytest.fixture(scope="module")
 def api(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    server = start_api(redis_server.url, Path(tmp_path_factory.mktemp("api")), env=ROOTS)
+    server = start_api(redis_server.url, Path(tmp_path_factory.mktemp("api")), env=ROOTS_WITH_MINI)
     yield server
     server.stop()
 
@@ -98,12 +102,47 @@ def test_only_the_submitter_or_an_admin_cancels(api: ApiServer, http: httpx.Clie
         ("/v1/jobs/train", {**TRAIN, "stepz": 3}, "body.stepz"),
         ("/v1/jobs/rollout", {"instance_ids": "x"}, "body.instance_ids"),
         ("/v1/jobs/eval", {"checkpoint": f"{OUT}/ck"}, "body.dataset"),
+        ("/v1/jobs/train", {**TRAIN, "algorithm": "li2sa0"}, "body.algorithm"),
     ],
 )
 def test_bad_bodies_name_the_field(http: httpx.Client, path: str, body: dict, field: str) -> None:
     got = http.post(path, json=body)
     assert got.status_code == 422
     assert got.json()["error"]["field"] == field
+
+
+def test_submission_checks_instances_and_warns_of_a_group_no_trainer_serves(
+    http: httpx.Client, redis_url: str
+) -> None:
+    dataset = MINI / "instances.jsonl"
+    known = json.loads(dataset.read_text().splitlines()[0])["instance_id"]
+    body = {"predictions": "gold", "dataset": str(dataset)}
+    bad = http.post("/v1/jobs/eval", json={**body, "instance_ids": [known, "nope__nope-1"]})
+    assert bad.status_code == 422
+    error = bad.json()["error"]
+    assert error["field"] == "body.instance_ids" and "'nope__nope-1'" in error["message"]
+    assert known not in error["message"]
+    assert http.post("/v1/jobs/eval", json={**body, "instance_ids": [known]}).status_code == 201
+    unserved = http.post("/v1/jobs/train", json={**TRAIN, "trainer_group": "gpu-a"})
+    assert unserved.status_code == 201  # accepted: a trainer may start later
+    assert any("'gpu-a'" in w for w in unserved.json()["warnings"])
+    client = redis.Redis.from_url(redis_url)
+    JobStore(client).announce(JobKind.TRAIN, "gpu-a", "trainer:gpu-a:host:1")
+    client.close()
+    served = http.post("/v1/jobs/train", json={**TRAIN, "trainer_group": "gpu-a", "steps": 2})
+    assert served.status_code == 201 and served.json()["warnings"] == []
+
+
+def test_a_rollout_job_shows_how_its_trajectories_ended(http: httpx.Client, redis_url: str) -> None:
+    job_id = http.post("/v1/jobs/rollout", json=ROLLOUT).json()["id"]
+    client = redis.Redis.from_url(redis_url)
+    claims = JobClaims(client)
+    assert claims.claim(JobKind.ROLLOUT, "default", "r1", 30, 10) is not None
+    metrics = {"n_completed": 2.0, "n_aborted": 1.0, "resolved_rate": 0.5, "mean_reward": 0.5}
+    claims.heartbeat(job_id, "r1", 30, None, metrics)
+    client.close()
+    counts = http.get(f"/v1/jobs/{job_id}").json()["trajectories"]
+    assert counts == {"total": 3, "graded": 2, "resolved": 1, "aborted": 1}
 
 
 def test_bad_queries_paths_and_json(http: httpx.Client) -> None:

@@ -10,7 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from services.api.claims import JobClaims
+from services.api.schemas import JobKind
+from services.api.store import JobStore
+from services.swerl_cli.errors import EXIT_OK, EXIT_REDIS_DOWN, EXIT_UNREACHABLE
 from tests.support.api_server import TOKENS, ApiServer, start_api
 from tests.support.paths import REPO_ROOT
 from tests.support.redis import RedisServer
@@ -25,9 +30,16 @@ def api(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> 
     server.stop()
 
 
+def swerl_cmd(api: ApiServer, *argv: str) -> list[str]:
+    return [sys.executable, "-m", "services.swerl_cli", "--api", api.url, *argv]
+
+
+def swerl_env(who: str = "alice") -> dict[str, str]:
+    return {"SWERL_API_TOKEN": TOKENS[who][0], "PATH": "/usr/bin:/bin"}
+
+
 def swerl(api: ApiServer, *argv: str, who: str = "alice") -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "services.swerl_cli", "--api", api.url, *argv]
-    env = {"SWERL_API_TOKEN": TOKENS[who][0], "PATH": "/usr/bin:/bin"}
+    cmd, env = swerl_cmd(api, *argv), swerl_env(who)
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=60)
 
 
@@ -71,3 +83,48 @@ def test_auth_and_missing_jobs(api: ApiServer, redis_url: str) -> None:
     assert viewer.returncode == 4 and "lacks the 'submit' scope" in viewer.stderr
     missing = swerl(api, "status", "rollout-missing")
     assert missing.returncode == 5 and "no job 'rollout-missing'" in missing.stderr
+
+
+def test_an_api_whose_redis_is_down_is_told_from_an_unreachable_api(
+    fresh_redis: RedisServer, tmp_path: Path
+) -> None:
+    server = start_api(fresh_redis.url, tmp_path)
+    try:
+        fresh_redis.stop()  # the API still answers: every request that needs Redis is a 503
+        down = swerl(server, "status")
+        assert down.returncode == EXIT_REDIS_DOWN, down.stderr
+        assert down.stderr.startswith(
+            f"swerl: error: the API at {server.url} answers but its Redis is down: "
+        )
+        assert "unreachable" not in down.stderr and f"{server.url}/readyz" in down.stderr
+    finally:
+        server.stop()
+    gone = swerl(server, "status")  # nothing listens there any more
+    assert gone.returncode == EXIT_UNREACHABLE
+    assert f"the API at {server.url} is unreachable: " in gone.stderr
+    assert "--api / $SWERL_API_URL" in gone.stderr and "Redis" not in gone.stderr
+
+
+def test_results_into_a_reader_that_stops_early_end_quietly(api: ApiServer, redis_url: str) -> None:
+    """`swerl results JOB | head -n 1`: the reader leaves after one line; swerl exits 0 with
+    nothing on stderr (no BrokenPipeError traceback, no "Exception ignored" at exit)."""
+    job_id = swerl(api, "submit", "rollout", "--instances", "i1").stdout.split()[0]
+    client = redis.Redis.from_url(redis_url)
+    claims, store = JobClaims(client), JobStore(client)
+    claims.claim(JobKind.ROLLOUT, "default", "runner-t", ttl_s=30, max_active=4)
+    # far more than a pipe's buffer (64 KiB), so swerl is still writing when head leaves
+    rows = [{"task_id": f"{job_id}:0:{i}", "reward": 1.0, "note": "x" * 200} for i in range(2000)]
+    store.append_results(job_id, "runner-t", rows)
+    client.close()
+    writer = subprocess.Popen(
+        swerl_cmd(api, "results", job_id), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO_ROOT, env=swerl_env(),
+    )  # fmt: skip
+    assert writer.stdout is not None and writer.stderr is not None
+    reader = subprocess.Popen(["head", "-n", "1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    writer.stdout.close()  # only head holds the pipe's reading end now
+    first, _ = reader.communicate(timeout=60)
+    err = writer.stderr.read().decode()
+    assert writer.wait(timeout=60) == EXIT_OK, err
+    assert err == ""
+    assert json.loads(first) == rows[0]

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.api.schemas import SPECS, EvalSpec, JobKind, JobState, RolloutSpec, TrainSpec
+from services.api.schemas import (
+    ALGORITHM_NAMES,
+    SPECS,
+    EvalSpec,
+    JobKind,
+    JobState,
+    RolloutSpec,
+    TrainSpec,
+    TrajectoryCounts,
+)
 
 
 def test_one_spec_per_kind() -> None:
@@ -58,3 +67,31 @@ def test_a_mixture_dataset_is_checked_at_submission() -> None:
     with pytest.raises(ValidationError, match="dataset name 'a' is used for both"):
         TrainSpec(model="m", dataset="a=/x/a.jsonl,a=/y/b.jsonl", steps=1, checkpoint_dir="/c")
     assert RolloutSpec(instance_ids=["gym/swerl__strkit-2"]).instance_ids == ["gym/swerl__strkit-2"]
+
+
+def test_the_apis_algorithm_names_are_the_trainers_registry() -> None:
+    """The API cannot import the trainer (torch): its list must follow the registry."""
+    from trainer.algorithms import ALGORITHM_REGISTRY  # baselines register on import
+
+    assert sorted(ALGORITHM_NAMES) == sorted(ALGORITHM_REGISTRY.names())
+
+
+def test_an_unknown_algorithm_is_refused_with_the_known_ones() -> None:
+    body = {"model": "m", "dataset": "d", "steps": 1, "checkpoint_dir": "/c"}
+    with pytest.raises(ValidationError) as err:
+        TrainSpec.model_validate({**body, "algorithm": "li2sa0"})
+    error = err.value.errors()[0]
+    assert error["loc"] == ("algorithm",)
+    assert "did you mean 'li2sao'" in error["msg"]
+    assert all(name in error["msg"] for name in ALGORITHM_NAMES)
+    for name in ALGORITHM_NAMES:
+        assert TrainSpec.model_validate({**body, "algorithm": name}).algorithm == name
+
+
+def test_trajectory_counts_come_from_a_rollout_runners_metrics() -> None:
+    """Graded: every status with a reward (a 0 included); aborted: the infrastructure's."""
+    metrics = {"n_completed": 3.0, "n_error": 1.0, "n_timeout": 1.0, "n_aborted": 2.0,
+               "mean_reward": 0.4, "resolved_rate": 2 / 5}  # fmt: skip
+    counts = TrajectoryCounts.from_metrics(metrics)
+    assert counts == TrajectoryCounts(total=7, graded=5, resolved=2, aborted=2)
+    assert TrajectoryCounts.from_metrics({}) is None  # no result yet

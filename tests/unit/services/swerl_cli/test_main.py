@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from services.swerl_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, CliError
-from services.swerl_cli.main import build_parser, main, spec_from_args
+from services.swerl_cli.errors import (
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+)
+from services.swerl_cli.main import build_parser, cmd_submit, main, spec_from_args, watch
 from tests.support.paths import REPO_ROOT
 
 
@@ -83,7 +89,9 @@ def test_file_and_kind_together_are_refused() -> None:
 
 def test_an_unreachable_api_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--api", "http://127.0.0.1:9", "status"]) == EXIT_UNREACHABLE
-    assert "cannot reach the API at http://127.0.0.1:9" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("swerl: error: the API at http://127.0.0.1:9 is unreachable: ")
+    assert "(is it running? --api / $SWERL_API_URL)" in err and "Redis" not in err
 
 
 def test_help_teaches_commands_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,3 +165,70 @@ def test_unknown_arguments_of_an_api_command_are_still_usage_errors() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["status", "--no-such-option"])
     assert exc.value.code == EXIT_USAGE
+
+
+class FakeApi:
+    """The job API as ``watch`` and ``submit`` see it: one finished job."""
+
+    def __init__(self, job: dict) -> None:
+        self.finished = job
+
+    def job(self, job_id: str) -> dict:
+        return self.finished
+
+    def submit(self, kind: str, spec: dict, key: str | None) -> dict:
+        return {**self.finished, "state": "queued"}
+
+
+def finished(state: str, aborted: int, **extra: object) -> dict:
+    counts = {"total": 4, "graded": 4 - aborted, "resolved": 1, "aborted": aborted}
+    return {"id": "rollout-1", "kind": "rollout", "state": state, "message": "done",
+            "progress": {"done": 4, "total": 4}, "trajectories": counts, **extra}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "aborted", "allow", "code"),
+    [
+        ("succeeded", 0, False, EXIT_OK),
+        ("succeeded", 1, False, EXIT_JOB_FAILED),  # partial: something failed
+        ("succeeded", 1, True, EXIT_OK),  # ... unless the user accepts it
+        ("failed", 4, True, EXIT_JOB_FAILED),  # a failed job is never accepted
+        ("cancelled", 0, False, EXIT_JOB_FAILED),
+    ],
+)
+def test_watch_exits_6_when_anything_failed(
+    state: str, aborted: int, allow: bool, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = FakeApi(finished(state, aborted))
+    assert watch(api, "rollout-1", 0.0, allow_failed_trajectories=allow) == code  # type: ignore[arg-type]
+    out = capsys.readouterr()
+    assert f"{4 - aborted} graded" in out.out and f"{aborted} failed" in out.out
+    if code == EXIT_JOB_FAILED and state == "succeeded":
+        assert "--allow-failed-trajectories" in out.err
+
+
+def test_a_job_without_trajectory_counts_exits_by_its_state() -> None:
+    train = {"id": "train-1", "kind": "train", "state": "succeeded", "spec": {"steps": 3},
+             "progress": {"current_step": 3}}  # fmt: skip
+    assert watch(FakeApi(train), "train-1", 0.0) == EXIT_OK  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "--wait", "--allow-failed-trajectories", "rollout", "--instances", "a"],
+        ["submit", "rollout", "--instances", "a", "--wait", "--allow-failed-trajectories"],
+        ["status", "rollout-1", "--watch", "--allow-failed-trajectories"],
+    ],
+)
+def test_the_allow_failed_trajectories_flag(argv: list[str]) -> None:
+    assert build_parser().parse_args(argv).allow_failed_trajectories is True
+    without = [a for a in argv if a != "--allow-failed-trajectories"]
+    assert build_parser().parse_args(without).allow_failed_trajectories is False
+
+
+def test_submit_prints_the_apis_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    api = FakeApi(finished("succeeded", 0, warnings=["no trainer service of group 'x'"]))
+    args = build_parser().parse_args(["submit", "rollout", "--instances", "a"])
+    assert cmd_submit(api, args) == EXIT_OK  # type: ignore[arg-type]
+    assert "swerl: warning: no trainer service of group 'x'" in capsys.readouterr().err

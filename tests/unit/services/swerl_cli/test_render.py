@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.swerl_cli.render import BAR_WIDTH, detail, progress_bar, table
+from services.swerl_cli.render import BAR_WIDTH, detail, progress_bar, table, trajectory_line
 
 
 def job(**over: object) -> dict:
@@ -50,3 +50,11 @@ def test_table_and_detail() -> None:
     assert table([]) == "no jobs"
     shown = detail(job(metrics={"mean_reward": 0.5}, message="claimed by r"))
     assert "metrics    mean_reward=0.5" in shown and "message    claimed by r" in shown
+
+
+def test_trajectory_counts_are_shown_for_rollout_jobs_only() -> None:
+    counts = {"total": 5, "graded": 3, "resolved": 2, "aborted": 2}
+    line = trajectory_line(job(trajectories=counts))
+    assert "5 total" in line and "3 graded (2 resolved)" in line and "2 failed" in line
+    assert "3 graded (2 resolved)" in detail(job(trajectories=counts))
+    assert trajectory_line(job()) == ""

@@ -96,7 +96,11 @@ def test_cli_exits_2_on_a_bad_file_and_prints_the_effective_config(
 ) -> None:
     assert main(["--config", str(write(tmp_path, {"train": {"steps": 1}}))]) == 2
     assert "train.run_dir: Field required" in capsys.readouterr().err
-    good = write(tmp_path, {"train": {**MINIMAL, "publish": False}, "trainer": {"seed": 3}})
+    model = tmp_path / "model"  # --print-config checks that the model directory is one
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    trainer = {"seed": 3, "model": str(model)}
+    good = write(tmp_path, {"train": {**MINIMAL, "publish": False}, "trainer": trainer})
     assert main(["--config", str(good), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["bootstrap"] == {"prompts": 32, "group_size": 8}

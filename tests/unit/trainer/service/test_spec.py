@@ -56,7 +56,7 @@ def test_one_sample_per_prompt_sets_only_the_single_batch(tmp_path: Path) -> Non
     [
         ({"dataset": "/no/such/ids.txt"}, "spec.dataset '/no/such/ids.txt' is neither"),
         ({"dataset": "g=/no/such.parquet:1"}, "no such dataset file '/no/such.parquet'"),
-        ({"algorithm": "nosuch"}, "trainer.algorithm"),
+        ({"algorithm": "nosuch"}, "unknown algorithm 'nosuch': the trainer knows"),
         ({"steps": 0}, "invalid train spec"),
         ({"bogus": 1}, "bogus"),
     ],
