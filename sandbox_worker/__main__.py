@@ -18,6 +18,7 @@ from services.cli import (
     load_cli_config,
     service_parser,
 )
+from services.metrics_server import MetricsServerError, add_metrics_argument, serve_metrics
 from services.queue.connection import connect
 
 DESCRIPTION = """\
@@ -80,6 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--grace", type=float, metavar="S", help="shutdown grace period in seconds")
     p.add_argument("--prefix", help="Redis key prefix shared with the manager (swerl:)")
+    add_metrics_argument(p)
     add_common_arguments(p, "worker")
     return p.parse_args(argv)
 
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "kinds": args.kinds,
         "shutdown_grace_s": args.grace,
         "queue.prefix": args.prefix,
+        "metrics_port": args.metrics_port,
     }
     cfg = load_cli_config(WorkerConfig, "worker", args, overrides)
     if isinstance(cfg, int):
@@ -108,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     from services.queue.worker import WorkerQueue
 
     worker = Worker(cfg, runner, backend=backend, queue=WorkerQueue(client, cfg.queue))
+    try:
+        serve_metrics(
+            worker.metrics.registry,
+            cfg.metrics_port,
+            cfg.metrics_addr,
+            logging.getLogger("swerl.worker"),
+        )
+    except MetricsServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        client.close()
+        return 1
 
     def on_signal(signum: int, _frame: object) -> None:
         logging.getLogger("swerl.worker").info("signal %d: shutting down", signum)

@@ -16,6 +16,7 @@ from sandbox_worker.evaluation.log_parser import LOG_PARSERS
 from sandbox_worker.openhands.config import OpenHandsConfig
 from sandbox_worker.patch_extract import DEFAULT_MAX_PATCH_BYTES, MAX_PATCH_BYTES_LIMIT
 from services.config import StrictModel, register_section
+from services.metrics_server import DEFAULT_ADDR, MetricsAddr, MetricsPort
 from services.protocol.tasks import TaskKind
 from services.queue.config import QueueConfig
 
@@ -250,6 +251,9 @@ class WorkerConfig(StrictModel):
     # across a connection failure leaves entries delivered but unseen).
     orphan_check_interval_s: float = Field(30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Prometheus endpoint (sandbox_worker/metrics.py): None serves none.
+    metrics_port: MetricsPort = None
+    metrics_addr: MetricsAddr = DEFAULT_ADDR
     queue: QueueConfig = Field(default_factory=QueueConfig)
     simulated: SimulatedRunnerConfig = Field(default_factory=SimulatedRunnerConfig)
     # The real runner (backends docker and bwrap); ignored by the simulated one.

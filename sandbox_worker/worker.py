@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_worker.config import WorkerConfig
+from sandbox_worker.metrics import HANDED_BACK, WorkerMetrics
 from sandbox_worker.runner import (
     CANCELLED,
     SHUTDOWN,
@@ -84,8 +85,11 @@ class Worker:
         *,
         backend: NodeCleaner | None = None,
         queue: WorkerQueue | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.cfg = cfg
+        self.metrics = metrics or WorkerMetrics()
+        self.metrics.set_slots(cfg.slots)
         self.node = cfg.node
         self.runner = runner
         self.backend = backend
@@ -317,6 +321,7 @@ class Worker:
         rt = _Running(entry=eid, task=task, token=CancelToken(), started=time.time())
         with self._lock:
             self._running[eid] = rt
+        self.metrics.started()
         self._jobs.put(rt)
 
     def _slot_loop(self) -> None:
@@ -331,6 +336,7 @@ class Worker:
         task = rt.task
         tlog = _TaskLog(log, {"trajectory": task.trajectory_id})
         ctx = RunContext(node=self.node, cancel=rt.token, log=tlog, entry_id=rt.entry)
+        ended, durations = OutcomeStatus.ABORTED.value, dict[str, float]()  # for the metrics
         try:
             try:
                 outcome = self.runner.run(task, ctx)
@@ -343,7 +349,9 @@ class Worker:
                     abort_reason=f"runner failed: {type(exc).__name__}: {exc}"[:2000],
                     durations={"run": time.time() - rt.started},
                 )
+            ended, durations = outcome.status.value, outcome.durations
             if rt.token.reason == SHUTDOWN:
+                ended = HANDED_BACK
                 status = retry_forever(
                     lambda: self.queue.requeue(
                         task.task_id, rt.entry, self.node, SHUTDOWN, "handback"
@@ -381,6 +389,7 @@ class Worker:
                 self._running.pop(rt.entry, None)
             rt.done.set()
             self._slot_freed.set()
+            self.metrics.finished(ended, time.time() - rt.started, durations)
 
     # ------------------------------------------------------------------ heartbeat / cancel
     def _beat(self) -> None:
@@ -402,6 +411,7 @@ class Worker:
             [rt.entry for rt in running],
             [rt.task.batch_id for rt in running],
         )
+        self.metrics.heartbeat()
         for batch_id in cancelled:
             self._cancel_batch(batch_id)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import sys
 
 from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
 from services.eval.service import EvalService
 from services.eval.service_config import SECTION, EvalServiceConfig
+from services.metrics_server import MetricsServerError, add_metrics_argument, serve_metrics
 from services.queue.connection import connect
 
 DESCRIPTION = """\
@@ -27,7 +30,7 @@ configuration (lowest precedence first): defaults < YAML file (--config or $SWER
 section "eval_service:") < environment (SWERL_EVAL_SERVICE__BACKEND=bwrap) < flags.
 
 exit status: 0 stopped (SIGTERM/SIGINT; a running job is given back to the queue);
-2 configuration error.
+2 configuration error; 1 the metrics port (--metrics-port) cannot be served.
 
 examples:
   python -m services.eval serve --redis redis://127.0.0.1:6379/0 --backend docker --workers 8
@@ -48,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--lease-ttl", type=float, metavar="S", help="lease of a claimed job in seconds (30)"
     )
+    add_metrics_argument(p)
     add_common_arguments(p, SECTION)
     return p.parse_args(argv)
 
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "state_root": args.state_root,
         "workers": args.workers,
         "lease_ttl_s": args.lease_ttl,
+        "metrics_port": args.metrics_port,
     }
     cfg = load_cli_config(EvalServiceConfig, SECTION, args, overrides)
     if isinstance(cfg, int):
@@ -68,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.log_level)
     client = connect(cfg.redis_url)
     service = EvalService(cfg, client)
+    try:
+        serve_metrics(service.metrics.registry, cfg.metrics_port, cfg.metrics_addr,
+                      logging.getLogger(service.log_name))  # fmt: skip
+    except MetricsServerError as exc:
+        print(f"python -m services.eval serve: {exc}", file=sys.stderr)
+        client.close()
+        return 1
     signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
     try:

@@ -29,6 +29,7 @@ import re
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ import redis
 from services.api.claims import Claim, LeaseKeeper
 from services.api.job_process import ProcessJobService
 from services.api.schemas import EvalSpec, JobKind, JobState, Progress
+from services.eval.metrics import EvalMetrics
 from services.eval.service_config import EvalServiceConfig
 from services.swerl_cli.eval_options import EVAL_MODULE
 
@@ -179,9 +181,22 @@ class EvalService(ProcessJobService):
         holder = f"evaluator:{cfg.group}:{socket.gethostname()}:{os.getpid()}"
         super().__init__(cfg, client, holder, environ)
         self.cfg: EvalServiceConfig = cfg
+        self.metrics = EvalMetrics()
+
+    def finish(self, job_id: str, state: JobState, message: str) -> None:
+        super().finish(job_id, state, message)
+        self.metrics.finished(state.value)
 
     def run_job(self, job: Claim) -> None:
         """Run one claimed job until it ends, its lease is lost or the service stops."""
+        self.metrics.claimed()
+        started = time.monotonic()
+        try:
+            self._run_job(job)
+        finally:
+            self.metrics.job_ended(time.monotonic() - started)
+
+    def _run_job(self, job: Claim) -> None:
         spec = EvalSpec.model_validate(self.claims.spec(job.job_id))
         run_dir = Path(self.cfg.runs_dir).resolve() / job.job_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -206,6 +221,7 @@ class EvalService(ProcessJobService):
         rows = result_rows(report, infra)
         if not self.store.append_results(job_id, self.holder, rows, reset=True):
             return  # the lease is lost: the new holder owns the job
+        self.metrics.graded(row["status"] for row in rows)
         metrics = metrics_of(report, infra)
         total = int(report["total_instances"])
         progress = Progress(done=total, total=total, phase="graded")

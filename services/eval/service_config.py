@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from services.config import StrictModel, register_section
+from services.metrics_server import DEFAULT_ADDR, MetricsAddr, MetricsPort
 from services.protocol.ids import Ident
 
 SECTION = "eval_service"
@@ -50,6 +51,9 @@ class EvalServiceConfig(StrictModel):
         30.0, ge=0, le=3600, description="SIGINT to SIGKILL of a stopped evaluation process"
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Prometheus endpoint (services/eval/metrics.py): None serves none.
+    metrics_port: MetricsPort = None
+    metrics_addr: MetricsAddr = DEFAULT_ADDR
 
 
 register_section(SECTION, EvalServiceConfig)

@@ -16,6 +16,7 @@ from services.cli import add_common_arguments, configure_logging, load_cli_confi
 from services.config import dump_config
 from services.manager.config import ManagerConfig
 from services.manager.dispatcher import Dispatcher
+from services.metrics_server import MetricsServerError, add_metrics_argument, serve_metrics
 from services.queue.connection import connect
 from services.queue.dispatcher import DispatcherQueue
 from services.queue.submitter import SubmitterQueue
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, help="tasks queued per node beyond its slots (1)")
     p.add_argument("--prefix", help="Redis key prefix shared with the workers (swerl:)")
     p.add_argument("--status", action="store_true", help="print nodes and batches as JSON, exit")
+    add_metrics_argument(p)
     add_common_arguments(p, "manager")
     return p.parse_args(argv)
 
@@ -64,7 +66,12 @@ def cluster_status(queue: SubmitterQueue) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {"redis_url": args.redis, "prefetch": args.prefetch, "queue.prefix": args.prefix}
+    overrides = {
+        "redis_url": args.redis,
+        "prefetch": args.prefetch,
+        "queue.prefix": args.prefix,
+        "metrics_port": args.metrics_port,
+    }
     cfg = load_cli_config(ManagerConfig, "manager", args, overrides)
     if isinstance(cfg, int):
         return cfg
@@ -93,7 +100,19 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    Dispatcher(DispatcherQueue(client, cfg.queue), cfg).run(stop)
+    dispatcher = Dispatcher(DispatcherQueue(client, cfg.queue), cfg)
+    try:
+        serve_metrics(
+            dispatcher.metrics.registry,
+            cfg.metrics_port,
+            cfg.metrics_addr,
+            logging.getLogger("swerl.manager"),
+        )
+    except MetricsServerError as exc:
+        print(f"python -m services.manager: {exc}", file=sys.stderr)
+        client.close()
+        return 1
+    dispatcher.run(stop)
     client.close()
     return 0
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from services.config import StrictModel, register_section
+from services.metrics_server import DEFAULT_ADDR, MetricsAddr, MetricsPort
 from services.queue.config import QueueConfig
 
 
@@ -22,6 +23,9 @@ class ManagerConfig(StrictModel):
     # How often the service logs a one-line summary (pending, nodes, slots, busy).
     summary_interval_s: float = Field(30.0, gt=0.0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Prometheus endpoint (services/manager/metrics.py): None serves none.
+    metrics_port: MetricsPort = None
+    metrics_addr: MetricsAddr = DEFAULT_ADDR
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 
 from services.manager.config import ManagerConfig
+from services.manager.metrics import ManagerMetrics
 from services.queue.budget import NodeLoad, max_outstanding, plan_dispatch
 from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep
 from services.queue.dispatcher import DispatcherQueue
@@ -25,9 +26,12 @@ log = logging.getLogger("swerl.manager")
 
 
 class Dispatcher:
-    def __init__(self, queue: DispatcherQueue, cfg: ManagerConfig) -> None:
+    def __init__(
+        self, queue: DispatcherQueue, cfg: ManagerConfig, metrics: ManagerMetrics | None = None
+    ) -> None:
         self.queue = queue
         self.cfg = cfg
+        self.metrics = metrics or ManagerMetrics()
         self._last_reclaim = 0.0
         # No reclaim until live workers have had one heartbeat TTL to show up: after a Redis
         # outage (or a manager start) heartbeat keys may have expired and entries look idle
@@ -50,6 +54,7 @@ class Dispatcher:
         if known != len(self._node_names):
             self._node_names, self._names_at = self.queue.node_names(), now
             pending, nodes, _ = self.queue.cluster_state(self._node_names)
+        self.metrics.cluster(pending, nodes)
         return pending, nodes
 
     def dispatch_once(self) -> int:
@@ -81,6 +86,7 @@ class Dispatcher:
         if total:
             log.debug("dispatched %d task(s)", total)
         self.dispatched += total
+        self.metrics.dispatched(total)
         return total
 
     def _rebalance(self, live: list[NodeStatus]) -> int:
@@ -100,6 +106,7 @@ class Dispatcher:
             )
         if moved:
             log.debug("rebalanced %d queued task(s) to free slots", moved)
+        self.metrics.rebalanced(moved)
         return moved
 
     def reclaim_once(self) -> int:
@@ -116,6 +123,7 @@ class Dispatcher:
                 log.warning("took back %d task(s) of dead node %s", got, node.name)
             n += got
         self.reclaimed += n
+        self.metrics.reclaimed(n)
         return n
 
     def _reclaim_allowed(self, now: float) -> bool:

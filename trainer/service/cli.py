@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import sys
 
 from services.cli import add_common_arguments, configure_logging, load_cli_config, service_parser
+from services.metrics_server import MetricsServerError, add_metrics_argument, serve_metrics
 from services.queue.connection import connect
 from trainer.service.config import SECTION, TrainerServiceConfig
 from trainer.service.follower import TrainerFollower
@@ -33,7 +36,7 @@ trainer_service.command is the training command before --config FILE [--resume] 
 this Python's -m trainer train), e.g. [torchrun, --nproc-per-node=8, -m, trainer, train].
 
 exit status: 0 stopped (SIGTERM/SIGINT; a running job is given back to the queue);
-2 configuration error.
+2 configuration error; 1 the metrics port (--metrics-port) cannot be served.
 
 examples:
   python -m trainer serve --redis redis://127.0.0.1:6379/0 --group default
@@ -54,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--nnodes", type=int, metavar="N", help="nodes of the group's torchrun (1)")
     p.add_argument("--node-rank", type=int, metavar="R", help="this node's rank; 0 leads (0)")
+    add_metrics_argument(p)
     add_common_arguments(p, SECTION)
     return p.parse_args(argv)
 
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "lease_ttl_s": args.lease_ttl,
         "nnodes": args.nnodes,
         "node_rank": args.node_rank,
+        "metrics_port": args.metrics_port,
     }
     cfg = load_cli_config(TrainerServiceConfig, SECTION, args, overrides)
     if isinstance(cfg, int):
@@ -75,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.log_level)
     client = connect(cfg.redis_url)
     service = TrainerFollower(cfg, client) if cfg.node_rank > 0 else TrainerService(cfg, client)
+    if isinstance(service, TrainerService):  # a follower claims nothing: the leader reports
+        try:
+            serve_metrics(service.metrics.registry, cfg.metrics_port, cfg.metrics_addr,
+                          logging.getLogger(service.log_name))  # fmt: skip
+        except MetricsServerError as exc:
+            print(f"python -m trainer serve: {exc}", file=sys.stderr)
+            client.close()
+            return 1
     signal.signal(signal.SIGTERM, lambda *_: service.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: service.stop_event.set())
     try:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from services.config import StrictModel, register_section
+from services.metrics_server import DEFAULT_ADDR, MetricsAddr, MetricsPort
 from services.protocol.ids import Ident
 
 SECTION = "trainer_service"
@@ -42,6 +43,9 @@ class TrainerServiceConfig(StrictModel):
         0, ge=0, description="this node's rank: 0 claims jobs (the leader), >0 joins them"
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Prometheus endpoint (trainer/service/metrics.py): None serves none.
+    metrics_port: MetricsPort = None
+    metrics_addr: MetricsAddr = DEFAULT_ADDR
 
     @model_validator(mode="after")
     def _rank_in_group(self) -> TrainerServiceConfig:

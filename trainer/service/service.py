@@ -38,6 +38,7 @@ from services.api.schemas import JobKind, JobState, Progress
 from trainer.checkpoint import latest_checkpoint
 from trainer.loop.metrics import METRICS_FILE
 from trainer.service.config import TrainerServiceConfig
+from trainer.service.metrics import TrainerServiceMetrics
 from trainer.service.nodes import Assignment, NodeDirectory
 from trainer.service.spec import SpecError, load_base, training_env, write_run_config
 
@@ -95,6 +96,17 @@ class TrainerService(ProcessJobService):
         self._waiting_for: list[int] = []
         self._running: Assignment | None = None
         self._checked = 0.0
+        self.metrics = TrainerServiceMetrics()
+
+    def finish(self, job_id: str, state: JobState, message: str) -> None:
+        super().finish(job_id, state, message)
+        self.metrics.finished(state.value)
+
+    def _progress(self, run_dir: Path, steps: int) -> tuple[Progress, dict[str, float]]:
+        """The run's progress for the lease heartbeat (and the step for the metrics)."""
+        progress, summary = progress_of(last_metrics(run_dir), steps)
+        self.metrics.heartbeat(progress.done)
+        return progress, summary
 
     # -- a multi-node group: the leader's side (trainer.service.nodes) ------------------------
     @property
@@ -139,6 +151,13 @@ class TrainerService(ProcessJobService):
 
     def run_job(self, job: Claim) -> None:
         """Run one claimed job until it ends, its lease is lost or the service stops."""
+        self.metrics.claimed()
+        try:
+            self._run_job(job)
+        finally:
+            self.metrics.job_ended()
+
+    def _run_job(self, job: Claim) -> None:
         raw = self.claims.spec(job.job_id)
         run_dir = Path(self.cfg.runs_dir).resolve() / job.job_id
         try:
@@ -151,7 +170,7 @@ class TrainerService(ProcessJobService):
         steps = int(raw["steps"])
         log_path = run_dir / f"attempt-{job.attempt}.log"
         if not self.multi_node:
-            report = lambda: progress_of(last_metrics(run_dir), steps)  # noqa: E731
+            report = lambda: self._progress(run_dir, steps)  # noqa: E731
             self.run_process(job, argv, log_path, training_env(self.environ), report)
             return
         # the followers run the same file: the assignment lives while the lease does
@@ -164,7 +183,7 @@ class TrainerService(ProcessJobService):
 
         def report() -> tuple[Progress, dict[str, float]]:
             self.nodes.refresh(value, self.cfg.lease_ttl_s)  # at each heartbeat of the lease
-            return progress_of(last_metrics(run_dir), steps)
+            return self._progress(run_dir, steps)
 
         self._running = assignment
         try:
