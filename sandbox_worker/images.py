@@ -22,7 +22,8 @@ instance images, bwrap root filesystems); it is idempotent and fast when nothing
 ``python -m sandbox_worker.images pull --instances FILE --dataset swebench --docker-host URL``
 pulls a whole dataset's published images (:mod:`sandbox_worker.image_pull`).
 ``python -m sandbox_worker.images add --instances FILE --name NAME`` builds, validates and
-registers a task set of one's own in one command (:mod:`sandbox_worker.task_set_add`).
+registers a task set of one's own in one command; ``list`` shows the registered sets and
+``remove --name NAME`` undoes an ``add`` (:mod:`sandbox_worker.task_set_add`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ ENVIRONMENT_HELP = f"""environment:
   SWERL_IMAGE_NAMESPACE  image name prefix (default {DEFAULT_NAMESPACE}; e.g. swerl/mytasks for
                          a task set of your own: images swerl/mytasks/sweb.eval...)
   SWERL_BASE_IMAGE       the image instance images build FROM (default swerl/base:bookworm)
-  SWERL_CACHE            bwrap trees and build caches (default {DEFAULT_CACHE})
+  SWERL_CACHE            bwrap trees, build caches and the task-set registry
+                         ($SWERL_CACHE/tasksets; default {DEFAULT_CACHE})
 """
 
 
@@ -178,15 +180,25 @@ def swesmith_image(instance_id: str, *, image_name: str | None = None, tag: str 
     return f"{SWESMITH_NAMESPACE}/swesmith.x86_64.{key}:{tag}"
 
 
+def local_namespace(dataset: str) -> str:
+    """The image namespace of the images swerl builds for ``dataset`` (a task set of one's
+    own): ``swerl/<dataset>``; the one home of that rule (builds, workers, ``images remove``).
+
+    >>> local_namespace("my-tasks")
+    'swerl/my-tasks'
+    """
+    if not isinstance(dataset, str) or not _DATASET_RE.match(dataset):
+        raise ValueError(f"invalid dataset name {dataset!r} (lower-case letters, digits, ._-)")
+    return f"{LOCAL_PREFIX}/{dataset}"
+
+
 def local_image(dataset: str, instance_id: str, *, tag: str = "latest") -> str:
     """An image swerl builds for an instance of ``dataset``: ``swerl/<dataset>/...``.
 
     >>> local_image("my-tasks", "acme__tool-7")
     'swerl/my-tasks/sweb.eval.x86_64.acme_1776_tool-7:latest'
     """
-    if not isinstance(dataset, str) or not _DATASET_RE.match(dataset):
-        raise ValueError(f"invalid dataset name {dataset!r} (lower-case letters, digits, ._-)")
-    return instance_image(instance_id, namespace=f"{LOCAL_PREFIX}/{dataset}", tag=tag)
+    return instance_image(instance_id, namespace=local_namespace(dataset), tag=tag)
 
 
 def label_mismatch(
@@ -355,11 +367,17 @@ def main(argv: list[str] | None = None) -> int:
 
     image_pull.add_parser(sub)
     task_set_add.add_parser(sub)
+    task_set_add.list_parser(sub)
+    task_set_add.remove_parser(sub)
     args = parser.parse_args(argv)
     if args.cmd == "pull":
         return image_pull.run(args, parser.error)
     if args.cmd == "add":
         return task_set_add.run(args, parser.error)
+    if args.cmd == "list":
+        return task_set_add.run_list(args)
+    if args.cmd == "remove":
+        return task_set_add.run_remove(args)
     if args.cmd == "name":
         try:
             names = [instance_image(iid, namespace=args.namespace) for iid in args.instance_ids]

@@ -38,12 +38,13 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from sandbox_worker import task_sets
 from sandbox_worker.images import DEFAULT_INSTANCES
 from sandbox_worker.tasks.scripted import write_script
 from services.datasets import DatasetError, load_instances
@@ -59,6 +60,7 @@ from services.demo_report import (
 from services.local_stack import LocalStack, StackError
 from services.manager.client import RolloutManager, tasks_for_request
 from services.protocol import AgentLimits, RolloutRequest, SamplingConfig, TaskResult
+from services.protocol.instance import SWEInstance
 from services.protocol.trajectory import TrajectoryRecord
 from services.store.trajectories import load_trajectory
 from services.tiny_model.build import ensure_tiny_model
@@ -90,8 +92,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=EPILOG,
     )
     p.add_argument("--instances", default=str(DEFAULT_INSTANCES),
-                   help="SWE-bench-format dataset file (JSONL, JSON or parquet); default: the "
-                        "mini set shipped in tests/data")  # fmt: skip
+                   help="SWE-bench-format dataset file (JSONL, JSON or parquet), or the name of "
+                        "a task set `python -m sandbox_worker.images add` registered (its "
+                        "instances run as <name>/<id> in its swerl/<name>/ images); default: "
+                        "the mini set shipped in tests/data")  # fmt: skip
     p.add_argument(
         "--limit",
         type=_positive(int, 0),
@@ -161,6 +165,37 @@ def resolve_model(path: Path) -> Path:
     return max(versions)[1]
 
 
+@dataclass(frozen=True)
+class DemoTasks:
+    """What ``--instances`` names: a file of rows, or a registered task set (``task_set``)."""
+
+    file: Path
+    instances: list[SWEInstance]
+    task_set: str | None = None
+
+    def key(self, instance: SWEInstance) -> str:
+        """The id the request names: ``<set>/<id>`` for a task set (its images), else the id."""
+        if self.task_set is None:
+            return instance.instance_id
+        return task_sets.task_set_key(self.task_set, instance.instance_id)
+
+    def worker_env(self) -> dict[str, str]:
+        """How the demo's worker finds the rows: the file, or the set's registry directory."""
+        if self.task_set is None:
+            return {"SWERL_WORKER__ROLLOUT__INSTANCES": json.dumps([str(self.file.resolve())])}
+        return {"SWERL_WORKER__ROLLOUT__TASK_SETS_DIR": str(self.file.parent.resolve())}
+
+
+def resolve_tasks(ref: str, registry: Path | None = None) -> DemoTasks:
+    """``--instances`` -> its rows (DatasetError / TaskSetError naming the problem)."""
+    directory = registry or task_sets.default_task_sets_dir()
+    found = task_sets.resolve_task_set(ref, directory)
+    if found is None:
+        return DemoTasks(Path(ref), load_instances(ref))
+    name, file = found
+    return DemoTasks(file, load_instances(file), name)
+
+
 EPILOG = """\
 environment: SWERL_CACHE_DIR (tiny model and venv cache, default ~/.cache/swerl), DOCKER_HOST
 (the Docker engine for --backend docker; `make` sets the private one's socket).
@@ -201,11 +236,12 @@ def start_services(
 
 def start_worker(stack: LocalStack, args: argparse.Namespace, redis_url: str, adapter_url: str,
                  manager: RolloutManager, node: str, log: Callable[[str], None] = say,
-                 ) -> None:  # fmt: skip
+                 tasks: DemoTasks | None = None) -> None:  # fmt: skip
+    tasks = tasks or DemoTasks(Path(args.instances), [])  # a file (services/eval/generate.py)
     env = {
         "SWERL_WORKER__ROLLOUT__ADAPTER_URL": adapter_url,
         "SWERL_WORKER__ROLLOUT__ADAPTER_TOKEN": WORKER_TOKEN,
-        "SWERL_WORKER__ROLLOUT__INSTANCES": json.dumps([str(Path(args.instances).resolve())]),
+        **tasks.worker_env(),
     }
 
     def alive() -> bool:
@@ -272,10 +308,11 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:  # bad input fails here, before anything starts
-        available = load_instances(args.instances)
-    except (DatasetError, OSError) as exc:
+        tasks = resolve_tasks(args.instances)
+    except (DatasetError, task_sets.TaskSetError, OSError) as exc:
         print(f"python -m services.demo: error: --instances: {exc}", file=sys.stderr)
         return 2
+    available = tasks.instances
     instances = available[: args.limit] if args.limit else available
     run_dir = args.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -287,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m services.demo: error: --model: {exc}", file=sys.stderr)
         return 2
     script = write_script(instances, run_dir / "scripted-policy.jsonl")
-    say(f"using {len(instances)} of {len(available)} instances of {args.instances} "
+    source = f"task set {tasks.task_set}" if tasks.task_set else str(tasks.file)
+    say(f"using {len(instances)} of {len(available)} instances of {source} "
         f"(--limit {args.limit}; 0 = all) x {args.samples} samples")  # fmt: skip
     say(f"run dir {run_dir}; model {model}")
     # A unique node name: two demos on one machine never reclaim each other's sandboxes.
@@ -298,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         redis_url, adapter_url, roles = start_services(stack, args, model, script)
         manager = RolloutManager(redis_url)
         manager.start()
-        start_worker(stack, args, redis_url, adapter_url, manager, node)
+        start_worker(stack, args, redis_url, adapter_url, manager, node, say, tasks)
         request = RolloutRequest(
-            instance_ids=[i.instance_id for i in instances],
+            instance_ids=[tasks.key(i) for i in instances],
             n_samples=args.samples,
             limits=AgentLimits(max_steps=args.max_steps, wall_time_s=args.timeout / 2),
             sampling=SamplingConfig(temperature=1.0, max_tokens=2048),

@@ -116,3 +116,15 @@ def test_a_tree_stamp_keeps_the_images_swerl_labels(tmp_path: Path) -> None:
     stamp.write_text(json.dumps(old))
     with pytest.raises(ImageNotFoundError, match="bad labels"):
         images.rootfs_info("acme/img:1", tmp_path)
+
+
+def test_a_task_sets_build_namespace_gives_its_local_images() -> None:
+    """One rule: what the build names under the set's namespace is what workers resolve."""
+    namespace = images.local_namespace("my-tasks")
+    for iid in ("acme__tool-7", "Acme__Tool-8"):
+        assert images.instance_image(iid, namespace=namespace) == images.local_image(
+            "my-tasks", iid
+        )
+    assert images.local_image("my-tasks", "acme__tool-7").startswith(namespace + "/")
+    with pytest.raises(ValueError, match="invalid dataset name"):
+        images.local_namespace("a/b")

@@ -120,3 +120,47 @@ def test_each_demo_runs_its_worker_under_a_node_name_of_its_own(
     first, second = fake_services["nodes"]
     assert first != second
     assert all(re.fullmatch(NODE_PATTERN, node) for node in (first, second))
+
+
+def test_a_registered_task_set_runs_by_name_in_its_own_images(
+    tmp_path: Path, fake_services: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--instances NAME`` of a set ``images add`` registered: the request names its
+    ``NAME/<id>`` keys, and the demo's worker resolves them to the images ``add`` built."""
+    import json
+
+    import services.demo as demo
+    from sandbox_worker import images
+    from sandbox_worker.config import TrajectoryRunnerConfig
+    from sandbox_worker.factory import _image_naming, worker_task_instances
+    from tests.support.mixtures import mini_rows
+
+    monkeypatch.setenv("SWERL_CACHE", str(tmp_path / "cache"))
+    sets = tmp_path / "cache" / "tasksets"
+    sets.mkdir(parents=True)
+    rows = mini_rows()[:2]
+    (sets / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen: dict[str, Any] = {}
+
+    class Recording(_Manager):
+        def submit(self, request: Any) -> str:
+            seen["request"] = request
+            return "b1"
+
+    monkeypatch.setattr(demo, "RolloutManager", Recording)
+    monkeypatch.setattr(demo, "start_worker", lambda *a: seen.update(tasks=a[7]))
+    fake_services["rows"] = [_row("a__b-1", "completed", 1.0)]
+    model = _model(tmp_path / "model")
+    argv = ["--model", str(model), "--run-dir", str(tmp_path / "run"), "--instances", "mine"]
+    assert main(argv) == 0
+    keys = [f"mine/{r['instance_id']}" for r in rows]
+    assert seen["request"].instance_ids == keys
+    env = seen["tasks"].worker_env()
+    rc = TrajectoryRunnerConfig(task_sets_dir=env["SWERL_WORKER__ROLLOUT__TASK_SETS_DIR"])
+    naming = _image_naming(rc, worker_task_instances(rc))
+    assert [naming(k) for k in keys] == [images.local_image("mine", r["instance_id"]) for r in rows]
+    capsys.readouterr()
+    assert main([*argv[:-1], "theirs"]) == 2
+    err = capsys.readouterr().err
+    assert "'theirs'" in err and "mine" in err and "Traceback" not in err
