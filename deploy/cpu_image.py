@@ -280,14 +280,68 @@ def compose_env(inputs: Inputs, tag: str, data: Path | None = None) -> dict[str,
         "SWERL_CHECKPOINT_DIR": str(data / "checkpoints"),
         "SWERL_WEIGHTS_DIR": str(data / "weights"),
         "SWERL_EVAL_INPUTS_DIR": str(data / "eval-inputs"),
+        "SWERL_RUNS_DIR": str(data / "runs"),
+        "SWERL_EVAL_RUNS_DIR": str(data / "eval-runs"),
+        "SWERL_TASKSETS_DIR": str(inputs.models / "tasksets"),  # images add's registry
     }
 
 
-def make_volume_dirs(values: dict[str, str]) -> None:
-    """Create the directories the checkpoints and weights volumes and the evaluator's inputs
-    bind (they must exist)."""
-    for key in ("SWERL_CHECKPOINT_DIR", "SWERL_WEIGHTS_DIR", "SWERL_EVAL_INPUTS_DIR"):
-        Path(values[key]).mkdir(parents=True, exist_ok=True)
+BIND_DIRS = (
+    "SWERL_CHECKPOINT_DIR",
+    "SWERL_WEIGHTS_DIR",
+    "SWERL_EVAL_INPUTS_DIR",
+    "SWERL_RUNS_DIR",
+    "SWERL_EVAL_RUNS_DIR",
+    "SWERL_SANDBOX_STATE",
+)
+
+
+def template_values(template: Path = CPU_ENV) -> dict[str, str]:
+    """The assignments of an env file (comments and blank lines left out)."""
+    out = {}
+    for line in template.read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value
+    return out
+
+
+def make_volume_dirs(values: dict[str, str], template: Path = CPU_ENV) -> list[Path]:
+    """Create every directory the cpu profile binds (compose refuses to start without them):
+    checkpoints, weights, the evaluator's inputs, the runs and the sandbox state dir, from
+    ``values`` or else the template's defaults. Returns them."""
+    merged = {**template_values(template), **values}
+    dirs = [Path(merged[key]) for key in BIND_DIRS if merged.get(key)]
+    for path in dirs:
+        path.mkdir(parents=True, exist_ok=True)
+    return dirs
+
+
+def is_shared_mount(path: Path, mountinfo: str) -> bool:
+    """Whether the mount ``path`` lies on (the longest mount point above it in
+    /proc/self/mountinfo's text) propagates shared: the worker's per-sandbox tmpfs mounts in the
+    state dir must reach the host's Docker engine."""
+    best, shared = "", False
+    target = str(path.resolve())
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 7 or "-" not in fields:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best = point
+            shared = any(f.startswith("shared:") for f in fields[6 : fields.index("-")])
+    return shared
+
+
+def shared_mount_advice(state: Path) -> str:
+    """The commands that make the sandbox state dir a shared mount (docs/deploy.md step 6)."""
+    return (
+        f"warning: {state} is not on a shared mount, so the sandbox worker's per-sandbox "
+        "tmpfs mounts would not reach the Docker engine; as root run once (after each reboot):\n"
+        f"  mount --bind {state} {state} && mount --make-rshared {state}"
+    )
 
 
 def write_env(path: Path, values: dict[str, str], template: Path = CPU_ENV) -> None:
@@ -335,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         values = compose_env(inputs, tag)
         make_volume_dirs(values)
         write_env(args.env_out, values)
+        state = Path(template_values()["SWERL_SANDBOX_STATE"])
+        with contextlib.suppress(OSError):
+            if not is_shared_mount(state, Path("/proc/self/mountinfo").read_text()):
+                print(shared_mount_advice(state), file=sys.stderr)
         print(args.env_out)
     else:
         print(tag)

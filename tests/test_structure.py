@@ -31,6 +31,9 @@ EXCEPTIONS: dict[str, str] = {
     "unit/deploy/test_gpu_check_trainer.py": (
         "deploy/gpu_check_trainer.sh, a shell script (deploy/ holds scripts, not a package)"
     ),
+    "unit/deploy/test_swerl_launcher.py": (
+        "deploy/dev/swerl.sh, the shell launcher setup.sh installs as .venv/bin/swerl"
+    ),
     "unit/trainer/backends/megatron/test_moe.py": (
         "the MoE model end to end against the torch backend: its construction (model.py), "
         "expert and router conversion (convert.py) and the backend's steps (backend.py)"

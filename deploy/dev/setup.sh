@@ -2,7 +2,7 @@
 # Idempotent, cached set-up of everything swerl needs on one Debian machine (CPU only):
 #   system packages, the Python 3.12 environment, the tiny model, the private Docker engine and
 #   the sandbox images. Each step is skipped when its result is already there, so reruns take
-#   seconds. Usage: deploy/dev/setup.sh [all|system|python|model|docker|images]
+#   seconds. Usage: deploy/dev/setup.sh [all|system|python|launcher|model|docker|images]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -60,6 +60,15 @@ step_python() {
     log "Python environment cached ($venv)"
   fi
   if [ -L .venv ] || [ ! -e .venv ]; then ln -sfn "$venv" .venv; fi
+  step_launcher
+}
+
+step_launcher() {
+  # .venv/bin/swerl: runs the CLI of the checkout it is called in, else of this one (swerl.sh)
+  local bin
+  bin=$(cd .venv/bin && pwd -P)
+  sed -e "s|@ROOT@|$ROOT|g" -e "s|@PYTHON@|$bin/python|g" deploy/dev/swerl.sh > "$bin/swerl.tmp"
+  chmod 755 "$bin/swerl.tmp" && mv -f "$bin/swerl.tmp" "$bin/swerl"
 }
 
 step_model() {
@@ -87,6 +96,6 @@ step_images() { .venv/bin/python -m sandbox_worker.images build; }
 what=${1:-all}
 case "$what" in
   all) step_system; step_python; step_model; step_docker; step_images ;;
-  system|python|model|docker|images) "step_$what" ;;
-  *) echo "usage: $0 [all|system|python|model|docker|images]" >&2; exit 2 ;;
+  system|python|launcher|model|docker|images) "step_$what" ;;
+  *) echo "usage: $0 [all|system|python|launcher|model|docker|images]" >&2; exit 2 ;;
 esac

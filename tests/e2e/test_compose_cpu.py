@@ -32,6 +32,7 @@ cpu_image = load("cpu_image")
 SERVICES = {"redis", "api", "manager", "adapter", "reference-engine", "sandbox-worker", "evaluator"}
 INSTANCE = "swerl__spanlib-1"
 HEALTHY_TIMEOUT_S = 600.0
+EVAL_JOBS: list[str] = []  # eval jobs that succeeded: their reports must outlive down -v
 JOB_TIMEOUT_S = 900.0
 
 
@@ -56,6 +57,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeProject
         proj.remove_state_dir()
         assert down.returncode == 0, down.stderr
         assert left == [], f"left after down -v: {left}"
+        # down -v deletes Redis's volume only: the evaluator's reports stay on the host
+        reports = sorted(Path(proj.values["SWERL_EVAL_RUNS_DIR"]).glob("*/*.json"))
+        assert reports or not EVAL_JOBS, "the eval reports went with down -v"
 
 
 def swerl(project: ComposeProject, *args: str, timeout_s: float = 60.0) -> str:
@@ -111,6 +115,10 @@ def test_an_eval_job_through_the_api_is_graded_by_the_evaluator(project: Compose
     assert job["metrics"]["resolved_rate"] == 1.0, job["metrics"]
     rows = [json.loads(line) for line in swerl(project, "results", job_id).splitlines()]
     assert [(r["instance_id"], r["status"]) for r in rows] == [(INSTANCE, "resolved")]
+    # the report is written to a host directory (SWERL_EVAL_RUNS_DIR), not into the container
+    report_dir = Path(project.values["SWERL_EVAL_RUNS_DIR"]) / job_id
+    assert sorted(report_dir.glob("*.json")), sorted(report_dir.iterdir())
+    EVAL_JOBS.append(job_id)
 
 
 def test_the_sandboxes_ran_on_the_host_engine_and_are_gone(project: ComposeProject) -> None:

@@ -58,6 +58,8 @@ class ComposeProject:
             "SWERL_CHECKPOINT_DIR": str(work / "checkpoints"),
             "SWERL_WEIGHTS_DIR": str(work / "weights"),
             "SWERL_RUNS_DIR": str(work / "runs"),
+            "SWERL_EVAL_RUNS_DIR": str(work / "eval-runs"),
+            "SWERL_EVAL_INPUTS_DIR": str(work / "eval-inputs"),
         }
         for path in data.values():
             Path(path).mkdir()

@@ -100,3 +100,41 @@ def test_stale_tags_are_older_runtimes_and_code_layers() -> None:
         "swerl/cpu:aaaaaaaaaa-dddd",
         "swerl/cpu:bbbbbbbbbb-cccc",
     ]
+
+
+def test_every_bound_directory_is_made_the_sandbox_state_dir_included(tmp_path: Path) -> None:
+    # compose refused `up -d` on a fresh machine: bind source path does not exist (the state dir)
+    template = tmp_path / "t.env"
+    template.write_text(
+        f"# comment=not a value\nSWERL_SANDBOX_STATE={tmp_path / 'state'}\n"
+        f"SWERL_RUNS_DIR={tmp_path / 'template-runs'}\n"
+    )
+    values = {"SWERL_CHECKPOINT_DIR": str(tmp_path / "c"), "SWERL_RUNS_DIR": str(tmp_path / "r")}
+    made = ci.make_volume_dirs(values, template)
+    assert {p.name for p in made} == {"c", "r", "state"}
+    assert all(p.is_dir() for p in made)
+    assert not (tmp_path / "template-runs").exists()  # the machine's value wins
+
+
+def test_the_shipped_template_names_every_bound_directory() -> None:
+    values = ci.template_values()
+    assert all(values.get(key) for key in ci.BIND_DIRS)
+    compose = (DEPLOY.parent / "compose.yaml").read_text()
+    assert all("${" + key in compose for key in ci.BIND_DIRS)
+
+
+MOUNTINFO = """\
+22 1 0:21 / / rw,relatime - overlay overlay rw
+30 22 0:30 / /var/lib/swerl rw,relatime shared:7 - tmpfs tmpfs rw
+31 30 0:31 / /var/lib/swerl/private\\040dir rw,relatime - tmpfs tmpfs rw
+"""
+
+
+def test_shared_mount_is_read_from_the_longest_mount_point_above_the_path() -> None:
+    assert ci.is_shared_mount(Path("/var/lib/swerl/compose-sandboxes"), MOUNTINFO)
+    assert ci.is_shared_mount(Path("/var/lib/swerl"), MOUNTINFO)
+    assert not ci.is_shared_mount(Path("/var/lib/swerl/private dir/x"), MOUNTINFO)
+    assert not ci.is_shared_mount(Path("/var/lib/swerlx"), MOUNTINFO)  # a prefix, not a parent
+    assert not ci.is_shared_mount(Path("/srv"), MOUNTINFO)
+    advice = ci.shared_mount_advice(Path("/s"))
+    assert "mount --bind /s /s && mount --make-rshared /s" in advice

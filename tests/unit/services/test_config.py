@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from services.config import (
     load_config,
     register_section,
 )
+from tests.support.paths import REPO_ROOT
 
 
 class Limits(StrictModel):
@@ -211,3 +215,23 @@ def test_register_section_accepts_only_known_names_and_one_model_each(
     with pytest.raises(ValueError, match=r"'worker' is already registered to .*\.WorkerCfg"):
         register_section("worker", Limits)
     assert config.section_models() == {"worker": WorkerCfg}
+
+
+@pytest.mark.slow  # starts the manager
+def test_the_readme_lists_every_section_and_the_real_error() -> None:
+    # The README named five of the nine sections (issue 33, point 10): the list and the sample
+    # error must follow services.config.SECTIONS.
+    readme = (REPO_ROOT / "README.md").read_text()
+    listing = readme.split("One file configures a whole node: the sections are", 1)[1]
+    listing = listing.split("(`services.config.SECTIONS`", 1)[0]
+    assert re.findall(r"`(\w+)`", listing) == list(config.SECTIONS)
+    real = subprocess.run(
+        [sys.executable, "-m", "services.manager"],
+        env={"SWERL_ADPATER__PORT": "1", "PATH": "/usr/bin:/bin"},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert real.returncode == 2
+    assert real.stderr.strip() and real.stderr.strip() in readme
