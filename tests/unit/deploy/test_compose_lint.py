@@ -48,7 +48,11 @@ def test_the_evaluator_drives_the_hosts_engine_like_the_sandbox_worker(
     """Its grading sandboxes are host containers: the same socket, the state directory at the
     same path inside and out (and the service told so), the agent-server bundle mounts."""
     evaluator, worker = compose["services"]["evaluator"], compose["services"]["sandbox-worker"]
-    assert evaluator["volumes"][3:] == worker["volumes"][1:]  # socket, state dir, bundle
+    # socket, state dir, bundle: the worker's mounts less its task inputs (datasets, task sets)
+    host_engine = [v for v in worker["volumes"] if not any(
+        inputs in str(v) for inputs in (":/datasets", "/tasksets:"))]  # fmt: skip
+    assert len(host_engine) == 4
+    assert evaluator["volumes"][3:] == host_engine
     state = evaluator["environment"]["SWERL_EVAL_SERVICE__STATE_ROOT"]
     assert state == worker["environment"]["SWERL_WORKER__ROLLOUT__BACKEND__STATE_ROOT"]
     assert evaluator["cap_add"] == ["SYS_ADMIN"]
