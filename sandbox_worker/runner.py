@@ -16,6 +16,8 @@ Contract for implementations:
   must then stop promptly (between agent steps is fine) and return ``aborted`` with
   ``ctx.cancel.reason`` as the reason. What it reports after a cancel is not used for training.
 * ``run`` is called from several threads at once (one per slot); it must be thread-safe.
+* ``ctx.progress`` takes the run's phase and current tool for the progress events users see
+  (:mod:`sandbox_worker.progress`); telling it is optional and never fails the run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from sandbox_worker.progress import RunProgress
 from services.protocol.tasks import RolloutTask
 from services.protocol.trajectory import Outcome
 
@@ -68,6 +71,7 @@ class RunContext:
     log: logging.Logger | logging.LoggerAdapter[logging.Logger]
     entry_id: str = ""  # the stream entry standing for this run (diagnostics)
     extra: dict[str, Any] = field(default_factory=dict)
+    progress: RunProgress = field(default_factory=RunProgress)  # phase and tool, for users
 
 
 @runtime_checkable

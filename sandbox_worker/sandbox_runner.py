@@ -42,7 +42,7 @@ import logging
 import shlex
 import tarfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -72,12 +72,14 @@ from sandbox_worker.patch_extract import (
     PatchTooLargeError,
     extract_patch,
 )
+from sandbox_worker.progress import tool_callback
 from sandbox_worker.records import OpenFailedError, close_record, open_record, trajectory_meta
 from sandbox_worker.relay.host_relay import RelayHub
 from sandbox_worker.runner import CANCELLED, RunContext
 from sandbox_worker.sandbox_names import agent_sandbox_id, sandbox_node_name
 from sandbox_worker.task_state import TaskStateError, prepare_task
 from services.protocol.instance import SWEInstance
+from services.protocol.progress import ProgressPhase
 from services.protocol.tasks import RolloutTask
 from services.protocol.trajectory import Outcome, OutcomeStatus
 
@@ -107,6 +109,7 @@ class AgentFn(Protocol):
         *,
         config: OpenHandsConfig | None = ...,
         cancel: Any = ...,
+        callbacks: Sequence[Callable[[Any], None]] = ...,
         startup_timeout_s: float = ...,
     ) -> AgentRunResult: ...
 
@@ -295,6 +298,7 @@ class SandboxTrajectoryRunner:
         result = self._agent_phase(run, instance, image)
         run.report["record"] = dict(run.counts.counters) if run.counts else {}
         run.check_cancel()
+        run.ctx.progress.phase(ProgressPhase.GRADING)
         t0 = time.monotonic()
         report = self.eval_fn(
             self.backend, instance, run.patch, image, node=run.node, config=self.settings.evaluation
@@ -402,6 +406,7 @@ class SandboxTrajectoryRunner:
     def _agent_phase(self, run: _Run, instance: SWEInstance, image: str) -> AgentRunResult:
         """Sandbox -> diff base -> agent -> patch -> destroy; then freeze the record."""
         spec = self.agent_spec(run.task, run.node, image, run.token)
+        run.ctx.progress.phase(ProgressPhase.SANDBOX_START)
         t0 = time.monotonic()
         try:
             sandbox = self.backend.create(spec)
@@ -442,6 +447,7 @@ class SandboxTrajectoryRunner:
             raise _Abort(f"sandbox failed: {exc}") from exc
         run.report["diff_base"] = {"commit": base.commit, "kind": base.kind}
         run.check_cancel()
+        run.ctx.progress.phase(ProgressPhase.AGENT)
         t0 = time.monotonic()
         result = self.agent_fn(
             sandbox,
@@ -453,6 +459,7 @@ class SandboxTrajectoryRunner:
             run.task.sampling,
             config=s.openhands,
             cancel=run.ctx.cancel,
+            callbacks=[tool_callback(run.ctx.progress)],  # the running tool, for progress
             startup_timeout_s=s.agent_server_startup_s,
         )
         run.timed("agent", t0)

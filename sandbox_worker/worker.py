@@ -3,7 +3,9 @@
 Threads: the main thread reads tasks (never more than its free slots), one thread per slot
 calls the runner, a heartbeat thread keeps the node alive in Redis (and keeps the running
 entries' idle time at zero so they are never taken back from a live worker), and a listener
-thread stops the runs of a cancelled batch the moment the cancel is published.
+thread stops the runs of a cancelled batch the moment the cancel is published, and a progress
+thread emits the running trajectories' progress events (turn, tokens, current tool; throttled,
+:mod:`sandbox_worker.progress`) to a Redis stream per batch that the job API serves.
 
 Life cycle: take the node name over -- at once when the previous worker of the node is provably
 gone (same host, its pid dead), else after waiting (bounded, logged) for its heartbeat to
@@ -31,6 +33,7 @@ from typing import Any
 
 from sandbox_worker.config import WorkerConfig
 from sandbox_worker.metrics import HANDED_BACK, WorkerMetrics
+from sandbox_worker.progress import TICK_S, ProgressReporter
 from sandbox_worker.runner import (
     CANCELLED,
     SHUTDOWN,
@@ -45,6 +48,7 @@ from services.queue.base import RequeueKind
 from services.queue.connection import TRANSIENT_ERRORS, backoff_sleep, retry_forever
 from services.queue.entries import PayloadError, decode_task_entry
 from services.queue.worker import RawEntry, WorkerQueue
+from services.store.progress import ProgressStore
 
 log = logging.getLogger("swerl.worker")
 
@@ -77,6 +81,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _progress_reporter(queue: WorkerQueue, node: str) -> ProgressReporter:
+    """Progress events on the queue's Redis, under its prefix (a stand-in queue: none)."""
+    if not isinstance(queue, WorkerQueue):
+        return ProgressReporter(None, node)
+    return ProgressReporter(ProgressStore(queue.redis, queue.cfg.prefix), node)
+
+
 class Worker:
     def __init__(
         self,
@@ -86,6 +97,7 @@ class Worker:
         backend: NodeCleaner | None = None,
         queue: WorkerQueue | None = None,
         metrics: WorkerMetrics | None = None,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics or WorkerMetrics()
@@ -94,6 +106,7 @@ class Worker:
         self.runner = runner
         self.backend = backend
         self.queue = queue or WorkerQueue(cfg.redis_url, cfg.queue)
+        self.progress = progress or _progress_reporter(self.queue, cfg.node)
         self.instance = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
         self.started_at = time.time()
@@ -139,6 +152,7 @@ class Worker:
         threads = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._cancel_listener, name="cancel-listener", daemon=True),
+            threading.Thread(target=self._progress_loop, name="progress", daemon=True),
         ]
         # One thread per slot, daemons: a runner that never returns cannot block the exit.
         slot_threads = [
@@ -335,7 +349,10 @@ class Worker:
     def _run_task(self, rt: _Running) -> None:
         task = rt.task
         tlog = _TaskLog(log, {"trajectory": task.trajectory_id})
-        ctx = RunContext(node=self.node, cancel=rt.token, log=tlog, entry_id=rt.entry)
+        progress = self.progress.start(task, rt.started)
+        ctx = RunContext(
+            node=self.node, cancel=rt.token, log=tlog, entry_id=rt.entry, progress=progress
+        )
         ended, durations = OutcomeStatus.ABORTED.value, dict[str, float]()  # for the metrics
         try:
             try:
@@ -390,6 +407,7 @@ class Worker:
             rt.done.set()
             self._slot_freed.set()
             self.metrics.finished(ended, time.time() - rt.started, durations)
+            self.progress.finish(task, ended)
 
     # ------------------------------------------------------------------ heartbeat / cancel
     def _beat(self) -> None:
@@ -426,6 +444,17 @@ class Worker:
                 if failures == 1 or failures % 50 == 0:
                     log.warning("heartbeat failed (%s); retrying", exc)
                 backoff_sleep(failures, self._threads_stop, self.cfg.queue.backoff_cap_s)
+
+    def _progress_loop(self) -> None:
+        """Emit the due progress events every tick, and the last ones (the runs' ends) when the
+        worker stops. The reporter drops what Redis refuses; a bug must not end the thread."""
+        stopping = False
+        while not stopping:
+            stopping = self._threads_stop.wait(TICK_S)
+            try:
+                self.progress.tick()
+            except Exception:
+                log.exception("progress tick failed")
 
     def _cancel_batch(self, batch_id: str) -> None:
         with self._lock:

@@ -44,6 +44,7 @@ from sandbox_worker.config import ToyToolLatencyConfig
 from sandbox_worker.outcomes import aborted, graded
 from sandbox_worker.records import OpenFailedError, close_record, open_record, trajectory_meta
 from sandbox_worker.runner import CANCELLED, RunContext
+from services.protocol.progress import ProgressPhase
 from services.protocol.tasks import RolloutTask
 from services.protocol.toy import (
     LOOKUP_TOOL,
@@ -216,6 +217,7 @@ class ToyTrajectoryRunner:
             if exc.opened:
                 outcome = close_record(self.adapter, task.trajectory_id, outcome)
             return outcome
+        ctx.progress.phase(ProgressPhase.AGENT)
         code = draw_code(task.task_id, task.attempt)
         ep = _Episode(task, ctx, token, code, started + task.limits.wall_time_s)
         ep.report["code"] = code
@@ -276,8 +278,12 @@ class ToyTrajectoryRunner:
             return
         ep.durations["tool"] = round(delay, 3)
         left = ep.deadline - time.monotonic()
-        if ep.ctx.cancel.wait(max(0.0, min(delay, left))):
-            raise _Abort(ep.ctx.cancel.reason or CANCELLED)
+        ep.ctx.progress.tool(TOOL_NAME)
+        try:
+            if ep.ctx.cancel.wait(max(0.0, min(delay, left))):
+                raise _Abort(ep.ctx.cancel.reason or CANCELLED)
+        finally:
+            ep.ctx.progress.tool(None)
         if delay >= left:
             raise _OutOfTime
 

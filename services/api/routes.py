@@ -24,6 +24,7 @@ from services.api.schemas import (
     JobPage,
     JobState,
     LogPage,
+    ProgressPage,
     ResultPage,
     RolloutSpec,
     Spec,
@@ -34,6 +35,7 @@ from services.api.store import SERVING_WINDOW_S
 from services.datasets import DatasetError
 from services.datasets.loader import load_instances_collect
 from services.protocol.ids import ID_MAX_LENGTH, ID_PATTERN
+from services.store.progress import STREAM_ID_PATTERN, ProgressStore
 
 JobId = Annotated[str, Path(pattern=ID_PATTERN, min_length=1, max_length=ID_MAX_LENGTH)]
 
@@ -236,6 +238,27 @@ def job_logs(
     svc = service(request)
     svc.job(job_id)
     return svc.logs(job_id, offset, limit)
+
+
+@router.get("/v1/jobs/{job_id}/progress", response_model=ProgressPage, responses=ERRORS)
+def job_progress(
+    request: Request,
+    _: Reader,
+    job_id: JobId,
+    after: Annotated[str | None, Query(pattern=STREAM_ID_PATTERN, max_length=39)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> ProgressPage:
+    """What each trajectory of a rollout job is doing: phase, turn, tokens, elapsed time and
+    the tool running now (``latest``: one event per trajectory). ``after=0`` also returns the
+    kept event history (``events``), ``after=<next_after>`` the events since. Events are kept
+    for a day after the job's last one; other job kinds have none."""
+    svc = service(request)
+    svc.job(job_id)  # 404 for an unknown job
+    store = ProgressStore(svc.redis, svc.cfg.queue.prefix)  # a rollout job's batch is its id
+    page = ProgressPage(latest=store.latest(job_id))
+    if after is not None:
+        page.next_after, page.events = store.events(job_id, after, limit)
+    return page
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=Job, responses=ERRORS)

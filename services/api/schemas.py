@@ -17,6 +17,7 @@ from services.api.paths import Access, path_field
 from services.datasets.mixture import is_mixture_spec, parse_mixture
 from services.datasets.predictions import GOLD
 from services.protocol.ids import Ident, InstanceKey
+from services.protocol.progress import TrajectoryProgress
 from services.protocol.tasks import AgentLimits, SamplingConfig
 from services.protocol.trajectory import OutcomeStatus
 
@@ -232,6 +233,16 @@ class LogLine(BaseModel):
 class LogPage(BaseModel):
     lines: list[LogLine]
     next_offset: int
+
+
+class ProgressPage(BaseModel):
+    """``GET /v1/jobs/{id}/progress``: the latest event of each trajectory of a rollout job
+    (``latest``) and, with ``?after=``, the events after that stream position (``events``,
+    oldest first; pass ``next_after`` as ``after`` to follow). ``docs/api.md`` "Progress"."""
+
+    latest: list[TrajectoryProgress]
+    events: list[TrajectoryProgress] = Field(default_factory=list)
+    next_after: str | None = None  # with ?after= only
 
 
 class ErrorDetail(BaseModel):

@@ -18,6 +18,7 @@ from services.swerl_cli.client import ApiClient
 from services.swerl_cli.errors import (
     EXIT_CODES_HELP,
     EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -29,7 +30,13 @@ from services.swerl_cli.eval_options import (
     add_eval_arguments,
 )
 from services.swerl_cli.jobfile import load_job_file
-from services.swerl_cli.render import detail, progress_bar, table, trajectory_line
+from services.swerl_cli.render import (
+    detail,
+    progress_bar,
+    progress_line,
+    table,
+    trajectory_line,
+)
 
 DEFAULT_API = "http://127.0.0.1:8300"
 RAW = argparse.RawDescriptionHelpFormatter
@@ -44,8 +51,10 @@ The job subcommands talk to the job API (python -m services.api; docs/api.md) at
 module on this machine with the arguments that follow (swerl demo --help shows the module's).
 
   submit   queue a job: swerl submit rollout|train|eval ...  or  swerl submit -f job.yaml
-  status   list jobs, or show one (with --watch: a live progress bar until it ends)
-  logs     a job's log lines (-f: follow until the job ends)
+  status   list jobs, or show one (with --watch: a live progress bar and a line per
+           trajectory whenever its turn, tokens or tool changes, until it ends)
+  logs     a job's log lines and its trajectories' progress events (-f: follow until the
+           job ends)
   results  a job's results as NDJSON, one trajectory per line (--follow)
   cancel   cancel a job (queued: at once; running: its runner stops it)
   eval     (local) grade SWE-bench predictions in fresh sandboxes, as the official harness
@@ -248,15 +257,52 @@ def spec_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     raise CliError(EXIT_USAGE, "say what to submit: swerl submit train|rollout|eval ... or -f FILE")
 
 
+def job_progress(api: ApiClient, job_id: str, after: str | None = None) -> dict[str, Any] | None:
+    """The job's progress page (``GET /v1/jobs/{id}/progress``), or None from an API that has
+    no progress events (an older one: 404 for a job that exists)."""
+    params = {} if after is None else {"after": after}
+    try:
+        page: dict[str, Any] = api._call("GET", f"/v1/jobs/{job_id}/progress", params=params).json()
+        return page
+    except CliError as exc:
+        if exc.code == EXIT_NOT_FOUND:
+            return None
+        raise
+
+
+def _has_progress(job: dict[str, Any]) -> bool:
+    """Whether a job has running trajectories to show: a rollout job being run."""
+    return job["kind"] == "rollout" and job["state"] in ("running", "cancelling")
+
+
+def progress_news(api: ApiClient, job: dict[str, Any], seen: dict[str, float]) -> list[str]:
+    """A line for each trajectory of a rollout job whose latest event is newer than the one in
+    ``seen`` (which is updated): what ``--watch`` prints under the bar."""
+    if not _has_progress(job):
+        return []
+    page = job_progress(api, job["id"]) or {"latest": []}
+    lines = []
+    for event in page["latest"]:
+        if seen.get(event["trajectory_id"]) != event["ts"]:
+            seen[event["trajectory_id"]] = event["ts"]
+            lines.append(progress_line(event))
+    return lines
+
+
 def watch(
     api: ApiClient, job_id: str, poll_s: float = 1.0, allow_failed_trajectories: bool = False
 ) -> int:
-    """Show the job's progress until it ends; the exit status says how it ended."""
+    """Show the job's progress until it ends, with a line per trajectory whenever its progress
+    event changes; the exit status says how it ended."""
     live = sys.stdout.isatty()
     last = ""
+    seen: dict[str, float] = {}
     while True:
         job = api.job(job_id)
         line = progress_bar(job)
+        for news in progress_news(api, job, seen):
+            print(("\r\033[K  " if live else "  ") + news, flush=True)
+            last = ""  # the bar again, under the news
         if line != last:
             print(("\r" + line) if live else line, end="" if live else "\n", flush=True)
             last = line
@@ -307,23 +353,55 @@ def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
     if args.watch:
         return watch(api, args.job, allow_failed_trajectories=args.allow_failed_trajectories)
     job = api.job(args.job)
-    print(json.dumps(job, indent=2) if args.json else detail(job))
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return EXIT_OK
+    print(detail(job))
+    running = [e for e in _latest(api, job) if e["phase"] != "done"]
+    for i, event in enumerate(running):
+        print(f"{'running' if i == 0 else '':<11}{progress_line(event)}")
     return EXIT_OK
 
 
+def _latest(api: ApiClient, job: dict[str, Any]) -> list[dict[str, Any]]:
+    if not _has_progress(job):
+        return []
+    return (job_progress(api, job["id"]) or {"latest": []})["latest"]
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def log_and_progress(
+    api: ApiClient, job_id: str, offset: int, after: str | None
+) -> tuple[list[str], int, str | None]:
+    """The job's log lines from ``offset`` and its progress events after ``after`` (None: the
+    API has none), merged by time; returns (lines, next offset, next after)."""
+    lines, offset_next = api.logs(job_id, offset)
+    rows = [(line["ts"], f"{line['level']:<7} {line['message']}") for line in lines]
+    if after is not None:
+        page = job_progress(api, job_id, after)
+        if page is None:
+            after = None
+        else:
+            after = page["next_after"]
+            rows += [(e["ts"], f"{'PROGRESS':<7} {progress_line(e)}") for e in page["events"]]
+    rows.sort(key=lambda row: row[0])
+    return [f"{_stamp(ts)} {text}" for ts, text in rows], offset_next, after
+
+
 def cmd_logs(api: ApiClient, args: argparse.Namespace, poll_s: float = 1.0) -> int:
-    offset = 0
+    offset, after = 0, "0"
     while True:
-        lines, offset_next = api.logs(args.job, offset)
+        lines, offset, after = log_and_progress(api, args.job, offset, after)
         for line in lines:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(line["ts"]))
-            print(f"{stamp} {line['level']:<7} {line['message']}", flush=True)
-        offset = offset_next
+            print(line, flush=True)
         if not args.follow:
             return EXIT_OK
         if not lines:
             if api.job(args.job)["state"] in TERMINAL:
-                lines, _ = api.logs(args.job, offset)
+                lines, _, _ = log_and_progress(api, args.job, offset, after)
                 if not lines:
                     return EXIT_OK
                 continue

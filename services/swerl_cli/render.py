@@ -1,4 +1,5 @@
-"""How the CLI shows jobs: a table, a detail view and a one-line progress bar."""
+"""How the CLI shows jobs: a table, a detail view, a one-line progress bar, and one line per
+trajectory's progress event (``GET /v1/jobs/{id}/progress``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,36 @@ def trajectory_line(job: dict[str, Any]) -> str:
         f"trajectories: {total} total, {graded} graded ({resolved} resolved), "
         f"{aborted} failed (aborted by infrastructure)"
     )
+
+
+def duration(seconds: float) -> str:
+    """``7m30s``, ``1h02m``, ``45s``."""
+    secs = max(0, int(seconds))
+    if secs >= 3600:
+        return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+    if secs >= 60:
+        return f"{secs // 60}m{secs % 60:02d}s"
+    return f"{secs}s"
+
+
+def progress_line(event: dict[str, Any]) -> str:
+    """One trajectory's progress event: which sample of which instance, its phase, turn,
+    tokens, elapsed time and the tool running now (or how it ended)."""
+    who = f"{event['instance_id']} #{event.get('sample_index', 0)}"
+    if int(event.get("attempt") or 1) > 1:
+        who += f" (attempt {event['attempt']})"
+    parts = [
+        who,
+        str(event["phase"]),
+        f"turn {event.get('turn', 0)}",
+        f"{int(event.get('tokens') or 0):,} tokens",
+        duration(float(event.get("elapsed_s") or 0.0)),
+    ]
+    if event.get("status"):
+        parts.append(str(event["status"]))
+    elif event.get("current_tool"):
+        parts.append(f"running {event['current_tool']}")
+    return "  ".join(parts)
 
 
 def _age(ts: float | None) -> str:

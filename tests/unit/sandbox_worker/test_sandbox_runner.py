@@ -23,6 +23,7 @@ from sandbox_worker.openhands.result import AgentRunResult, EndReason, EventSumm
 from sandbox_worker.runner import SHUTDOWN, CancelToken
 from sandbox_worker.sandbox_runner import DIFF_BASE_COMMIT, DIFF_START_HEAD
 from services.protocol.instance import SWEInstance
+from services.protocol.progress import ProgressPhase
 from services.protocol.trajectory import Outcome, OutcomeStatus
 from tests.unit.sandbox_worker.conftest import (
     COUNTERS,
@@ -565,3 +566,47 @@ def test_llm_call_lost_stays_an_abort_when_the_adapter_is_down_or_no_tool_ran(
     )
     outcome = runner.run(make_task(), make_ctx())
     assert outcome.status is OutcomeStatus.ABORTED and outcome.reward is None
+
+
+@dataclasses.dataclass
+class ToolStarts:
+    """The fields of the OpenHands SDK's ActionEvent the progress callback reads."""
+
+    tool_name: str
+    tool_call_id: str = "call-1"
+    action: object = None
+
+
+def test_the_run_tells_its_phases_and_the_running_tool(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress for users: sandbox start, agent (the tool that runs now, from the agent's event
+    callbacks), grading; in that order, each observed while it is the current phase."""
+    ctx = make_ctx()
+    seen: list[tuple[ProgressPhase, str | None]] = []
+
+    def run_agent(sandbox: Sandbox, *_a: Any, callbacks: Any = (), **_k: Any) -> AgentRunResult:
+        seen.append(ctx.progress.snapshot())
+        for on_event in callbacks:
+            on_event(ToolStarts("terminal"))
+        seen.append(ctx.progress.snapshot())
+        return AgentRunResult(EndReason.FINISHED, 1, 0.1, None, "finished", EventSummary())
+
+    def evaluation(*_a: Any, **_k: Any) -> EvalReport:
+        seen.append(ctx.progress.snapshot())
+        return EvalReport(instance_id=harness.instance.instance_id, infra_error="stop here")
+
+    create = harness.backend.create
+
+    def creating(spec: Any) -> Sandbox:
+        seen.append(ctx.progress.snapshot())
+        return create(spec)
+
+    monkeypatch.setattr(harness.backend, "create", creating)
+    harness.runner(run_agent, eval_fn=evaluation).run(make_task(), ctx)
+    assert seen == [
+        (ProgressPhase.SANDBOX_START, None),
+        (ProgressPhase.AGENT, None),
+        (ProgressPhase.AGENT, "terminal"),
+        (ProgressPhase.GRADING, None),
+    ]

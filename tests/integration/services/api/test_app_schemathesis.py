@@ -33,6 +33,7 @@ EXPECTED_OPERATIONS = {
     "GET /v1/jobs/{job_id}",
     "GET /v1/jobs/{job_id}/results",
     "GET /v1/jobs/{job_id}/logs",
+    "GET /v1/jobs/{job_id}/progress",
     "GET /v1/jobs/{job_id}/trajectories/{trajectory_id}",
     "POST /v1/jobs/{job_id}/cancel",
     "GET /healthz",

@@ -1,7 +1,7 @@
 """The job API over real HTTP (a ``python -m services.api`` process) and real Redis: auth and
 scopes, errors that name the field, idempotency, pagination, results (JSON and NDJSON), logs,
-cancel, health, readiness and metrics. One server for the module (no job runner: results are
-written through the claims protocol, as a runner would)."""
+progress events, cancel, health, readiness and metrics. One server for the module (no job
+runner: results are written through the claims protocol, as a runner would)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import redis
 from services.api.claims import JobClaims
 from services.api.schemas import JobKind, JobState
 from services.api.store import JobStore
+from services.protocol.progress import ProgressPhase, TrajectoryProgress
+from services.store.progress import ProgressStore
 from tests.support.api_server import ApiServer, bearer, start_api
 from tests.support.execution import open_record
 from tests.support.paths import REPO_ROOT
@@ -254,3 +256,33 @@ def test_readiness_fails_without_redis(fresh_redis: RedisServer, tmp_path: Path)
         assert listing.status_code == 503 and listing.json()["error"]["type"] == "unavailable"
     finally:
         server.stop()
+
+
+def test_progress_of_a_rollout_job(http: httpx.Client, redis_url: str) -> None:
+    job_id = http.post("/v1/jobs/rollout", json=ROLLOUT).json()["id"]
+    assert http.get(f"/v1/jobs/{job_id}/progress").json() == {
+        "latest": [], "events": [], "next_after": None}  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    store = ProgressStore(client)  # the worker's: the queue's default prefix
+    base = {"batch_id": job_id, "job_id": job_id, "instance_id": "inst-1", "node": "n1",
+            "started_at": 100.0}  # fmt: skip
+    events = [
+        TrajectoryProgress(**base, trajectory_id=f"{job_id}:0:0.a1", task_id=f"{job_id}:0:0",
+                           phase=ProgressPhase.AGENT, elapsed_s=5.0, ts=105.0, turn=1),
+        TrajectoryProgress(**base, trajectory_id=f"{job_id}:0:0.a1", task_id=f"{job_id}:0:0",
+                           phase=ProgressPhase.AGENT, elapsed_s=11.0, ts=111.0, turn=3,
+                           current_tool="terminal"),
+    ]  # fmt: skip
+    for e in events:
+        store.emit(e)
+    client.close()
+    page = http.get(f"/v1/jobs/{job_id}/progress").json()
+    assert [TrajectoryProgress.model_validate(e) for e in page["latest"]] == events[1:]
+    assert page["events"] == [] and page["next_after"] is None
+    page = http.get(f"/v1/jobs/{job_id}/progress", params={"after": "0"}).json()
+    assert [TrajectoryProgress.model_validate(e) for e in page["events"]] == events
+    again = http.get(f"/v1/jobs/{job_id}/progress", params={"after": page["next_after"]})
+    assert again.json()["events"] == []
+    bad = http.get(f"/v1/jobs/{job_id}/progress", params={"after": "$"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "query.after"
+    assert http.get("/v1/jobs/rollout-nope/progress").status_code == 404

@@ -14,12 +14,14 @@ import pytest
 
 from sandbox_worker.adapter_client import AdapterUnavailableError
 from sandbox_worker.config import ToyToolLatencyConfig
+from sandbox_worker.progress import RunProgress
 from sandbox_worker.runner import CancelToken
 from sandbox_worker.toy import ChatEndpoint, ToyTrajectoryRunner
 from sandbox_worker.toy.runner import latency_sigma, lookup_call, tool_latency_s
 from services.processes import free_port
 from services.protocol import AgentLimits, RolloutTask, SamplingConfig
-from services.protocol.toy import CODES, SYSTEM_PROMPT, draw_code
+from services.protocol.progress import ProgressPhase
+from services.protocol.toy import CODES, SYSTEM_PROMPT, TOOL_NAME, draw_code
 from services.protocol.trajectory import Outcome, OutcomeStatus
 from tests.support.fake_llm import FakeLLM, Reply, call
 from tests.unit.sandbox_worker.conftest import FakeAdapter, make_ctx
@@ -340,3 +342,33 @@ def test_the_factory_wires_the_configured_latency_into_the_toy_runner() -> None:
     runner = router.runner_for("toy")
     assert isinstance(runner, ToyTrajectoryRunner)
     assert runner.latency.median_s == 3.0 and runner.latency.p99 == 30.0
+
+
+class ToldProgress(RunProgress):
+    """Records what the runner tells its progress: phases and the running tool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str, str | None]] = []
+
+    def phase(self, phase: ProgressPhase) -> None:
+        super().phase(phase)
+        self.told.append(("phase", phase.value))
+
+    def tool(self, name: str | None) -> None:
+        super().tool(name)
+        self.told.append(("tool", name))
+
+
+def test_the_runner_tells_its_phase_and_the_tool_it_waits_for(
+    copier: FakeLLM, adapter: FakeAdapter
+) -> None:
+    on = latency(median_s=0.05, p99_s=0.1)
+    runner = ToyTrajectoryRunner(
+        adapter, ChatEndpoint(f"http://127.0.0.1:{copier.port}"), latency=on
+    )
+    ctx = make_ctx()
+    ctx.progress = progress = ToldProgress()
+    outcome = runner.run(slow_task("b1:0:0"), ctx)
+    assert outcome.status is OutcomeStatus.COMPLETED
+    assert progress.told == [("phase", "agent"), ("tool", TOOL_NAME), ("tool", None)]

@@ -5,17 +5,29 @@ from __future__ import annotations
 import tomllib
 from importlib import import_module
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from services.swerl_cli.errors import (
     EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     CliError,
 )
-from services.swerl_cli.main import build_parser, cmd_submit, main, spec_from_args, watch
+from services.swerl_cli.main import (
+    build_parser,
+    cmd_logs,
+    cmd_status,
+    cmd_submit,
+    main,
+    spec_from_args,
+    watch,
+)
+from services.swerl_cli.render import progress_line
 from tests.support.paths import REPO_ROOT
 
 
@@ -232,3 +244,91 @@ def test_submit_prints_the_apis_warnings(capsys: pytest.CaptureFixture[str]) -> 
     args = build_parser().parse_args(["submit", "rollout", "--instances", "a"])
     assert cmd_submit(api, args) == EXIT_OK  # type: ignore[arg-type]
     assert "swerl: warning: no trainer service of group 'x'" in capsys.readouterr().err
+
+
+def event(tid: str, ts: float, **over: object) -> dict:
+    return {"trajectory_id": tid, "instance_id": "swerl__spanlib-1", "sample_index": 0,
+            "attempt": 1, "phase": "agent", "turn": 1, "tokens": 100, "elapsed_s": ts,
+            "current_tool": None, "status": None, "ts": ts, **over}  # fmt: skip
+
+
+class ProgressApi:
+    """A rollout job through its polls: each poll answers the next job state and progress page;
+    ``_call`` is the client's request method (the progress route), ``None`` pages a 404."""
+
+    def __init__(self, polls: list[tuple[dict, dict | None]], logs: list[dict] | None = None):
+        self.polls, self.i = polls, -1
+        self.log_lines = logs or []
+        self.asked: list[dict] = []
+
+    def job(self, job_id: str) -> dict:
+        self.i = min(self.i + 1, len(self.polls) - 1)
+        return self.polls[self.i][0]
+
+    def _call(self, method: str, path: str, params: dict | None = None) -> Any:
+        assert (method, path) == ("GET", "/v1/jobs/rollout-1/progress")
+        self.asked.append(params or {})
+        page = self.polls[max(self.i, 0)][1]
+        if page is None:
+            raise CliError(EXIT_NOT_FOUND, "not found")
+        return SimpleNamespace(json=lambda: page)
+
+    def logs(self, job_id: str, offset: int) -> tuple[list[dict], int]:
+        lines = self.log_lines[offset:]
+        return lines, offset + len(lines)
+
+
+def running(**over: object) -> dict:
+    return {**finished("running", 0), "trajectories": None, "message": "", **over}
+
+
+def test_watch_prints_a_line_per_trajectory_when_its_progress_changes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a0, b0 = event("rollout-1:0:0.a1", 5.0), event("rollout-1:0:1.a1", 5.0, instance_id="other-2")
+    a1 = event("rollout-1:0:0.a1", 11.0, turn=4, current_tool="terminal")
+    polls = [
+        (running(), {"latest": [a0, b0]}),
+        (running(), {"latest": [a0, b0]}),  # nothing new: nothing printed
+        (running(), {"latest": [a1, b0]}),
+        (finished("succeeded", 0), {"latest": []}),
+    ]
+    assert watch(ProgressApi(polls), "rollout-1", 0.0) == EXIT_OK  # type: ignore[arg-type]
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    news = [line for line in lines if line.startswith(("swerl__spanlib-1", "other-2"))]
+    assert news == [progress_line(a0), progress_line(b0), progress_line(a1)]
+    assert "running terminal" in news[-1] and "turn 4" in news[-1]
+
+
+def test_watch_goes_on_without_progress_from_an_older_api() -> None:
+    polls = [(running(), None), (finished("succeeded", 0), None)]
+    assert watch(ProgressApi(polls), "rollout-1", 0.0) == EXIT_OK  # type: ignore[arg-type]
+
+
+def test_status_lists_the_running_trajectories(capsys: pytest.CaptureFixture[str]) -> None:
+    done = event("rollout-1:0:1.a1", 9.0, phase="done", status="completed")
+    live = event("rollout-1:0:0.a1", 9.0, current_tool="file_editor")
+    job = {**running(), "spec": {}, "submitted_by": "alice", "created_at": 0.0}
+    api = ProgressApi([(job, {"latest": [live, done]})])
+    args = build_parser().parse_args(["status", "rollout-1"])
+    assert cmd_status(api, args) == EXIT_OK  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert progress_line(live) in out and progress_line(done) not in out
+
+
+def test_logs_merge_log_lines_and_progress_events_by_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs = [{"ts": 1.0, "level": "INFO", "message": "submitted by alice"},
+            {"ts": 20.0, "level": "INFO", "message": "all done"}]  # fmt: skip
+    progress = event("rollout-1:0:0.a1", 10.0, turn=3)
+    page = {"latest": [progress], "events": [progress], "next_after": "5-0"}
+    api = ProgressApi([(finished("succeeded", 0), page)], logs)
+    assert cmd_logs(api, build_parser().parse_args(["logs", "rollout-1"])) == EXIT_OK  # type: ignore[arg-type]
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" ", 2)[2] for line in out] == [
+        "INFO    submitted by alice",
+        f"PROGRESS {progress_line(progress)}",
+        "INFO    all done",
+    ]
+    assert api.asked == [{"after": "0"}]  # the kept history, from the start

@@ -1,10 +1,18 @@
-"""The CLI's views: progress bar, table, detail."""
+"""The CLI's views: progress bar, table, detail, a trajectory's progress line."""
 
 from __future__ import annotations
 
 import time
 
-from services.swerl_cli.render import BAR_WIDTH, detail, progress_bar, table, trajectory_line
+from services.swerl_cli.render import (
+    BAR_WIDTH,
+    detail,
+    duration,
+    progress_bar,
+    progress_line,
+    table,
+    trajectory_line,
+)
 
 
 def job(**over: object) -> dict:
@@ -58,3 +66,39 @@ def test_trajectory_counts_are_shown_for_rollout_jobs_only() -> None:
     assert "5 total" in line and "3 graded (2 resolved)" in line and "2 failed" in line
     assert "3 graded (2 resolved)" in detail(job(trajectories=counts))
     assert trajectory_line(job()) == ""
+
+
+def progress_event(**over: object) -> dict:
+    base = {
+        "trajectory_id": "rollout-1:0:1.a1",
+        "instance_id": "swerl__spanlib-1",
+        "sample_index": 1,
+        "attempt": 1,
+        "phase": "agent",
+        "turn": 12,
+        "tokens": 34567,
+        "elapsed_s": 450.0,
+        "current_tool": "terminal",
+        "status": None,
+        "ts": 1.0,
+    }
+    return {**base, **over}  # fmt: skip
+
+
+def test_a_progress_line_names_the_sample_turn_tokens_elapsed_and_tool() -> None:
+    line = progress_line(progress_event())
+    assert line.startswith("swerl__spanlib-1 #1 ")
+    for part in ("agent", "turn 12", "34,567 tokens", "7m30s", "running terminal"):
+        assert part in line
+    assert "attempt" not in line
+
+
+def test_a_progress_line_says_how_a_trajectory_ended_and_which_attempt() -> None:
+    line = progress_line(progress_event(phase="done", status="completed", attempt=2))
+    assert "(attempt 2)" in line and line.endswith("completed") and "running" not in line
+    assert "running" not in progress_line(progress_event(current_tool=None))
+
+
+def test_durations_read_as_hours_minutes_seconds() -> None:
+    assert [duration(s) for s in (0, 45, 60, 450, 3600, 3725)] == [
+        "0s", "45s", "1m00s", "7m30s", "1h00m", "1h02m"]  # fmt: skip
